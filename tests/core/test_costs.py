@@ -1,0 +1,111 @@
+import json
+
+import pytest
+
+from workbench.core.costs import ClusterSpec, DeviceSpec, LayerCost, LinkSpec, ModelCosts
+
+MINIMAL = {
+    "version": 1, "model": "toy", "batch_size": 8, "device": "cpu",
+    "layers": [
+        {"name": "a", "forward_ms": 1.0, "backward_ms": 2.0, "flops": 10, "param_bytes": 40,
+         "activation_bytes": 64, "saved_bytes": 64},
+        {"name": "b", "forward_ms": 0.5, "backward_ms": 1.0},
+    ],
+}
+
+
+def test_public_json_format_reads_minimal_files(tmp_path):
+    costs = ModelCosts.from_dict(MINIMAL)
+    assert costs.num_layers == 2 and costs.names == ["a", "b"]
+    assert costs[1].param_bytes == 0 and costs[1].grad_bytes == 0
+    assert costs[0].grad_bytes == 40 and costs[0].compute_ms == 3.0
+    assert costs.total("forward_ms") == 1.5
+    path = costs.save(tmp_path / "c.json")
+    again = ModelCosts.load(path)
+    assert again == costs
+    data = json.loads(path.read_text())
+    for key in ("version", "model", "batch_size", "device", "layers"):
+        assert key in data
+    assert set(MINIMAL["layers"][0]) <= set(data["layers"][0])
+
+
+def test_uniform_helper():
+    c = ModelCosts.uniform(4, forward_ms=1, backward_ms=2, param_bytes=8)
+    assert c.num_layers == 4 and c.total("compute_ms") == 12
+
+
+@pytest.mark.parametrize(
+    "mutate, fragment",
+    [(lambda d: d.update(version=2), "'version' must be 1"),
+     (lambda d: d.pop("layers"), "missing required fields \\['layers'\\]"),
+     (lambda d: d.update(layers=[]), "at least one layer"),
+     (lambda d: d.update(batch_size=0), "batch_size must be > 0"),
+     (lambda d: d["layers"][0].update(forward_ms=-1.0), r"LayerCost\[a\].forward_ms must be >= 0"),
+     (lambda d: d["layers"][0].update(flops=1.5), "flops must be a finite int"),
+     (lambda d: d["layers"][0].update(colour="red"), "unknown layer fields \\['colour'\\]"),
+     (lambda d: d["layers"][1].pop("backward_ms"), "missing required fields \\['backward_ms'\\]"),
+     (lambda d: d["layers"][0].update(forward_ms=float("nan")), "finite number")],
+)
+def test_bad_costs(mutate, fragment):
+    data = json.loads(json.dumps(MINIMAL))
+    mutate(data)
+    with pytest.raises(ValueError, match=fragment):
+        ModelCosts.from_dict(data)
+
+
+def test_load_reports_path_and_bad_json(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="bad.json: ModelCosts file is not valid JSON"):
+        ModelCosts.load(bad)
+    with pytest.raises(ValueError, match="no ModelCosts file"):
+        ModelCosts.load(tmp_path / "missing.json")
+
+
+def test_link_alpha_beta():
+    link = LinkSpec("pcie", latency_us=10, bandwidth_gbs=10)
+    assert link.transfer_ms(0) == 0
+    assert link.transfer_ms(10e6) == pytest.approx(0.01 + 1.0)
+    # ring all-reduce of 8 MB over 4 ranks: 6 steps of latency + 1.5 x bytes / bandwidth
+    assert link.allreduce_ms(8e6, 4) == pytest.approx(6 * 0.01 + 1.5 * 0.8)
+    assert link.allreduce_ms(8e6, 1) == 0
+    with pytest.raises(ValueError, match="bandwidth_gbs must be > 0"):
+        LinkSpec("x", 1, 0)
+
+
+def make_cluster(**kw):
+    dev = DeviceSpec("V100", {"float32": 15.7, "float16": 125.0}, 32 * 2**30, 900.0, 0.5)
+    defaults = dict(name="2x4", num_nodes=2, devices_per_node=4, device=dev,
+                    intra_node=LinkSpec("nvlink", 5, 100), inter_node=LinkSpec("ib", 10, 12))
+    defaults.update(kw)
+    return ClusterSpec(**defaults)
+
+
+def test_cluster_links_and_json():
+    c = make_cluster()
+    assert c.world_size == 8 and c.node_of(5) == 1
+    assert c.link(0, 3).name == "nvlink" and c.link(3, 4).name == "ib"
+    assert c.group_link([0, 1, 2]).name == "nvlink" and c.group_link([0, 4]).name == "ib"
+    assert ClusterSpec.from_json(c.to_json()) == c
+    assert c.device.tflops("float16") == 125.0
+    with pytest.raises(ValueError, match="no peak for dtype 'int8'"):
+        c.device.tflops("int8")
+
+
+@pytest.mark.parametrize(
+    "kw, fragment",
+    [(dict(inter_node=None), "2 nodes but no inter_node link"), (dict(num_nodes=0), "num_nodes must be > 0"),
+     (dict(overlap_slowdown=0.5), "overlap_slowdown must be in"), (dict(devices_per_node=2.5), "devices_per_node must be a finite int")],
+)
+def test_bad_cluster(kw, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        make_cluster(**kw)
+
+
+def test_bad_device():
+    with pytest.raises(ValueError, match="efficiency must be in"):
+        DeviceSpec("x", {"float32": 1.0}, 1, 1.0, efficiency=1.5)
+    with pytest.raises(ValueError, match="peak_tflops must map"):
+        DeviceSpec("x", {}, 1, 1.0)
+    with pytest.raises(ValueError, match="non-empty str"):
+        LayerCost("", 1, 1)

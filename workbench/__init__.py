@@ -1,0 +1,46 @@
+"""The workbench: profile, partition, simulate, plan and launch hybrid-parallel training.
+
+Importing ``workbench`` is cheap and never imports torch: the core values are
+re-exported here, and the torch-backed rooms (``models``, ``profiling``,
+``runtime``) are imported only when you use them.
+"""
+
+from importlib import import_module as _import_module
+
+from .core import (
+    Action,
+    ClusterSpec,
+    DeviceSpec,
+    Event,
+    LayerCost,
+    LinkSpec,
+    ModelCosts,
+    Op,
+    Partition,
+    Schedule,
+    Timeline,
+    Topology,
+    parse_action,
+)
+
+__version__ = "0.1.0"
+
+# Public names served lazily from their rooms: name -> "module:attribute".
+_LAZY: dict[str, str] = {}
+
+
+def __getattr__(name: str):
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'workbench' has no attribute {name!r}")
+    module, _, attr = target.partition(":")
+    value = getattr(_import_module(module, __name__), attr)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "Action", "Op", "Schedule", "parse_action", "Topology", "LayerCost", "ModelCosts",
+    "DeviceSpec", "LinkSpec", "ClusterSpec", "Partition", "Event", "Timeline", "__version__",
+    *_LAZY,
+]

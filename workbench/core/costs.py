@@ -1,0 +1,383 @@
+"""What things cost: per-layer model costs, devices, links and clusters.
+
+These are the numbers the partitioner, the simulator and the planner reason
+with. They are deliberately plain values with a JSON form, because a
+``ModelCosts`` file is a public format: the profiler writes it, researchers
+write it by hand or from other tools, and every downstream room reads it.
+
+Units, everywhere: milliseconds for time, bytes for sizes, FLOPs as integer
+counts, link bandwidth in GB/s (1e9 bytes per second) and latency in
+microseconds (the alpha-beta model: ``t = latency + bytes / bandwidth``).
+
+``ModelCosts`` JSON (version 1)::
+
+    {"version": 1, "model": "resnet18", "batch_size": 32, "device": "cpu",
+     "layers": [{"name": "stem", "forward_ms": 3.1, "backward_ms": 6.0,
+                 "flops": 118013952, "param_bytes": 37888,
+                 "activation_bytes": 6422528, "saved_bytes": 12845056}, ...]}
+
+Required per layer: ``name``, ``forward_ms``, ``backward_ms``. Everything
+else defaults sensibly (0 bytes, gradient bytes = parameter bytes).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = ["LayerCost", "ModelCosts", "DeviceSpec", "LinkSpec", "ClusterSpec", "COSTS_VERSION"]
+
+COSTS_VERSION = 1
+
+
+def _check_number(owner: str, name: str, value: Any, *, integer: bool = False, positive: bool = False) -> None:
+    kind = "int" if integer else "number"
+    bad_type = isinstance(value, bool) or not isinstance(value, (int,) if integer else (int, float))
+    if bad_type or (not integer and not math.isfinite(value)):
+        raise ValueError(f"{owner}.{name} must be a finite {kind}, got {value!r}")
+    if value < 0 or (positive and value == 0):
+        bound = "> 0" if positive else ">= 0"
+        raise ValueError(f"{owner}.{name} must be {bound}, got {value!r}")
+
+
+def _reject_unknown(owner: str, data: dict[str, Any], cls: type) -> None:
+    known = {f.name for f in fields(cls)}
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(f"unknown {owner} fields {sorted(unknown)}; known fields: {sorted(known)}")
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """Cost of one partitionable layer at the profile's batch size.
+
+    ``activation_bytes`` is the layer's output for the whole batch (what a
+    stage boundary after this layer sends), ``saved_bytes`` what autograd keeps
+    for the backward pass, ``optimizer_bytes`` the optimizer state (None: let
+    the consumer derive it from its optimizer choice).
+    """
+
+    name: str
+    forward_ms: float
+    backward_ms: float
+    flops: int = 0
+    param_bytes: int = 0
+    activation_bytes: int = 0
+    saved_bytes: int = 0
+    grad_bytes: int | None = None
+    optimizer_bytes: int | None = None
+    forward_ms_spread: float = 0.0
+    backward_ms_spread: float = 0.0
+    peak_bytes: int = 0
+    num_params: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"LayerCost.name must be a non-empty str, got {self.name!r}")
+        owner = f"LayerCost[{self.name}]"
+        for name in ("forward_ms", "backward_ms", "forward_ms_spread", "backward_ms_spread"):
+            _check_number(owner, name, getattr(self, name))
+        for name in ("flops", "param_bytes", "activation_bytes", "saved_bytes", "peak_bytes", "num_params"):
+            _check_number(owner, name, getattr(self, name), integer=True)
+        for name in ("grad_bytes", "optimizer_bytes"):
+            if getattr(self, name) is not None:
+                _check_number(owner, name, getattr(self, name), integer=True)
+        if self.grad_bytes is None:
+            object.__setattr__(self, "grad_bytes", self.param_bytes)
+
+    @property
+    def compute_ms(self) -> float:
+        """Forward plus backward time."""
+        return self.forward_ms + self.backward_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "LayerCost":
+        if not isinstance(data, dict):
+            raise ValueError(f"a layer must be a JSON object, got {type(data).__name__}")
+        missing = [k for k in ("name", "forward_ms", "backward_ms") if k not in data]
+        if missing:
+            raise ValueError(f"layer {data.get('name', '?')!r} is missing required fields {missing}")
+        _reject_unknown("layer", data, cls)
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class ModelCosts:
+    """Per-layer costs of a model at one batch size on one device."""
+
+    model: str
+    batch_size: int
+    device: str
+    layers: tuple[LayerCost, ...]
+    dtype: str = "float32"
+    input_bytes: int = 0
+    version: int = COSTS_VERSION
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.version != COSTS_VERSION:
+            raise ValueError(f"ModelCosts.version must be {COSTS_VERSION}, got {self.version!r}")
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError(f"ModelCosts.model must be a non-empty str, got {self.model!r}")
+        _check_number("ModelCosts", "batch_size", self.batch_size, integer=True, positive=True)
+        _check_number("ModelCosts", "input_bytes", self.input_bytes, integer=True)
+        layers = tuple(LayerCost.from_dict(l) if isinstance(l, dict) else l for l in self.layers)
+        if not layers:
+            raise ValueError("ModelCosts.layers must hold at least one layer, got none")
+        for i, layer in enumerate(layers):
+            if not isinstance(layer, LayerCost):
+                raise ValueError(f"ModelCosts.layers[{i}] must be a LayerCost, got {type(layer).__name__}")
+        object.__setattr__(self, "layers", layers)
+
+    # -- views ------------------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def names(self) -> list[str]:
+        return [l.name for l in self.layers]
+
+    def total(self, attr: str) -> float:
+        """Sum of one per-layer field over all layers (``costs.total("flops")``)."""
+        return sum(getattr(l, attr) for l in self.layers)
+
+    def column(self, attr: str) -> list[Any]:
+        return [getattr(l, attr) for l in self.layers]
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __getitem__(self, index: int) -> LayerCost:
+        return self.layers[index]
+
+    # -- json -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "model": self.model,
+            "batch_size": self.batch_size,
+            "device": self.device,
+            "dtype": self.dtype,
+            "input_bytes": self.input_bytes,
+            "meta": self.meta,
+            "layers": [l.to_dict() for l in self.layers],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelCosts":
+        if not isinstance(data, dict):
+            raise ValueError(f"ModelCosts JSON must be an object, got {type(data).__name__}")
+        if data.get("version") != COSTS_VERSION:
+            raise ValueError(f"ModelCosts 'version' must be {COSTS_VERSION}, got {data.get('version')!r}")
+        missing = [k for k in ("model", "batch_size", "device", "layers") if k not in data]
+        if missing:
+            raise ValueError(f"ModelCosts JSON is missing required fields {missing}")
+        _reject_unknown("ModelCosts", data, cls)
+        if not isinstance(data["layers"], list):
+            raise ValueError("ModelCosts 'layers' must be a list of layer objects")
+        return cls(**{**data, "layers": tuple(LayerCost.from_dict(l) for l in data["layers"]), "meta": dict(data.get("meta") or {})})
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ModelCosts":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"ModelCosts file is not valid JSON: {exc}") from None
+        return cls.from_dict(data)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_json(indent=1))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ModelCosts":
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"no ModelCosts file at {str(path)!r}")
+        try:
+            return cls.from_json(path.read_text())
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
+
+    @classmethod
+    def uniform(cls, num_layers: int, *, forward_ms: float = 1.0, backward_ms: float = 2.0,
+                param_bytes: int = 0, activation_bytes: int = 0, batch_size: int = 1,
+                model: str = "uniform") -> "ModelCosts":
+        """Identical layers: the textbook case where bubble formulas are exact."""
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+            raise ValueError(f"num_layers must be an int >= 1, got {num_layers!r}")
+        layer = dict(forward_ms=forward_ms, backward_ms=backward_ms, param_bytes=param_bytes,
+                     activation_bytes=activation_bytes, saved_bytes=activation_bytes)
+        return cls(model=model, batch_size=batch_size, device="synthetic",
+                   layers=tuple(LayerCost(name=f"layer{i}", **layer) for i in range(num_layers)))
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """An accelerator (or CPU) as the roofline model sees it.
+
+    ``peak_tflops`` maps a dtype name to peak dense throughput; ``efficiency``
+    is the fraction of peak a real layer reaches (used for projection).
+    """
+
+    name: str
+    peak_tflops: dict[str, float]
+    memory_bytes: int
+    memory_bandwidth_gbs: float
+    efficiency: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"DeviceSpec.name must be a non-empty str, got {self.name!r}")
+        if not isinstance(self.peak_tflops, dict) or not self.peak_tflops:
+            raise ValueError(f"DeviceSpec[{self.name}].peak_tflops must map dtype -> TFLOP/s, got {self.peak_tflops!r}")
+        for dtype, value in self.peak_tflops.items():
+            _check_number(f"DeviceSpec[{self.name}]", f"peak_tflops[{dtype}]", value, positive=True)
+        _check_number(f"DeviceSpec[{self.name}]", "memory_bytes", self.memory_bytes, integer=True, positive=True)
+        _check_number(f"DeviceSpec[{self.name}]", "memory_bandwidth_gbs", self.memory_bandwidth_gbs, positive=True)
+        if not (isinstance(self.efficiency, (int, float)) and 0 < self.efficiency <= 1):
+            raise ValueError(f"DeviceSpec[{self.name}].efficiency must be in (0, 1], got {self.efficiency!r}")
+
+    def tflops(self, dtype: str = "float32") -> float:
+        if dtype not in self.peak_tflops:
+            raise ValueError(f"device {self.name} has no peak for dtype {dtype!r}; known: {sorted(self.peak_tflops)}")
+        return self.peak_tflops[dtype]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "DeviceSpec":
+        _reject_unknown("DeviceSpec", data, cls)
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """A communication link in the alpha-beta model."""
+
+    name: str
+    latency_us: float
+    bandwidth_gbs: float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"LinkSpec.name must be a non-empty str, got {self.name!r}")
+        _check_number(f"LinkSpec[{self.name}]", "latency_us", self.latency_us)
+        _check_number(f"LinkSpec[{self.name}]", "bandwidth_gbs", self.bandwidth_gbs, positive=True)
+
+    def transfer_ms(self, nbytes: float) -> float:
+        """Point-to-point time for one message of ``nbytes``."""
+        if nbytes <= 0:
+            return 0.0
+        return self.latency_us * 1e-3 + nbytes / (self.bandwidth_gbs * 1e9) * 1e3
+
+    def allreduce_ms(self, nbytes: float, group_size: int) -> float:
+        """Ring all-reduce: 2(n-1) steps, each moving nbytes/n."""
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        if group_size == 1 or nbytes <= 0:
+            return 0.0
+        steps = 2 * (group_size - 1)
+        return steps * self.latency_us * 1e-3 + steps / group_size * nbytes / (self.bandwidth_gbs * 1e9) * 1e3
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "LinkSpec":
+        _reject_unknown("LinkSpec", data, cls)
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """Homogeneous nodes of identical devices; one link inside a node, one between nodes.
+
+    Ranks are numbered node-major: ranks ``[n*d, (n+1)*d)`` live on node ``n``
+    where ``d = devices_per_node``.
+    """
+
+    name: str
+    num_nodes: int
+    devices_per_node: int
+    device: DeviceSpec
+    intra_node: LinkSpec
+    inter_node: LinkSpec | None = None
+    overlap_slowdown: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"ClusterSpec.name must be a non-empty str, got {self.name!r}")
+        _check_number(f"ClusterSpec[{self.name}]", "num_nodes", self.num_nodes, integer=True, positive=True)
+        _check_number(f"ClusterSpec[{self.name}]", "devices_per_node", self.devices_per_node, integer=True, positive=True)
+        if isinstance(self.device, dict):
+            object.__setattr__(self, "device", DeviceSpec.from_dict(self.device))
+        for name in ("intra_node", "inter_node"):
+            if isinstance(getattr(self, name), dict):
+                object.__setattr__(self, name, LinkSpec.from_dict(getattr(self, name)))
+        if self.num_nodes > 1 and self.inter_node is None:
+            raise ValueError(f"ClusterSpec[{self.name}] has {self.num_nodes} nodes but no inter_node link")
+        if not (isinstance(self.overlap_slowdown, (int, float)) and 1.0 <= self.overlap_slowdown <= 4.0):
+            raise ValueError(f"ClusterSpec[{self.name}].overlap_slowdown must be in [1, 4], got {self.overlap_slowdown!r}")
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.devices_per_node
+
+    def node_of(self, rank: int) -> int:
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
+            raise ValueError(f"rank must be in [0, {self.world_size - 1}], got {rank!r}")
+        return rank // self.devices_per_node
+
+    def link(self, a: int, b: int) -> LinkSpec:
+        """The link two ranks talk over."""
+        if self.node_of(a) == self.node_of(b):
+            return self.intra_node
+        assert self.inter_node is not None
+        return self.inter_node
+
+    def group_link(self, ranks: list[int]) -> LinkSpec:
+        """The slowest link a collective over ``ranks`` crosses."""
+        nodes = {self.node_of(r) for r in ranks}
+        return self.intra_node if len(nodes) <= 1 else self.inter_node  # type: ignore[return-value]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "num_nodes": self.num_nodes,
+            "devices_per_node": self.devices_per_node,
+            "device": self.device.to_dict(),
+            "intra_node": self.intra_node.to_dict(),
+            "inter_node": self.inter_node.to_dict() if self.inter_node else None,
+            "overlap_slowdown": self.overlap_slowdown,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ClusterSpec":
+        if not isinstance(data, dict):
+            raise ValueError(f"ClusterSpec JSON must be an object, got {type(data).__name__}")
+        _reject_unknown("ClusterSpec", data, cls)
+        missing = [k for k in ("name", "num_nodes", "devices_per_node", "device", "intra_node") if k not in data]
+        if missing:
+            raise ValueError(f"ClusterSpec JSON is missing required fields {missing}")
+        return cls(**data)
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ClusterSpec":
+        return cls.from_dict(json.loads(text))

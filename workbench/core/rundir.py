@@ -1,0 +1,94 @@
+"""The run directory: the contract between a running job and the notebook.
+
+A launch gets a fresh directory; the job writes into it and the notebook (or
+the CLI, or a later kernel after a restart) only reads it. Nothing else is
+shared, so a job can be attached to from anywhere that sees the files.
+
+Layout::
+
+    <run_dir>/
+      config.json            resolved run config (machine-written)
+      command.txt            the exact command line(s) launched
+      launch.json            backend, pids / job id, start time, hostname
+      events/rank{r}.jsonl   one JSON object per line per rank (schema below)
+      logs/                  torchrun logs (per rank stdout/stderr)
+      checkpoints/step{N}/   checkpoints
+      status.json            final status, written once at the end
+
+Event lines (``EVENT_SCHEMA_VERSION`` = 1): every line has ``v`` (schema
+version), ``kind``, ``t`` (unix time, seconds) and ``rank``. Kinds and their
+extra fields:
+
+- ``start``: ``world_size``, ``strategy``, ``config`` (dict), ``pid``, ``host``, ``restart`` (count)
+- ``step``: ``step``, ``loss``, ``samples_per_s``, ``step_ms``, ``memory_bytes`` (and optional ``lr``)
+- ``stage``: one executed action as a timeline event: the ``Event`` fields
+  (``stage``, ``op``, ``microbatch``, ``iteration``, ``version``, ``start``, ``end`` in ms
+  relative to ``t0``; plus ``t0``, the unix time those ms count from)
+- ``heartbeat``: ``step``
+- ``checkpoint``: ``step``, ``path``
+- ``end``: ``step``, ``status`` ("SUCCEEDED" | "CANCELLED")
+- ``error``: ``message``, ``traceback``, ``exc_type``
+
+Readers must skip kinds they do not know (forward compatibility).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "EVENT_SCHEMA_VERSION", "EVENT_KINDS", "JOB_STATES", "TERMINAL_STATES",
+    "events_dir", "events_path", "make_event", "parse_event_line", "status_path",
+]
+
+EVENT_SCHEMA_VERSION = 1
+EVENT_KINDS = ("start", "step", "stage", "heartbeat", "checkpoint", "end", "error")
+JOB_STATES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "UNKNOWN")
+TERMINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
+
+CONFIG_FILE = "config.json"
+COMMAND_FILE = "command.txt"
+LAUNCH_FILE = "launch.json"
+STATUS_FILE = "status.json"
+LOGS_DIR = "logs"
+CHECKPOINTS_DIR = "checkpoints"
+
+
+def events_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "events"
+
+
+def events_path(run_dir: str | Path, rank: int) -> Path:
+    return events_dir(run_dir) / f"rank{rank}.jsonl"
+
+
+def status_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / STATUS_FILE
+
+
+def make_event(kind: str, rank: int, **fields: Any) -> dict[str, Any]:
+    """A schema-conforming event record (not yet serialised)."""
+    if kind not in EVENT_KINDS:
+        raise ValueError(f"event kind must be one of {EVENT_KINDS}, got {kind!r}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise ValueError(f"event rank must be an int >= 0, got {rank!r}")
+    reserved = {"v", "kind", "t", "rank"} & set(fields)
+    if reserved and not (reserved == {"t"}):
+        raise ValueError(f"event fields {sorted(reserved)} are reserved")
+    return {"v": EVENT_SCHEMA_VERSION, "kind": kind, "t": fields.pop("t", time.time()), "rank": rank, **fields}
+
+
+def parse_event_line(line: str) -> dict[str, Any]:
+    """Parse one JSONL line; raise ValueError for a corrupt or foreign line."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"corrupt event line ({exc.msg} at column {exc.colno}): {line[:80]!r}") from None
+    if not isinstance(record, dict) or "kind" not in record or "rank" not in record:
+        raise ValueError(f"event line lacks 'kind'/'rank': {line[:80]!r}")
+    if record.get("v") != EVENT_SCHEMA_VERSION:
+        raise ValueError(f"event schema version {record.get('v')!r} is not {EVENT_SCHEMA_VERSION}: {line[:80]!r}")
+    return record

@@ -1,0 +1,1 @@
+"""Launching, monitoring and reattaching to runs (no torch)."""

@@ -1,0 +1,1 @@
+"""The model zoo as ordered, partitionable layer sequences (torch)."""

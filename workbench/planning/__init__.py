@@ -1,0 +1,1 @@
+"""Partitioning (AMPA and baselines), strategy space, estimates and search (pure Python)."""

@@ -1,0 +1,1 @@
+"""Execution under torchrun: process groups, stages, the schedule interpreter and strategies."""

@@ -1,0 +1,1 @@
+"""Pipeline schedules as data: generators, passes, validation, timed simulation, memory (pure Python)."""

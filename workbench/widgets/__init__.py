@@ -1,0 +1,1 @@
+"""ipywidgets views over viz, scheduling, planning and jobs."""
