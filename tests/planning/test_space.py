@@ -1,0 +1,71 @@
+import pytest
+from hypothesis import given, strategies as st
+
+from workbench.planning.space import Strategy, enumerate_strategies, factorizations
+
+
+@pytest.mark.parametrize("name", ["dp8", "gropipe-2x4-1f1b-m8-d1", "gropipe-4x2-gpipe-m4-d0-rc", "pp4-1f1b-m8",
+                                  "pp2-interleaved-v2-m4", "async-2x4-m8", "tp2d-2x2-dp2", "tp1d-4-dp2"])
+def test_names_round_trip(name):
+    s = Strategy.parse(name)
+    assert s.name == name
+    assert Strategy.parse(s.name) == s
+
+
+def test_world_sizes():
+    assert Strategy.parse("tp2d-2x2-dp2").world_size == 8
+    assert Strategy.parse("gropipe-2x4-1f1b-m8-d1").world_size == 8
+    assert Strategy.parse("tp1d-4-dp2").world_size == 8
+
+
+def test_factorizations():
+    assert factorizations(8, 2) == [(1, 8), (2, 4), (4, 2), (8, 1)]
+    assert len(factorizations(64, 3)) == 28
+    with pytest.raises(ValueError, match="world size must be an int >= 1"):
+        factorizations(0, 2)
+
+
+def test_enumeration_for_8_devices():
+    names = {s.name for s in enumerate_strategies(8, num_layers=24, global_batch=64, num_heads=12, hidden=768)}
+    for expected in ("dp8", "gropipe-2x4-1f1b-m8-d1", "gropipe-2x4-1f1b-m8-d0", "pp8-1f1b-m8", "async-2x4-m8",
+                     "tp2d-2x2-dp2", "tp1d-4-dp2", "pp8-interleaved-v2-m8"):
+        assert expected in names
+    assert "tp1d-8-dp1" not in names  # 12 heads do not split 8 ways
+    assert not any(n.startswith("tp2d-3x3") for n in names)
+
+
+def test_no_tensor_parallel_without_transformer_shape():
+    names = {s.name for s in enumerate_strategies(4, num_layers=10, global_batch=16)}
+    assert not any(n.startswith("tp") for n in names)
+
+
+@given(st.sampled_from([1, 2, 4, 6, 8, 16]), st.sampled_from([8, 16, 48, 96]))
+def test_every_enumerated_strategy_is_valid(world, batch):
+    for s in enumerate_strategies(world, num_layers=12, global_batch=batch, num_heads=12, hidden=96):
+        assert s.world_size == world
+        s.check(num_layers=12, global_batch=batch, num_heads=12, hidden=96)
+
+
+@pytest.mark.parametrize(
+    "name, kw, fragment",
+    [("pp8-1f1b-m8", dict(num_layers=4, global_batch=8), "8 stages for 4 layers"),
+     ("dp3", dict(num_layers=4, global_batch=8), "does not split over 3 replicas"),
+     ("gropipe-2x2-1f1b-m3-d0", dict(num_layers=4, global_batch=8), "3 micro-batches do not divide"),
+     ("tp2d-2x2-dp1", dict(num_layers=4, global_batch=8, num_heads=3, hidden=96), "not divisible by 2"),
+     ("tp1d-2-dp1", dict(num_layers=4, global_batch=8), "needs a transformer"),
+     ("pp4-interleaved-v2-m6", dict(num_layers=16, global_batch=12), "divisible by 4 stages")],
+)
+def test_check_explains(name, kw, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        Strategy.parse(name).check(**kw)
+
+
+def test_bad_names_and_values():
+    with pytest.raises(ValueError, match="unknown strategy name"):
+        Strategy.parse("zero3-8")
+    with pytest.raises(ValueError, match="square"):
+        Strategy.parse("tp2d-2x3-dp1")
+    with pytest.raises(ValueError, match="delay must be 0 or 1"):
+        Strategy("gropipe", dp=2, pp=2, schedule="1f1b", delay=2)
+    with pytest.raises(ValueError, match="no valid strategy"):
+        enumerate_strategies(3, num_layers=4, global_batch=1, kinds=["dp"])

@@ -1,0 +1,264 @@
+"""Pipeline schedules as pure functions of a few small integers.
+
+Every schedule the workbench knows is written exactly once, here, as a
+function returning a :class:`~workbench.core.ir.Schedule`: per-rank action
+lists in program order (no idle slots: waiting is the simulator's business).
+The validator, the simulator, the timeline figure and the runtime interpreter
+all consume that value, so none of them re-derives the order.
+
+Conventions shared by every generator:
+
+* Pipelines place stage ``s`` of pipeline ``g`` on rank ``g * S + s``
+  (``Topology(dp=G, pp=S)``); ``meta["stage_to_rank"]`` lists, per pipeline,
+  the rank of every (virtual) stage, and ``meta["replicas"]`` the number of
+  model replicas that each take ``num_microbatches`` micro-batches.
+* Generators emit compute (``F``/``B``), gradient all-reduce (``AR``) and
+  optimizer steps (``STEP``) only; :mod:`workbench.scheduling.passes` adds the
+  point-to-point sends and receives and the weight stash/restore actions.
+* ``async_1f1b`` and ``gropipe`` number iterations (``Action.iteration``) and
+  set ``Action.version``: the number of optimizer steps the stage had applied
+  when the action's forward ran (a backward uses its forward's version).
+
+Delayed gradient all-reduce (GroPipe, ``delay=1``): iteration ``t``'s list is
+its pipeline actions, then ``sAR i t`` (launched right after the stage's last
+backward, asynchronous), then ``sSTEP i t-1`` which waits for the previous
+iteration's all-reduce and applies it. The last iteration's all-reduce stays
+pending (``meta["pending_step_iteration"]``) unless ``drain=True`` appends
+its step; a caller running one iteration at a time passes
+``first_iteration`` so the numbering (and so the delayed step) carries on.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..core.ir import Action, Op, Schedule
+
+__all__ = [
+    "gpipe", "one_f_one_b", "interleaved", "async_1f1b", "gropipe", "data_parallel", "tensor2d_step",
+    "GENERATORS", "pipeline_order",
+]
+
+
+def _check_positive(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
+# -- per-stage orders ------------------------------------------------------------------
+def _fill_drain_order(num_stages: int, stage: int, num_microbatches: int) -> list[tuple[str, int]]:
+    """GPipe: every forward, then every backward."""
+    return [("F", i) for i in range(num_microbatches)] + [("B", i) for i in range(num_microbatches)]
+
+
+def _one_f_one_b_order(num_stages: int, stage: int, num_microbatches: int) -> list[tuple[str, int]]:
+    """1F1B (PipeDream-flush / DAPPLE): warm-up forwards, alternate, cool-down backwards."""
+    warmup = min(num_stages - 1 - stage, num_microbatches)
+    order = [("F", i) for i in range(warmup)]
+    for i in range(num_microbatches - warmup):
+        order += [("F", warmup + i), ("B", i)]
+    order += [("B", i) for i in range(num_microbatches - warmup, num_microbatches)]
+    return order
+
+
+_INNER_ORDERS = {"gpipe": _fill_drain_order, "1f1b": _one_f_one_b_order}
+
+
+def pipeline_order(kind: str, num_stages: int, stage: int, num_microbatches: int) -> list[tuple[str, int]]:
+    """The ``(kind, microbatch)`` order one stage runs, kind ``"F"`` or ``"B"``."""
+    if kind not in _INNER_ORDERS:
+        raise ValueError(f"inner schedule must be one of {sorted(_INNER_ORDERS)}, got {kind!r}")
+    return _INNER_ORDERS[kind](num_stages, stage, num_microbatches)
+
+
+def _single_pipeline(name: str, num_stages: int, num_microbatches: int) -> Schedule:
+    _check_positive("num_stages", num_stages)
+    _check_positive("num_microbatches", num_microbatches)
+    ranks = []
+    for s in range(num_stages):
+        order = pipeline_order(name, num_stages, s, num_microbatches)
+        ranks.append(tuple(Action(s, Op(kind), mb) for kind, mb in order))
+    return Schedule(tuple(ranks), name=name, num_stages=num_stages, num_microbatches=num_microbatches,
+                    meta={"stage_to_rank": [list(range(num_stages))], "replicas": 1})
+
+
+def gpipe(num_stages: int, num_microbatches: int) -> Schedule:
+    """GPipe fill-drain: all forwards, then all backwards; rank ``r`` runs stage ``r``."""
+    return _single_pipeline("gpipe", num_stages, num_microbatches)
+
+
+def one_f_one_b(num_stages: int, num_microbatches: int) -> Schedule:
+    """1F1B with a flush per iteration; at most ``num_stages - s`` micro-batches in flight on stage ``s``."""
+    return _single_pipeline("1f1b", num_stages, num_microbatches)
+
+
+def interleaved(num_ranks: int, num_microbatches: int, num_chunks: int) -> Schedule:
+    """Interleaved 1F1B (Megatron): each rank holds ``num_chunks`` virtual stages.
+
+    Virtual stage ``c * num_ranks + r`` lives on rank ``r`` as chunk ``c``.
+    Micro-batches run in rounds of ``num_ranks``, so the count must be a
+    multiple of ``num_ranks``; the bubble shrinks to
+    ``(p - 1) / (v * m + p - 1)`` of the iteration.
+    """
+    _check_positive("num_ranks", num_ranks)
+    _check_positive("num_microbatches", num_microbatches)
+    _check_positive("num_chunks", num_chunks)
+    p, v, m = num_ranks, num_chunks, num_microbatches
+    if m % p:
+        raise ValueError(f"num_microbatches must be a multiple of num_ranks={p} for the interleaved schedule, got {m} "
+                         f"(try {max(p, m - m % p)} or {m - m % p + p})")
+    total = m * v
+
+    def unit(k: int, backward: bool) -> tuple[int, int]:
+        chunk = (k // p) % v
+        if backward:
+            chunk = v - 1 - chunk
+        return chunk, (k // (p * v)) * p + k % p
+
+    ranks = []
+    for r in range(p):
+        warmup = min(total, p - r - 1) if v == 1 else min(total, (p - r - 1) * 2 + (v - 1) * p)
+        kinds = [("F", k) for k in range(warmup)]
+        for i in range(total - warmup):
+            kinds += [("F", warmup + i), ("B", i)]
+        kinds += [("B", k) for k in range(total - warmup, total)]
+        actions = []
+        for kind, k in kinds:
+            chunk, mb = unit(k, kind == "B")
+            actions.append(Action(chunk * p + r, Op(kind), mb, chunk=chunk))
+        ranks.append(tuple(actions))
+    return Schedule(tuple(ranks), name="interleaved", num_stages=p * v, num_microbatches=m,
+                    meta={"stage_to_rank": [[vs % p for vs in range(p * v)]], "replicas": 1, "chunks": v})
+
+
+def _with_versions(actions: list[Action], start: int = 0) -> list[Action]:
+    """Set each F's version to the steps applied so far (from ``start``) and each B's to its forward's."""
+    version, used, out = start, {}, []
+    for a in actions:
+        key = (a.stage, a.microbatch, a.iteration)
+        if a.op is Op.FORWARD:
+            used[key] = version
+            out.append(a.with_(version=version))
+        elif a.op is Op.BACKWARD:
+            out.append(a.with_(version=used[key]))
+        else:
+            out.append(a)
+            if a.op is Op.STEP:
+                version += 1
+    return out
+
+
+def async_1f1b(num_stages: int, num_microbatches: int, num_iterations: int) -> Schedule:
+    """PipeDream-style 1F1B with no flush between iterations, with weight stashing.
+
+    The micro-batches of all iterations form one stream: stage ``s`` runs the
+    1F1B order over ``num_microbatches * num_iterations`` of them, and applies
+    ``sSTEP i t`` right after its last backward of iteration ``t`` (gradients
+    are coalesced over an iteration's micro-batches, as in PipeDream-2BW, so
+    a stage holds at most two weight versions when ``m >= p``). A forward
+    uses the newest weights (``version`` = steps applied); its backward uses
+    the same stashed version (``passes.add_weight_stash`` makes that explicit).
+    """
+    _check_positive("num_stages", num_stages)
+    _check_positive("num_microbatches", num_microbatches)
+    _check_positive("num_iterations", num_iterations)
+    m, n = num_microbatches, num_microbatches * num_iterations
+    ranks = []
+    for s in range(num_stages):
+        actions = []
+        for kind, j in _one_f_one_b_order(num_stages, s, n):
+            it, mb = divmod(j, m)
+            actions.append(Action(s, Op(kind), mb, iteration=it))
+            if kind == "B" and mb == m - 1:
+                actions.append(Action(s, Op.STEP, iteration=it))
+        ranks.append(tuple(_with_versions(actions)))
+    return Schedule(tuple(ranks), name="async", num_stages=num_stages, num_microbatches=m,
+                    meta={"stage_to_rank": [list(range(num_stages))], "replicas": 1,
+                          "num_iterations": num_iterations, "weight_stashing": True})
+
+
+def gropipe(num_groups: int, num_stages: int, num_microbatches: int, *, inner: str = "1f1b", delay: int = 0,
+            num_iterations: int = 1, first_iteration: int = 0, drain: bool = False) -> Schedule:
+    """GroPipe: ``num_groups`` pipelines with a per-stage gradient all-reduce across groups.
+
+    Rank ``g * S + s`` runs stage ``s`` of group ``g``. Each iteration a rank
+    runs its pipeline actions, launches ``sAR`` right after its last backward,
+    then steps: with ``delay=0`` it waits for this iteration's all-reduce
+    (synchronous, exact); with ``delay=1`` it applies the previous iteration's
+    (see the module docstring for the encoding).
+    """
+    from .passes import add_grad_sync
+
+    _check_positive("num_groups", num_groups)
+    _check_positive("num_stages", num_stages)
+    _check_positive("num_microbatches", num_microbatches)
+    _check_positive("num_iterations", num_iterations)
+    if inner not in _INNER_ORDERS:
+        raise ValueError(f"inner must be one of {sorted(_INNER_ORDERS)}, got {inner!r}")
+    if isinstance(first_iteration, bool) or not isinstance(first_iteration, int) or first_iteration < 0:
+        raise ValueError(f"first_iteration must be an int >= 0, got {first_iteration!r}")
+    G, S, m = num_groups, num_stages, num_microbatches
+    ranks = []
+    for _g in range(G):
+        for s in range(S):
+            order = pipeline_order(inner, S, s, m)
+            ranks.append(tuple(Action(s, Op(kind), mb, iteration=first_iteration + t)
+                               for t in range(num_iterations) for kind, mb in order))
+    base = Schedule(tuple(ranks), name="gropipe", num_stages=S, num_microbatches=m,
+                    meta={"stage_to_rank": [[g * S + s for s in range(S)] for g in range(G)], "replicas": G,
+                          "groups": G, "inner": inner, "num_iterations": num_iterations,
+                          "first_iteration": first_iteration})
+    synced = add_grad_sync(base, delay=delay, drain=drain)
+    start = max(0, first_iteration - delay)
+    return Schedule(tuple(tuple(_with_versions(list(r), start)) for r in synced.ranks), name="gropipe", num_stages=S,
+                    num_microbatches=m, meta=synced.meta)
+
+
+def data_parallel(num_ranks: int, num_buckets: int) -> Schedule:
+    """Data parallel: one forward, the backward in buckets, each bucket's all-reduce launched as it is done.
+
+    The backward produces buckets last-layer-first (``0B0b{k}`` for ``k`` from
+    ``num_buckets - 1`` down to 0), and ``0ARb{k}`` follows each, so the
+    all-reduce of bucket ``k`` overlaps the backward of the buckets before it.
+    """
+    _check_positive("num_ranks", num_ranks)
+    _check_positive("num_buckets", num_buckets)
+    actions = [Action(0, Op.FORWARD, 0)]
+    for k in reversed(range(num_buckets)):
+        actions += [Action(0, Op.BACKWARD, 0, bucket=k), Action(0, Op.ALL_REDUCE, bucket=k)]
+    actions.append(Action(0, Op.STEP))
+    return Schedule(tuple(tuple(actions) for _ in range(num_ranks)), name="dp", num_stages=1, num_microbatches=1,
+                    meta={"replicas": num_ranks, "dp_groups": [list(range(num_ranks))], "num_buckets": num_buckets,
+                          "backward_buckets": num_buckets})
+
+
+def tensor2d_step(q: int, num_layers: int) -> Schedule:
+    """One training step of 2D (SUMMA) tensor parallelism on a ``q x q`` grid.
+
+    Every rank runs the same program: for each layer, ``q`` SUMMA steps
+    forward (``lF0b{t}``: broadcast the row's activation block and the
+    column's weight block of step ``t``, multiply, accumulate), then the
+    backward steps in reverse layer order, then one optimizer step per layer.
+    Rank ``i * q + j`` is grid cell (row ``i``, column ``j``).
+    """
+    _check_positive("q", q)
+    _check_positive("num_layers", num_layers)
+    actions = [Action(l, Op.FORWARD, 0, bucket=t) for l in range(num_layers) for t in range(q)]
+    actions += [Action(l, Op.BACKWARD, 0, bucket=t) for l in reversed(range(num_layers)) for t in range(q)]
+    actions += [Action(l, Op.STEP) for l in range(num_layers)]
+    grid = [[i * q + j for j in range(q)] for i in range(q)]
+    return Schedule(tuple(tuple(actions) for _ in range(q * q)), name="tensor2d", num_stages=num_layers,
+                    num_microbatches=1,
+                    meta={"replicas": 1, "q": q, "row_groups": grid,
+                          "col_groups": [[grid[i][j] for i in range(q)] for j in range(q)]})
+
+
+GENERATORS: dict[str, Callable[..., Schedule]] = {
+    "gpipe": gpipe,
+    "1f1b": one_f_one_b,
+    "interleaved": interleaved,
+    "async": async_1f1b,
+    "gropipe": gropipe,
+    "dp": data_parallel,
+    "tensor2d": tensor2d_step,
+}

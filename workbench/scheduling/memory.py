@@ -1,0 +1,98 @@
+"""Peak memory per rank, read off the schedule's program order.
+
+A rank's memory is its stages' static state (weights, gradients, optimizer
+state) plus what the schedule keeps alive: the saved activations of every
+micro-batch whose forward ran and whose backward has not (``in flight``),
+and, in asynchronous pipelines, the extra weight versions stashed for
+in-flight micro-batches that started before a step. Both depend only on
+the order of actions on the rank (a rank runs one compute action at a
+time), not on timing, so they are computed by walking each rank's list:
+GPipe keeps ``m`` micro-batches in flight, 1F1B at most ``p - s`` on stage
+``s``. A delayed (``delay=1``) gradient all-reduce keeps one more copy of
+the gradients: the buffer still being reduced while the next iteration
+accumulates into the live one.
+"""
+
+from __future__ import annotations
+
+from ..core.ir import Op, Schedule
+from .stagecosts import StageCosts
+
+__all__ = ["in_flight_microbatches", "memory_breakdown", "peak_memory_bytes", "in_flight_by_stage"]
+
+_BACKWARDS = (Op.BACKWARD, Op.BACKWARD_INPUT)
+
+
+def _walk(schedule: Schedule, rank: int, stage_costs: StageCosts | None):
+    """Yield (activation bytes, stashed bytes, in-flight count) after every action on ``rank``."""
+    live: dict[tuple, int] = {}
+    steps: dict[int, int] = {}
+    users: dict[tuple[int, int], int] = {}  # (stage, version) -> in-flight micro-batches using it
+    act_bytes = stashed = 0
+
+    def stash_bytes() -> int:
+        return sum(stage_costs.param_bytes[s] for (s, v), n in users.items() if n and v != steps.get(s, 0))
+
+    for a in schedule.actions(rank):
+        key = (a.stage, a.microbatch, a.iteration)
+        if a.op is Op.FORWARD and a.bucket in (None, 0):
+            version = steps.get(a.stage, 0)
+            live[key] = version
+            users[(a.stage, version)] = users.get((a.stage, version), 0) + 1
+            act_bytes += stage_costs.activation_bytes[a.stage] if stage_costs else 0
+        elif a.op in _BACKWARDS and key in live and a.bucket in (None, 0):
+            version = live.pop(key)
+            users[(a.stage, version)] -= 1
+            act_bytes -= stage_costs.activation_bytes[a.stage] if stage_costs else 0
+            if stashed and stage_costs:
+                stashed = stash_bytes()
+        elif a.op is Op.STEP:
+            steps[a.stage] = steps.get(a.stage, 0) + 1
+            if stage_costs:
+                stashed = stash_bytes()
+        yield act_bytes, stashed, len(live)
+
+
+def in_flight_microbatches(schedule: Schedule) -> list[int]:
+    """Per rank, the most micro-batches alive at once (forward done, backward not yet)."""
+    return [max((n for _, _, n in _walk(schedule, r, None)), default=0) for r in range(schedule.num_ranks)]
+
+
+def in_flight_by_stage(schedule: Schedule) -> dict[int, int]:
+    """Per (virtual) stage, the most of its micro-batches alive at once."""
+    out: dict[int, int] = {}
+    for r in range(schedule.num_ranks):
+        live: dict[int, int] = {}
+        for a in schedule.actions(r):
+            if a.op is Op.FORWARD and a.bucket in (None, 0):
+                live[a.stage] = live.get(a.stage, 0) + 1
+                out[a.stage] = max(out.get(a.stage, 0), live[a.stage])
+            elif a.op in _BACKWARDS and a.bucket in (None, 0):
+                live[a.stage] = live.get(a.stage, 0) - 1
+    return out
+
+
+def memory_breakdown(schedule: Schedule, stage_costs: StageCosts) -> list[dict[str, int]]:
+    """Per rank: weights, gradients, optimizer state, pending gradients, and the activations and stashed weights
+    at the peak."""
+    out = []
+    for r in range(schedule.num_ranks):
+        stages = sorted({a.stage for a in schedule.actions(r) if a.is_compute})
+        for s in stages:
+            if s >= stage_costs.num_stages:
+                raise ValueError(f"rank {r} runs stage {s} but stage_costs has only {stage_costs.num_stages} stages")
+        weights = sum(stage_costs.param_bytes[s] for s in stages)
+        grads = sum(stage_costs.grad_bytes[s] for s in stages)
+        opt = sum(stage_costs.optimizer_bytes[s] for s in stages)
+        peak_act, peak_stash = max(((a, s) for a, s, _ in _walk(schedule, r, stage_costs)),
+                                   key=lambda x: x[0] + x[1], default=(0, 0))
+        pending = grads if schedule.meta.get("delay") == 1 else 0
+        out.append({"weights": weights, "gradients": grads, "optimizer": opt, "activations": peak_act,
+                    "stashed_weights": peak_stash, "pending_gradients": pending,
+                    "peak": weights + grads + opt + peak_act + peak_stash + pending})
+    return out
+
+
+def peak_memory_bytes(schedule: Schedule, stage_costs: StageCosts) -> list[int]:
+    """Per rank, the peak bytes (see :func:`memory_breakdown`)."""
+    return [row["peak"] for row in memory_breakdown(schedule, stage_costs)]

@@ -1,0 +1,326 @@
+"""Timed, dependency-driven simulation of a schedule on a cluster.
+
+The simulator executes the lowered schedule (the same value the runtime
+runs) against per-stage costs and a cluster's links, and returns the
+:class:`~workbench.core.timeline.Event` list the runtime would record, plus
+metrics. Each rank has a compute stream that runs its actions in program
+order; communication follows the semantics of
+:mod:`workbench.scheduling.passes`:
+
+* a send is launched when the rank reaches it and does not block; its
+  transfer starts when the channel (sender -> receiver) is free and, across
+  nodes, when both nodes' network ports are free (contention on shared
+  links), and takes ``latency + bytes / bandwidth``;
+* a receive blocks the rank until the data has arrived;
+* an all-reduce is launched without blocking; it starts once every member
+  launched it and every member's collective stream (and the node ports it
+  crosses) is free; the stage's ``STEP`` waits for it.
+
+Ranks are advanced one action at a time in order of their clocks, so link
+contention is resolved in time order. Without a cluster, communication is
+free (zero time) but its bytes are still counted.
+
+Metric definitions: ``iteration_ms`` is the makespan divided by the number
+of iterations; ``bubble_fraction[r]`` is ``1 - compute busy time of rank r /
+makespan`` (compute = F, B, I, W); ``exposed_comm_ms[r]`` is the time rank
+``r`` spends blocked while a transfer or all-reduce it waits on is in
+progress (waiting for a peer to *start* is bubble, not communication).
+"""
+
+from __future__ import annotations
+
+import heapq
+import weakref
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.costs import ClusterSpec, LinkSpec
+from ..core.ir import Op, Schedule
+from ..core.timeline import Event, Timeline
+from .memory import memory_breakdown
+from .passes import lower
+from .stagecosts import StageCosts
+
+__all__ = ["simulate", "SimResult", "BUBBLE_DEFINITION"]
+
+BUBBLE_DEFINITION = "1 - (time the rank spends in F/B/I/W) / makespan of the whole run"
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """The simulated timeline, its metrics and the lowered schedule that produced them."""
+
+    timeline: Timeline
+    metrics: dict[str, Any]
+    schedule: Schedule
+    memory: list[dict[str, int]] = field(default_factory=list)
+
+
+class _Links:
+    """Link times and shared-resource bookkeeping for one simulation."""
+
+    def __init__(self, cluster: ClusterSpec | None, collective_link: LinkSpec | None, num_ranks: int) -> None:
+        if cluster is not None and cluster.world_size < num_ranks:
+            raise ValueError(f"cluster {cluster.name!r} has {cluster.world_size} devices but the schedule needs "
+                             f"{num_ranks} ranks")
+        self.cluster = cluster
+        self.collective_link = collective_link
+        self.free: dict[Any, float] = defaultdict(float)
+        self.bytes_by_link: dict[str, int] = defaultdict(int)
+        per_node = cluster.devices_per_node if cluster else 1
+        self.node = [r // per_node for r in range(num_ranks)]
+        self.multi_node = cluster is not None and cluster.num_nodes > 1
+        self.link_cache: dict[tuple[int, int], LinkSpec] = {}
+
+    def _ports(self, ranks: list[int]) -> list[tuple]:
+        if not self.multi_node:
+            return []
+        nodes = {self.node[r] for r in ranks}
+        return [("port", n) for n in nodes] if len(nodes) > 1 else []
+
+    def transfer(self, src: int, dst: int, nbytes: int, ready: float) -> tuple[float, float]:
+        link = None
+        if self.cluster is not None:
+            link = self.link_cache.get((src, dst))
+            if link is None:
+                link = self.link_cache[(src, dst)] = self.cluster.link(src, dst)
+        self.bytes_by_link[link.name if link else "free"] += nbytes
+        free = self.free
+        if self.multi_node and self.node[src] != self.node[dst]:
+            keys = [("ch", src, dst), ("port", self.node[src]), ("port", self.node[dst])]
+            start = max(ready, *(free[k] for k in keys))
+        else:
+            keys = [("ch", src, dst)]
+            start = max(ready, free[keys[0]])
+        end = start + (link.transfer_ms(nbytes) if link else 0.0)
+        for k in keys:
+            free[k] = end
+        return start, end
+
+    def all_reduce(self, group: list[int], nbytes: int, ready: float) -> tuple[float, float]:
+        if len(group) == 1:
+            return ready, ready
+        link = self.collective_link or (self.cluster.group_link(group) if self.cluster else None)
+        self.bytes_by_link[link.name if link else "free"] += int(nbytes * 2 * (len(group) - 1) / len(group))
+        keys = [("coll", r) for r in group] + self._ports(group)
+        start = max([ready] + [self.free[k] for k in keys])
+        end = start + (link.allreduce_ms(nbytes, len(group)) if link else 0.0)
+        for k in keys:
+            self.free[k] = end
+        return start, end
+
+
+def _event(rank: int, stage: int, op: str, start: float, end: float, microbatch: int | None, iteration: int,
+           version: int | None, chunk: int | None, peer: int | None, nbytes: int | None) -> Event:
+    """An Event built without re-validation: the simulator produces valid values by construction (hot path)."""
+    e = object.__new__(Event)
+    put = object.__setattr__
+    put(e, "rank", rank)
+    put(e, "stage", stage)
+    put(e, "op", op)
+    put(e, "start", start)
+    put(e, "end", end)
+    put(e, "microbatch", microbatch)
+    put(e, "iteration", iteration)
+    put(e, "version", version)
+    put(e, "source", "simulated")
+    put(e, "chunk", chunk)
+    put(e, "peer", peer)
+    put(e, "nbytes", nbytes)
+    return e
+
+
+_LOWERED: dict[int, tuple[weakref.ref, Schedule]] = {}
+
+
+def _lowered(schedule: Schedule) -> Schedule:
+    """``lower(schedule)``, remembered while ``schedule`` lives (sweeps simulate one schedule many times)."""
+    key = id(schedule)
+    hit = _LOWERED.get(key)
+    if hit is not None and hit[0]() is schedule:
+        return hit[1]
+    lowered = lower(schedule)
+    _LOWERED[key] = (weakref.ref(schedule), lowered)
+    weakref.finalize(schedule, _LOWERED.pop, key, None)
+    return lowered
+
+
+def _default_costs(schedule: Schedule) -> StageCosts:
+    chunks = schedule.meta.get("chunks", 1)
+    return StageCosts.uniform(schedule.num_stages or 1, forward_ms=1.0 / chunks, backward_ms=2.0 / chunks)
+
+
+def simulate(schedule: Schedule, stage_costs: StageCosts | None = None, cluster: ClusterSpec | None = None, *,
+             collective_link: LinkSpec | None = None, microbatch_size: int | None = None) -> SimResult:
+    """Time ``schedule`` with ``stage_costs`` on ``cluster`` (see the module docstring).
+
+    ``stage_costs=None`` gives every (virtual) stage forward 1 and backward
+    2 time units in total per rank (split over interleaved chunks);
+    ``collective_link`` overrides the link all-reduces use (clusters whose
+    collectives reach a different bandwidth than point-to-point).
+    """
+    costs = stage_costs if stage_costs is not None else _default_costs(schedule)
+    lowered = _lowered(schedule)
+    n = lowered.num_ranks
+    stages_used = {a.stage for r in range(n) for a in lowered.actions(r)}
+    if max(stages_used, default=0) >= costs.num_stages:
+        raise ValueError(f"schedule uses stages up to {max(stages_used)} but stage_costs has {costs.num_stages}")
+    links = _Links(cluster, collective_link, n)
+    meta = lowered.meta
+    groups = meta.get("dp_groups") or []
+    num_buckets = meta.get("num_buckets", 1)
+    q = meta.get("q")
+    programs = [lowered.actions(r) for r in range(n)]
+    ar_keys_on_rank: list[dict[tuple, list[tuple]]] = []
+    for r in range(n):
+        needs: dict[tuple, list[tuple]] = defaultdict(list)
+        for a in programs[r]:
+            if a.op is Op.ALL_REDUCE:
+                needs[(a.stage, a.iteration)].append((a.stage, a.iteration, a.bucket))
+        ar_keys_on_rank.append(needs)
+
+    def compute_ms(a) -> float:
+        if a.op is Op.STEP:
+            return costs.step_ms[a.stage]
+        if a.op not in (Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT):
+            return 0.0
+        base = costs.forward_ms[a.stage] if a.op is Op.FORWARD else costs.backward_ms[a.stage]
+        if q:  # one SUMMA step: 1/q of the rank's 1/q^2 share, plus the row and column block broadcasts
+            block = (costs.param_bytes[a.stage] + costs.send_bytes[max(a.stage - 1, 0)]) / (q * q)
+            link = cluster.group_link(meta["row_groups"][0]) if cluster else None
+            return base / q ** 3 + (link.transfer_ms(block) if link else 0.0)
+        if a.bucket is not None and a.op is not Op.FORWARD and meta.get("backward_buckets"):
+            return base / meta["backward_buckets"]
+        return base
+
+    clock = [0.0] * n
+    pointer = [0] * n
+    events: list[Event] = []
+    exposed = [0.0] * n
+    arrivals: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+    recv_count: dict[tuple, int] = defaultdict(int)
+    launches: dict[tuple, dict[int, float]] = defaultdict(dict)
+    ar_done: dict[tuple, tuple[float, float]] = {}
+    parked: dict[tuple, list[int]] = defaultdict(list)
+    heap = [(0.0, r) for r in range(n) if programs[r]]
+    heapq.heapify(heap)
+
+    def wake(key: tuple) -> None:
+        for w in parked.pop(key, []):
+            heapq.heappush(heap, (clock[w], w))
+
+    def emit(r, a, start, end, peer=None, nbytes=None) -> None:
+        events.append(_event(r, a.stage, a.op.value, start, end, a.microbatch, a.iteration or 0, a.version, a.chunk,
+                             peer, nbytes))
+
+    def step(r: int) -> bool:
+        """Run rank r's next action; False if it has to wait for another rank."""
+        a = programs[r][pointer[r]]
+        op = a.op
+        now = clock[r]
+        if op is Op.SEND_F or op is Op.SEND_B:
+            nbytes = costs.send_bytes[a.stage] if op is Op.SEND_F else costs.send_bytes[a.stage - 1]
+            ch = (r, a.peer, op is Op.SEND_F)
+            start, end = links.transfer(r, a.peer, nbytes, now)
+            arrivals[ch].append((start, end))
+            if end > start:
+                emit(r, a, start, end, peer=a.peer, nbytes=nbytes)
+            wake(("recv",) + ch)
+        elif op is Op.RECV_F or op is Op.RECV_B:
+            ch = (a.peer, r, op is Op.RECV_F)
+            k = recv_count[ch]
+            if k >= len(arrivals[ch]):
+                parked[("recv",) + ch].append(r)
+                return False
+            start, end = arrivals[ch][k]
+            recv_count[ch] = k + 1
+            if end > now:
+                begin = now if now > start else start
+                if end > begin:
+                    exposed[r] += end - begin
+                    emit(r, a, begin, end, peer=a.peer)
+                clock[r] = end
+        elif op is Op.ALL_REDUCE:
+            key = (a.stage, a.iteration, a.bucket)
+            group = groups[a.stage] if a.stage < len(groups) else [r]
+            launches[key][r] = now
+            if len(launches[key]) == len(group):
+                nbytes = costs.grad_bytes[a.stage] // (num_buckets if a.bucket is not None else 1)
+                start, end = links.all_reduce(group, nbytes, max(launches[key].values()))
+                ar_done[key] = (start, end)
+                if end > start:
+                    for m in group:
+                        events.append(_event(m, a.stage, "AR", start, end, None, a.iteration or 0, None, None,
+                                             None, nbytes))
+                wake(("ar",) + key)
+        else:
+            if op is Op.STEP:
+                needed = ar_keys_on_rank[r].get((a.stage, a.iteration), [])
+                pending = [k for k in needed if k not in ar_done]
+                if pending:
+                    parked[("ar",) + pending[0]].append(r)
+                    return False
+                for k in needed:
+                    start, end = ar_done[k]
+                    if end > now:
+                        exposed[r] += end - max(now, start)
+                        now = end
+            dur = compute_ms(a)
+            if dur > 0 or op is Op.STEP:
+                emit(r, a, now, now + dur)
+            clock[r] = now + dur
+        return True
+
+    # a rank keeps running while its clock is still the earliest, so resources are taken in time order
+    while heap:
+        _, r = heapq.heappop(heap)
+        while step(r):
+            pointer[r] += 1
+            if pointer[r] == len(programs[r]):
+                break
+            if heap and heap[0][0] < clock[r]:
+                heapq.heappush(heap, (clock[r], r))
+                break
+
+    stuck = [r for r in range(n) if pointer[r] < len(programs[r])]
+    if stuck:
+        r = stuck[0]
+        raise ValueError(f"schedule {lowered.name!r} cannot finish: rank {r} is blocked at step {pointer[r]} "
+                         f"({programs[r][pointer[r]]}); run validate() for the full diagnosis")
+    timeline = Timeline(tuple(events), {"schedule": lowered.name, "cluster": cluster.name if cluster else None})
+    memory = memory_breakdown(lowered, costs)
+    return SimResult(timeline, _metrics(lowered, timeline, costs, exposed, links, microbatch_size, memory), lowered,
+                     memory)
+
+
+def _metrics(schedule: Schedule, timeline: Timeline, costs: StageCosts, exposed: list[float], links: _Links,
+             microbatch_size: int | None, memory: list[dict[str, int]]) -> dict[str, Any]:
+    makespan = timeline.makespan
+    iterations = schedule.meta.get("num_iterations", 1)
+    mb = microbatch_size or costs.microbatch_size
+    units = schedule.meta.get("replicas", 1) * (schedule.num_microbatches or 1) * iterations * (mb or 1)
+    n = schedule.num_ranks
+    busy = _busy_per_rank(timeline, n)
+    return {
+        "schedule": schedule.name,
+        "num_ranks": n,
+        "makespan_ms": makespan,
+        "iteration_ms": makespan / iterations,
+        "throughput": units / (makespan / 1e3) if makespan > 0 else 0.0,
+        "throughput_unit": "samples/s" if mb else "microbatches/s",
+        "bubble_fraction": [1.0 - busy[r] / makespan if makespan > 0 else 0.0 for r in range(n)],
+        "bubble_definition": BUBBLE_DEFINITION,
+        "exposed_comm_ms": exposed,
+        "peak_memory_bytes": [row["peak"] for row in memory],
+        "comm_bytes_by_link": dict(links.bytes_by_link),
+    }
+
+
+def _busy_per_rank(timeline: Timeline, n: int) -> list[float]:
+    busy = [0.0] * n
+    compute = {"F", "B", "I", "W"}
+    for e in timeline.events:
+        if e.op in compute:
+            busy[e.rank] += e.end - e.start
+    return busy

@@ -1,0 +1,150 @@
+"""Per-stage, per-micro-batch costs: what the simulator and the partitioners time.
+
+A ``ModelCosts`` profile is measured at one batch size ``B``; a pipeline runs
+micro-batches of size ``b``. Scaling time linearly (``t * b / B``) is wrong
+for layers bound by reading their weights (large fully connected layers):
+each extra micro-batch re-reads every weight, so a small micro-batch costs
+nearly as much as the whole batch. The model used here is
+
+    t(b) = max(t_B * b / B,  weight-read floor)
+
+with the floor ``param_bytes / memory bandwidth`` for the forward and twice
+that for the backward (weight and input gradients each read the weights).
+The bandwidth comes from the device spec when given (``DeviceSpec.
+memory_bandwidth_gbs``), else ``costs.meta["weight_read_gbs"]``; without
+either, time scales linearly. Activation and saved bytes scale linearly with
+``b``; weights, gradients and optimizer state do not.
+
+Optimizer state defaults to Adam (two fp32-sized moments: ``2 x
+param_bytes``) when a layer does not state ``optimizer_bytes``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..core.costs import DeviceSpec, LayerCost, ModelCosts
+from ..core.partition import Partition
+
+__all__ = ["StageCosts", "layer_times_ms", "OPTIMIZER_STATE_FACTORS", "optimizer_bytes"]
+
+OPTIMIZER_STATE_FACTORS = {"adam": 2.0, "sgd-momentum": 1.0, "sgd": 0.0}
+
+
+def optimizer_bytes(layer: LayerCost, optimizer: str = "adam") -> int:
+    """Optimizer state bytes of one layer (the profile's value when it has one)."""
+    if optimizer not in OPTIMIZER_STATE_FACTORS:
+        raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATE_FACTORS)}, got {optimizer!r}")
+    if layer.optimizer_bytes is not None:
+        return layer.optimizer_bytes
+    return int(OPTIMIZER_STATE_FACTORS[optimizer] * layer.param_bytes)
+
+
+def _weight_read_gbs(costs: ModelCosts, device: DeviceSpec | None) -> float | None:
+    if device is not None:
+        return device.memory_bandwidth_gbs
+    value = costs.meta.get("weight_read_gbs")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"costs.meta['weight_read_gbs'] must be a number > 0 (GB/s), got {value!r}")
+    return float(value)
+
+
+def layer_times_ms(costs: ModelCosts, microbatch_size: int | None = None, *,
+                   device: DeviceSpec | None = None) -> tuple[list[float], list[float]]:
+    """Forward and backward time of every layer for one micro-batch of ``microbatch_size``."""
+    b = costs.batch_size if microbatch_size is None else microbatch_size
+    if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+        raise ValueError(f"microbatch_size must be an int >= 1, got {microbatch_size!r}")
+    scale = b / costs.batch_size
+    gbs = _weight_read_gbs(costs, device)
+    forward, backward = [], []
+    for layer in costs.layers:
+        floor = layer.param_bytes / (gbs * 1e9) * 1e3 if gbs else 0.0
+        forward.append(max(layer.forward_ms * scale, floor))
+        backward.append(max(layer.backward_ms * scale, 2 * floor))
+    return forward, backward
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """Costs of every (virtual) stage for one micro-batch.
+
+    ``send_bytes[s]`` is what stage ``s`` sends downstream per micro-batch
+    (its last layer's output; the gradient sent back upstream has the same
+    size); ``activation_bytes[s]`` what it keeps per micro-batch in flight.
+    ``step_ms`` is the optimizer step of the stage.
+    """
+
+    forward_ms: tuple[float, ...]
+    backward_ms: tuple[float, ...]
+    send_bytes: tuple[int, ...]
+    param_bytes: tuple[int, ...]
+    grad_bytes: tuple[int, ...]
+    optimizer_bytes: tuple[int, ...]
+    activation_bytes: tuple[int, ...]
+    step_ms: tuple[float, ...] = ()
+    microbatch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.forward_ms)
+        if n == 0:
+            raise ValueError("StageCosts needs at least one stage, got none")
+        if not self.step_ms:
+            object.__setattr__(self, "step_ms", (0.0,) * n)
+        for name in ("forward_ms", "backward_ms", "send_bytes", "param_bytes", "grad_bytes", "optimizer_bytes",
+                     "activation_bytes", "step_ms"):
+            values = tuple(getattr(self, name))
+            if len(values) != n:
+                raise ValueError(f"StageCosts.{name} has {len(values)} entries, expected one per stage ({n})")
+            if any(isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 for v in values):
+                raise ValueError(f"StageCosts.{name} must hold numbers >= 0, got {list(values)}")
+            object.__setattr__(self, name, values)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.forward_ms)
+
+    def static_bytes(self, stage: int) -> int:
+        """Weights + gradients + optimizer state of one stage."""
+        return self.param_bytes[stage] + self.grad_bytes[stage] + self.optimizer_bytes[stage]
+
+    @classmethod
+    def uniform(cls, num_stages: int, *, forward_ms: float = 1.0, backward_ms: float = 2.0, send_bytes: int = 0,
+                param_bytes: int = 0, activation_bytes: int = 0, optimizer: str = "adam") -> "StageCosts":
+        """Identical stages (the textbook case for bubble formulas)."""
+        if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
+            raise ValueError(f"num_stages must be an int >= 1, got {num_stages!r}")
+        opt = int(OPTIMIZER_STATE_FACTORS[optimizer] * param_bytes)
+        return cls(forward_ms=(forward_ms,) * num_stages, backward_ms=(backward_ms,) * num_stages,
+                   send_bytes=(send_bytes,) * (num_stages - 1) + (0,), param_bytes=(param_bytes,) * num_stages,
+                   grad_bytes=(param_bytes,) * num_stages, optimizer_bytes=(opt,) * num_stages,
+                   activation_bytes=(activation_bytes,) * num_stages)
+
+    @classmethod
+    def from_model(cls, costs: ModelCosts, partition: Partition, microbatch_size: int | None = None, *,
+                   device: DeviceSpec | None = None, optimizer: str = "adam") -> "StageCosts":
+        """Sum a profile over each stage's layers, scaled to ``microbatch_size`` (see the module docstring)."""
+        partition.check_covers(costs.num_layers)
+        b = costs.batch_size if microbatch_size is None else microbatch_size
+        forward, backward = layer_times_ms(costs, b, device=device)
+        scale = b / costs.batch_size
+        layers = costs.layers
+
+        def stage_sum(values: Sequence[float]) -> list[float]:
+            return partition.stage_sums(values)
+
+        params = [int(v) for v in stage_sum([l.param_bytes for l in layers])]
+        grads = [int(v) for v in stage_sum([l.grad_bytes or 0 for l in layers])]
+        opts = [int(v) for v in stage_sum([optimizer_bytes(l, optimizer) for l in layers])]
+        saved = [int(v * scale) for v in stage_sum([l.saved_bytes or l.activation_bytes for l in layers])]
+        sends = [int(layers[last].activation_bytes * scale) for _, last in partition.bounds]
+        sends[-1] = 0
+        gbs = device.memory_bandwidth_gbs if device else None
+        steps = [((2 * p + g + 2 * o) / (gbs * 1e9) * 1e3) if gbs else 0.0 for p, g, o in zip(params, grads, opts)]
+        return cls(forward_ms=tuple(stage_sum(forward)), backward_ms=tuple(stage_sum(backward)),
+                   send_bytes=tuple(sends), param_bytes=tuple(params), grad_bytes=tuple(grads),
+                   optimizer_bytes=tuple(opts), activation_bytes=tuple(saved), step_ms=tuple(steps),
+                   microbatch_size=b)

@@ -1,0 +1,161 @@
+"""The pipeline timeline (Gantt chart): what every rank did, when, and where it idled.
+
+One horizontal lane per rank for compute, plus a lane under it for the
+rank's communication (sends and all-reduces run beside compute, so they get
+their own row). Bars are coloured by kind (:mod:`workbench.viz.style`) and
+labelled with the micro-batch (``3``; ``3/i1`` in iteration 1; and the
+weight version, ``3/i1 v0``, where the schedule sets one); gaps between compute bars are drawn as pale "idle" bars so the
+bubble is visible. Several timelines (say simulated and measured) are either
+overlaid on the same lanes (each lane split in thin rows, one per run, the
+later ones translucent) or
+stacked side by side on a shared time axis. Input is the core ``Timeline``
+(or anything with a ``.timeline``), so the same function draws predicted
+and measured runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ..core.timeline import Timeline
+from .style import CATEGORY_COLORS, CATEGORY_ORDER, MEASURED_OPACITY, category_of
+
+__all__ = ["timeline_figure", "idle_gaps"]
+
+_COMPUTE = {"F", "B", "I", "W"}
+_MAX_LABELS = 800
+
+
+def _as_timelines(value: Any) -> list[Timeline]:
+    items = value if isinstance(value, (list, tuple)) else [value]
+    out = []
+    for i, item in enumerate(items):
+        item = getattr(item, "timeline", item)
+        if not isinstance(item, Timeline):
+            raise ValueError(f"timeline_figure needs Timelines (or results with .timeline); item {i} is "
+                             f"{type(item).__name__}")
+        out.append(item)
+    if not out:
+        raise ValueError("timeline_figure needs at least one Timeline, got none")
+    return out
+
+
+def idle_gaps(timeline: Timeline, rank: int) -> list[tuple[float, float]]:
+    """Intervals in ``[timeline.start, timeline.end]`` when ``rank`` runs no compute."""
+    spans = sorted((e.start, e.end) for e in timeline.on_rank(rank) if e.op in _COMPUTE)
+    gaps, cursor = [], timeline.start
+    for start, end in spans:
+        if start > cursor + 1e-9:
+            gaps.append((cursor, start))
+        cursor = max(cursor, end)
+    if timeline.end > cursor + 1e-9:
+        gaps.append((cursor, timeline.end))
+    return gaps
+
+
+def _label(e) -> str:
+    if e.op in ("SEND_F", "SEND_B"):
+        return f"{e.microbatch}>{e.peer}"
+    if e.op in ("RECV_F", "RECV_B"):
+        return f"{e.microbatch}<{e.peer}"
+    if e.op in ("AR", "STEP"):
+        return e.op if e.iteration == 0 else f"{e.op} i{e.iteration}"
+    text = "" if e.microbatch is None else str(e.microbatch)
+    if e.iteration:
+        text += f"/i{e.iteration}"
+    return text + (f" v{e.version}" if e.version is not None else "")
+
+
+def _bars(timeline: Timeline, name: str, *, width: float, opacity: float, show_labels: bool,
+          show_idle: bool, legend_seen: set, offset: float | None = None) -> list[go.Bar]:
+    rows: dict[str, dict[str, list]] = {}
+
+    def add(category: str, lane: str, start: float, end: float, text: str, hover: str) -> None:
+        row = rows.setdefault(category, {"y": [], "base": [], "x": [], "text": [], "hover": []})
+        row["y"].append(lane)
+        row["base"].append(start)
+        row["x"].append(end - start)
+        row["text"].append(text)
+        row["hover"].append(hover)
+
+    for e in timeline.events:
+        if e.end <= e.start:
+            continue
+        category = category_of(e.op)
+        lane = f"rank {e.rank}" if e.op in _COMPUTE or category == "step" else f"rank {e.rank} comm"
+        hover = (f"{name}: rank {e.rank} {e.label} ({e.op}) stage {e.stage}<br>{e.start:.3f} - {e.end:.3f} ms "
+                 f"({e.duration:.3f} ms)" + (f"<br>{e.nbytes} bytes" if e.nbytes else ""))
+        add(category, lane, e.start, e.end, _label(e), hover)
+    if show_idle:
+        for r in timeline.ranks:
+            for start, end in idle_gaps(timeline, r):
+                add("idle", f"rank {r}", start, end, "", f"{name}: rank {r} idle {end - start:.3f} ms")
+    traces = []
+    for category in CATEGORY_ORDER:
+        if category not in rows:
+            continue
+        row = rows[category]
+        key = (category, opacity)
+        traces.append(go.Bar(
+            y=row["y"], base=row["base"], x=row["x"], orientation="h", width=width, offset=offset,
+            name=f"{category} ({name})",
+            legendgroup=f"{category}-{name}", showlegend=key not in legend_seen,
+            marker={"color": CATEGORY_COLORS[category], "line": {"width": 0.5, "color": "white"}}, opacity=opacity,
+            text=row["text"] if show_labels else None, textposition="inside", insidetextanchor="middle",
+            hovertext=row["hover"], hoverinfo="text"))
+        legend_seen.add(key)
+    return traces
+
+
+def _lanes(timelines: Sequence[Timeline]) -> list[str]:
+    lanes = []
+    for r in sorted({r for t in timelines for r in t.ranks}):
+        lanes.append(f"rank {r}")
+        if any(e.rank == r and e.op not in _COMPUTE and category_of(e.op) != "step" for t in timelines for e in t):
+            lanes.append(f"rank {r} comm")
+    return lanes
+
+
+def timeline_figure(timeline: Timeline | Sequence[Timeline], *, title: str | None = None, compare: str = "overlay",
+                    names: Sequence[str] | None = None, show_idle: bool = True) -> go.Figure:
+    """Gantt chart of one timeline, or several overlaid (``compare="overlay"``) or stacked (``"side"``).
+
+    ``names`` label the timelines (default: their events' source,
+    "simulated" or "measured").
+    """
+    if compare not in ("overlay", "side"):
+        raise ValueError(f"compare must be 'overlay' or 'side', got {compare!r}")
+    timelines = _as_timelines(timeline)
+    if names is None:
+        names = [t.events[0].source if t.events else f"run {i}" for i, t in enumerate(timelines)]
+    if len(names) != len(timelines):
+        raise ValueError(f"names has {len(names)} entries for {len(timelines)} timelines")
+    lanes = _lanes(timelines)
+    show_labels = sum(len(t) for t in timelines) <= _MAX_LABELS
+    seen: set = set()
+    if compare == "side" and len(timelines) > 1:
+        fig = make_subplots(rows=len(timelines), cols=1, shared_xaxes=True, subplot_titles=list(names),
+                            vertical_spacing=0.08)
+        for i, (t, name) in enumerate(zip(timelines, names)):
+            for trace in _bars(t, name, width=0.8, opacity=1.0, show_labels=show_labels, show_idle=show_idle,
+                               legend_seen=seen):
+                fig.add_trace(trace, row=i + 1, col=1)
+            fig.update_yaxes(categoryorder="array", categoryarray=lanes[::-1], row=i + 1, col=1)
+    else:
+        fig = go.Figure()
+        share = 0.8 / len(timelines)  # overlaid runs split each lane: the first on top, the next below it
+        for i, (t, name) in enumerate(zip(timelines, names)):
+            offset = None if len(timelines) == 1 else 0.4 - (i + 1) * share
+            for trace in _bars(t, name, width=share, opacity=1.0 if i == 0 else MEASURED_OPACITY,
+                               show_labels=show_labels, show_idle=show_idle, legend_seen=seen, offset=offset):
+                fig.add_trace(trace)
+        fig.update_yaxes(categoryorder="array", categoryarray=lanes[::-1])
+    fig.update_layout(barmode="overlay", title=title or "Pipeline timeline", xaxis_title="time (ms)",
+                      height=max(260, 60 + 28 * len(lanes) * (len(timelines) if compare == "side" else 1)),
+                      legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 1.0, "xanchor": "right"},
+                      margin={"l": 90, "r": 20, "t": 80, "b": 40})
+    fig.update_xaxes(title_text="time (ms)")
+    return fig
