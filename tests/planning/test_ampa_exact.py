@@ -150,4 +150,4 @@ def test_ampa_exact_when_the_optimum_is_a_rounded_difference():
     costs = make_costs([(0.0, 9.999999999999998, 0, 0, 0), (0.0, 7.0, 0, 0, 0), (0.0, 9.0, 0, 0, 0)])
     proj = Projection(costs, 2, num_microbatches=1, schedule="gpipe")
     assert ampa(costs, 2, num_microbatches=1, schedule="gpipe").bottleneck_ms == pytest.approx(brute_force(proj, None))
-    assert str(ampa(costs, 2, num_microbatches=1, schedule="gpipe").partition) == "0|1-2"
+    assert str(ampa(costs, 2, num_microbatches=1, schedule="gpipe").partition) == "0-0|1-2"
