@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pkgutil
 import sys
 from dataclasses import dataclass, field
@@ -70,10 +71,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "json", False):
             print(json.dumps({"error": reason}))
         return 2
-    if getattr(args, "json", False):
-        print(json.dumps(result.data, default=str))
-    elif result.text:
-        print(result.text)
+    try:
+        if getattr(args, "json", False):
+            print(json.dumps(result.data, default=str))
+        elif result.text:
+            print(result.text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader (e.g. `| head`) went away: not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return result.exit_code
 
 

@@ -1,1 +1,12 @@
-"""Launching, monitoring and reattaching to runs (no torch)."""
+"""Launching, monitoring and reattaching to runs (no torch).
+
+``launch(LaunchSpec(...), backend="local" | "multinode" | "slurm" | "dryrun")``
+returns a :class:`Job`; ``attach(run_dir)`` rebuilds one from its run
+directory; ``list_runs()`` and ``reap()`` find and clean up leftovers.
+"""
+
+from .job import Job, attach, launch, list_runs, reap
+from .spec import LaunchSpec, SlurmOptions
+from .status import JobStatus, RankStatus
+
+__all__ = ["LaunchSpec", "SlurmOptions", "launch", "Job", "JobStatus", "RankStatus", "attach", "list_runs", "reap"]

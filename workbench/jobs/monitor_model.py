@@ -1,0 +1,228 @@
+"""What is known about a run, folded from its events: per-rank state, metric columns, timelines.
+
+The widget, the static figure, ``Job.status()`` and the CLI all need the same
+answers (which rank is at which step, which one stalled, what the loss curve
+is, what the last iteration looked like, how often torchrun restarted), so
+one pure-Python model folds events into them and every view reads it. It
+holds metrics as growing numpy columns (cheap to hand to plotly), keeps
+stage events for the latest few iterations only (memory stays bounded on
+long runs), and never touches widgets, files or processes, so it is tested
+with hand-written events.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import numpy as np
+
+from ..core.timeline import Event, Timeline
+
+__all__ = ["RankState", "RunState", "MetricColumns", "RANK_STATES", "METRIC_FIELDS"]
+
+RANK_STATES = ("PENDING", "RUNNING", "STALLED", "SUCCEEDED", "FAILED", "CANCELLED")
+METRIC_FIELDS = ("t", "step", "loss", "samples_per_s", "step_ms", "memory_bytes", "restart")
+_KEPT_ITERATIONS = 4
+
+
+class MetricColumns:
+    """Append-only float64 columns with amortised growth (NaN where a field was absent)."""
+
+    def __init__(self, names: Iterable[str] = METRIC_FIELDS, capacity: int = 256):
+        self.names = tuple(names)
+        self._data = np.full((len(self.names), capacity), np.nan)
+        self.size = 0
+
+    def append(self, values: dict[str, Any]) -> None:
+        if self.size == self._data.shape[1]:
+            grown = np.full((len(self.names), 2 * self.size), np.nan)
+            grown[:, : self.size] = self._data
+            self._data = grown
+        for i, name in enumerate(self.names):
+            value = values.get(name)
+            self._data[i, self.size] = float(value) if isinstance(value, (int, float)) and value is not None else np.nan
+        self.size += 1
+
+    def column(self, name: str) -> np.ndarray:
+        return self._data[self.names.index(name), : self.size]
+
+    def __len__(self) -> int:
+        return self.size
+
+
+@dataclass
+class RankState:
+    """The latest known facts about one rank."""
+
+    rank: int
+    started: bool = False
+    step: int | None = None
+    loss: float | None = None
+    samples_per_s: float | None = None
+    last_event_t: float | None = None
+    start_t: float | None = None
+    pid: int | None = None
+    host: str | None = None
+    restart: int = 0
+    end_status: str | None = None
+    error: dict[str, Any] | None = None
+
+    def state(self, now: float, stall_after_s: float) -> str:
+        if self.error is not None:
+            return "FAILED"
+        if self.end_status is not None:
+            return self.end_status if self.end_status in RANK_STATES else "SUCCEEDED"
+        if not self.started:
+            return "PENDING"
+        if self.last_event_t is not None and now - self.last_event_t > stall_after_s:
+            return "STALLED"
+        return "RUNNING"
+
+    def heartbeat_age(self, now: float) -> float | None:
+        return None if self.last_event_t is None else max(0.0, now - self.last_event_t)
+
+
+@dataclass
+class RunState:
+    """Everything folded from a run's events so far; ``version`` grows with every change."""
+
+    stall_after_s: float = 30.0
+    ranks: dict[int, RankState] = field(default_factory=dict)
+    metrics: dict[int, MetricColumns] = field(default_factory=dict)
+    stages: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    world_size: int | None = None
+    restarts: int = 0
+    version: int = 0
+    last_event_t: float | None = None
+
+    def rank(self, rank: int) -> RankState:
+        if rank not in self.ranks:
+            self.ranks[rank] = RankState(rank)
+        return self.ranks[rank]
+
+    def apply(self, events: Iterable[dict[str, Any]]) -> int:
+        """Fold events in; return how many were applied (unknown kinds are skipped)."""
+        applied = 0
+        for event in events:
+            handler = getattr(self, f"_on_{event.get('kind')}", None)
+            rank = event.get("rank")
+            if handler is None or not isinstance(rank, int):
+                continue
+            state = self.rank(rank)
+            stamp = event.get("t")
+            if isinstance(stamp, (int, float)):
+                state.last_event_t = max(state.last_event_t or stamp, stamp)
+                self.last_event_t = max(self.last_event_t or stamp, stamp)
+            handler(state, event)
+            applied += 1
+        if applied:
+            self.version += 1
+        return applied
+
+    def _on_start(self, state: RankState, event: dict[str, Any]) -> None:
+        restart = int(event.get("restart") or 0)
+        if state.started and restart <= state.restart:
+            restart = state.restart + 1
+        state.started, state.restart = True, restart
+        state.end_status, state.error = None, None
+        state.start_t = event.get("t")
+        state.pid, state.host = event.get("pid"), event.get("host")
+        if isinstance(event.get("world_size"), int):
+            self.world_size = event["world_size"]
+        self.restarts = max(self.restarts, restart)
+
+    def _on_step(self, state: RankState, event: dict[str, Any]) -> None:
+        state.step = event.get("step", state.step)
+        state.loss = event.get("loss", state.loss)
+        state.samples_per_s = event.get("samples_per_s", state.samples_per_s)
+        columns = self.metrics.setdefault(state.rank, MetricColumns())
+        columns.append({**event, "restart": state.restart})
+
+    def _on_heartbeat(self, state: RankState, event: dict[str, Any]) -> None:
+        if event.get("step") is not None and state.step is None:
+            state.step = event["step"]
+
+    def _on_checkpoint(self, state: RankState, event: dict[str, Any]) -> None:
+        self.checkpoints.append({"rank": state.rank, "step": event.get("step"), "path": event.get("path"),
+                                 "t": event.get("t")})
+
+    def _on_end(self, state: RankState, event: dict[str, Any]) -> None:
+        state.end_status = event.get("status", "SUCCEEDED")
+        state.step = event.get("step", state.step)
+
+    def _on_error(self, state: RankState, event: dict[str, Any]) -> None:
+        record = {"rank": state.rank, "t": event.get("t"), "message": event.get("message", ""),
+                  "traceback": event.get("traceback", ""), "exc_type": event.get("exc_type", ""),
+                  "restart": state.restart}
+        state.error = record
+        self.errors.append(record)
+
+    def _on_stage(self, state: RankState, event: dict[str, Any]) -> None:
+        kept = self.stages.setdefault(state.rank, [])
+        kept.append(event)
+        iterations = sorted({e.get("iteration", 0) for e in kept})
+        if len(iterations) > _KEPT_ITERATIONS:
+            oldest = set(iterations[: len(iterations) - _KEPT_ITERATIONS])
+            kept[:] = [e for e in kept if e.get("iteration", 0) not in oldest]
+
+    # -- answers ---------------------------------------------------------------------
+    def rank_states(self, now: float | None = None) -> dict[int, str]:
+        now = time.time() if now is None else now
+        return {r: s.state(now, self.stall_after_s) for r, s in sorted(self.ranks.items())}
+
+    def root_cause(self) -> dict[str, Any] | None:
+        """The first error of the latest attempt (later ones are usually peers losing their connection)."""
+        if not self.errors:
+            return None
+        latest = max(e["restart"] for e in self.errors)
+        attempt = [e for e in self.errors if e["restart"] == latest]
+        return min(attempt, key=lambda e: e["t"] if isinstance(e["t"], (int, float)) else float("inf"))
+
+    def measured_iterations(self) -> list[int]:
+        """Iterations for which every rank that reported stages has reported that iteration."""
+        per_rank = [{e.get("iteration", 0) for e in events} for events in self.stages.values() if events]
+        return sorted(set.intersection(*per_rank)) if per_rank else []
+
+    def timeline(self, iteration: int | None = None) -> Timeline:
+        """Measured timeline of ``iteration`` (default: the latest complete one), starting at 0 ms."""
+        if iteration is None:
+            complete = self.measured_iterations()
+            if len(complete) > 1:
+                iteration = complete[-2]
+            elif complete:
+                iteration = complete[-1]
+            else:
+                return Timeline((), {"source": "measured"})
+        rows = [e for events in self.stages.values() for e in events if e.get("iteration", 0) == iteration]
+        absolute = [(e, float(e.get("t0", 0.0)) * 1000.0) for e in rows]
+        origin = min((base + float(e["start"]) for e, base in absolute), default=0.0)
+        out = []
+        for e, base in absolute:
+            out.append(Event(rank=e["rank"], stage=int(e.get("stage", 0)), op=e["op"],
+                             start=base + float(e["start"]) - origin, end=base + float(e["end"]) - origin,
+                             microbatch=e.get("microbatch"), iteration=int(iteration), version=e.get("version"),
+                             source="measured", chunk=e.get("chunk"), peer=e.get("peer"), nbytes=e.get("nbytes")))
+        return Timeline(tuple(out), {"source": "measured", "iteration": iteration})
+
+    def latest_step(self) -> int | None:
+        steps = [s.step for s in self.ranks.values() if s.step is not None]
+        return max(steps) if steps else None
+
+    def final_loss(self) -> float | None:
+        """The last reported loss of the lowest rank that reported one."""
+        for rank in sorted(self.metrics):
+            losses = self.metrics[rank].column("loss")
+            finite = losses[np.isfinite(losses)]
+            if finite.size:
+                return float(finite[-1])
+        return None
+
+    def summary_rows(self, now: float | None = None) -> list[dict[str, Any]]:
+        now = time.time() if now is None else now
+        return [{"rank": r, "state": s.state(now, self.stall_after_s), "step": s.step, "loss": s.loss,
+                 "samples_per_s": s.samples_per_s, "heartbeat_age_s": s.heartbeat_age(now), "restart": s.restart,
+                 "pid": s.pid, "host": s.host} for r, s in sorted(self.ranks.items())]

@@ -1,0 +1,278 @@
+"""What to launch: the run config, the processes, the place, and the cluster options.
+
+A launch goes wrong most expensively after the processes have started (a
+world size that does not match the strategy surfaces as a hang in the first
+collective; a Slurm option the cluster cannot honour surfaces an hour later
+in the queue). So :class:`LaunchSpec` and :class:`SlurmOptions` check every
+field when they are built, and :func:`check_launchable` checks what depends on
+the machine (the entry module can be found with the spec's environment, the
+world size matches what the strategy needs) before a backend starts anything.
+Every refusal is a ``ValueError`` naming the field, the value and the fix.
+
+The spec is plain data: it round-trips through JSON (``spec.json`` in the run
+directory) so a later kernel can rebuild the job handle from files alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+__all__ = ["LaunchSpec", "SlurmOptions", "DEFAULT_ENTRY", "DIST_BACKENDS", "check_launchable", "config_dict"]
+
+DEFAULT_ENTRY = "workbench.runtime.entry"
+DIST_BACKENDS = ("auto", "gloo", "nccl")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_SLURM_TIME_RE = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$")
+_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _int_at_least(owner: str, name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{owner}.{name} must be an int >= {low}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """``#SBATCH`` settings for the Slurm backend (one task per node running torchrun)."""
+
+    partition: str | None = None
+    time: str = "01:00:00"
+    account: str | None = None
+    gpus_per_node: int = 0
+    cpus_per_task: int | None = None
+    mem: str | None = None
+    rdzv_port: int = 29400
+    setup: tuple[str, ...] = ()
+    extra_sbatch: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.time, str) or not _SLURM_TIME_RE.match(self.time):
+            raise ValueError(f"SlurmOptions.time must look like MM, HH:MM:SS or D-HH:MM:SS, got {self.time!r}")
+        _int_at_least("SlurmOptions", "gpus_per_node", self.gpus_per_node, 0)
+        if self.cpus_per_task is not None:
+            _int_at_least("SlurmOptions", "cpus_per_task", self.cpus_per_task, 1)
+        _int_at_least("SlurmOptions", "rdzv_port", self.rdzv_port, 1024)
+        if self.rdzv_port > 65535:
+            raise ValueError(f"SlurmOptions.rdzv_port must be <= 65535, got {self.rdzv_port}")
+        for name in ("partition", "account", "mem"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value or any(c.isspace() for c in value)):
+                raise ValueError(f"SlurmOptions.{name} must be a non-empty word without spaces or None, got {value!r}")
+        object.__setattr__(self, "setup", tuple(self.setup))
+        object.__setattr__(self, "extra_sbatch", tuple(self.extra_sbatch))
+        for line in self.extra_sbatch:
+            if not isinstance(line, str) or not line.startswith("--") or "\n" in line:
+                raise ValueError(f"SlurmOptions.extra_sbatch entries must be single '--option=value' strings, "
+                                 f"got {line!r}")
+        for line in self.setup:
+            if not isinstance(line, str) or "\n" in line:
+                raise ValueError(f"SlurmOptions.setup entries must be single shell lines, got {line!r}")
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One launch: ``config`` run by ``nnodes`` x ``nproc_per_node`` processes of ``torchrun -m entry``.
+
+    ``config`` is the run config (a ``RunConfig`` or a plain dict) written to
+    ``config.json``; ``dist_backend`` is the collective backend the workers
+    should use (``auto``: NCCL with CUDA, gloo otherwise), passed to them as
+    ``WORKBENCH_DIST_BACKEND``; ``env`` is added to the workers' environment;
+    ``max_restarts`` lets torchrun restart all workers after a failure;
+    ``hosts`` names the nodes of a multi-node launch (the first hosts the
+    rendezvous); ``stall_after_s`` is the heartbeat age after which a running
+    rank is reported ``STALLED``.
+    """
+
+    config: Any = field(default_factory=dict)
+    nproc_per_node: int | None = None
+    nnodes: int = 1
+    entry: str = DEFAULT_ENTRY
+    dist_backend: str = "auto"
+    env: Mapping[str, str] = field(default_factory=dict)
+    max_restarts: int = 0
+    run_root: str = "runs"
+    name: str = "run"
+    hosts: tuple[str, ...] = ()
+    rdzv_port: int | None = None
+    slurm: SlurmOptions | None = None
+    stall_after_s: float = 30.0
+    python: str = sys.executable
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
+            raise ValueError(f"LaunchSpec.name must be 1-64 letters, digits, '_', '.' or '-' (starting with a letter "
+                             f"or digit), got {self.name!r}")
+        if not isinstance(self.entry, str) or not _MODULE_RE.match(self.entry):
+            raise ValueError(f"LaunchSpec.entry must be a dotted module name such as {DEFAULT_ENTRY!r}, "
+                             f"got {self.entry!r}")
+        _int_at_least("LaunchSpec", "nnodes", self.nnodes, 1)
+        if self.nproc_per_node is None:
+            object.__setattr__(self, "nproc_per_node", self._default_nproc())
+        _int_at_least("LaunchSpec", "nproc_per_node", self.nproc_per_node, 1)
+        _int_at_least("LaunchSpec", "max_restarts", self.max_restarts, 0)
+        if self.dist_backend not in DIST_BACKENDS:
+            raise ValueError(f"LaunchSpec.dist_backend must be one of {DIST_BACKENDS}, got {self.dist_backend!r}")
+        if not isinstance(self.env, Mapping):
+            raise ValueError(f"LaunchSpec.env must be a mapping of str to str, got {type(self.env).__name__}")
+        env = {}
+        for key, value in self.env.items():
+            if not isinstance(key, str) or not _ENV_KEY_RE.match(key):
+                raise ValueError(f"LaunchSpec.env key {key!r} is not a valid environment variable name")
+            if isinstance(value, bool) or not isinstance(value, (str, int, float, os.PathLike)):
+                raise ValueError(f"LaunchSpec.env[{key!r}] must be a string, got {value!r}")
+            env[key] = os.fspath(value) if isinstance(value, os.PathLike) else str(value)
+        object.__setattr__(self, "env", env)
+        object.__setattr__(self, "run_root", os.fspath(self.run_root))
+        object.__setattr__(self, "hosts", tuple(self.hosts))
+        if self.hosts and len(self.hosts) != self.nnodes:
+            raise ValueError(f"LaunchSpec.hosts lists {len(self.hosts)} hosts but nnodes is {self.nnodes}; "
+                             f"give one host per node (the first hosts the rendezvous)")
+        if self.rdzv_port is not None:
+            _int_at_least("LaunchSpec", "rdzv_port", self.rdzv_port, 1024)
+        if isinstance(self.slurm, Mapping):
+            object.__setattr__(self, "slurm", SlurmOptions(**self.slurm))
+        if self.slurm is not None and not isinstance(self.slurm, SlurmOptions):
+            raise ValueError(f"LaunchSpec.slurm must be SlurmOptions or None, got {type(self.slurm).__name__}")
+        if isinstance(self.stall_after_s, bool) or not isinstance(self.stall_after_s, (int, float)) \
+                or self.stall_after_s <= 0:
+            raise ValueError(f"LaunchSpec.stall_after_s must be a number of seconds > 0, got {self.stall_after_s!r}")
+        config_dict(self.config)
+
+    def _default_nproc(self) -> int:
+        needed = required_world_size(self.config, self.entry)
+        if needed is None:
+            return 1
+        if needed % self.nnodes:
+            raise ValueError(f"LaunchSpec.nproc_per_node: the strategy needs {needed} processes, which {self.nnodes} "
+                             f"nodes cannot share evenly; set nnodes to a divisor of {needed}")
+        return needed // self.nnodes
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    def replace(self, **changes: Any) -> "LaunchSpec":
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data.update(changes)
+        return LaunchSpec(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["config"] = config_dict(self.config)
+        data["env"] = dict(self.env)
+        data["hosts"] = list(self.hosts)
+        data["slurm"] = asdict(self.slurm) if self.slurm is not None else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "LaunchSpec":
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown LaunchSpec fields {sorted(unknown)}; known: {sorted(known)}")
+        data = dict(data)
+        if data.get("slurm") is not None:
+            slurm = dict(data["slurm"])
+            slurm["setup"] = tuple(slurm.get("setup", ()))
+            slurm["extra_sbatch"] = tuple(slurm.get("extra_sbatch", ()))
+            data["slurm"] = SlurmOptions(**slurm)
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+def config_dict(config: Any) -> dict[str, Any]:
+    """The run config as a JSON-able dict (``RunConfig.to_dict()`` or a dict)."""
+    if isinstance(config, Mapping):
+        data = dict(config)
+    elif hasattr(config, "to_dict"):
+        data = config.to_dict()
+    else:
+        raise ValueError(f"LaunchSpec.config must be a RunConfig or a dict, got {type(config).__name__}")
+    try:
+        json.dumps(data)
+    except TypeError as exc:
+        raise ValueError(f"LaunchSpec.config must be JSON-serialisable: {exc}") from None
+    return data
+
+
+def _run_config_class():
+    try:
+        from ..core.config import RunConfig
+    except ImportError:
+        return None
+    return RunConfig
+
+
+def required_world_size(config: Any, entry: str) -> int | None:
+    """Processes the strategy in ``config`` needs, or None when the config does not say.
+
+    A ``RunConfig`` (or a dict for the default entry, parsed as one when the
+    class is available) answers with its ``world_size`` and validates itself
+    on the way; another entry's dict may carry a ``world_size`` key.
+    """
+    run_config = _run_config_class()
+    if run_config is not None and isinstance(config, run_config):
+        return int(config.world_size)
+    if isinstance(config, Mapping):
+        if entry == DEFAULT_ENTRY and run_config is not None:
+            return int(run_config.from_dict(dict(config)).world_size)
+        value = config.get("world_size")
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        return None
+    if hasattr(config, "world_size"):
+        return int(config.world_size)
+    return None
+
+
+def check_launchable(spec: LaunchSpec, *, check_entry: bool = True) -> None:
+    """Refuse, before anything starts, a spec that cannot run here."""
+    needed = required_world_size(spec.config, spec.entry)
+    if needed is not None and needed != spec.world_size:
+        hint = (f"set nproc_per_node={needed // spec.nnodes}" if needed % spec.nnodes == 0
+                else f"use nnodes that divides {needed}")
+        raise ValueError(f"LaunchSpec.nproc_per_node: world size {spec.nnodes} x {spec.nproc_per_node} = "
+                         f"{spec.world_size} does not match the {needed} processes the strategy needs; {hint}")
+    _check_restarts_resume(spec)
+    if check_entry:
+        _check_entry_importable(spec)
+
+
+def _check_restarts_resume(spec: LaunchSpec) -> None:
+    """Restarts of the default entry only help when the run resumes from its checkpoints."""
+    run_config = _run_config_class()
+    if not spec.max_restarts or spec.entry != DEFAULT_ENTRY or run_config is None:
+        return
+    config = spec.config if isinstance(spec.config, run_config) else run_config.from_dict(config_dict(spec.config))
+    if not getattr(config, "resume", True):
+        raise ValueError(f"LaunchSpec.max_restarts is {spec.max_restarts} but the run config has resume = false, so "
+                         f"a restarted attempt would start again from step 0; set resume = true in the config (and "
+                         f"checkpoint_every > 0), or max_restarts = 0")
+
+
+def _check_entry_importable(spec: LaunchSpec) -> None:
+    env = {**os.environ, **spec.env}
+    probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec(sys.argv[1]) else 3)"
+    try:
+        out = subprocess.run([spec.python, "-c", probe, spec.entry], env=env, capture_output=True, text=True,
+                             timeout=60)
+    except FileNotFoundError:
+        raise ValueError(f"LaunchSpec.python {spec.python!r} does not exist; give a Python interpreter path") from None
+    if out.returncode != 0:
+        detail = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "module not found"
+        raise ValueError(f"LaunchSpec.entry {spec.entry!r} cannot be imported by {spec.python} ({detail}); install "
+                         f"the package or add its folder to LaunchSpec.env['PYTHONPATH']")
+
+
+def resolve_run_root(spec: LaunchSpec) -> Path:
+    return Path(spec.run_root).expanduser().resolve()

@@ -1,0 +1,100 @@
+"""The answer to "how is my run doing?": a job state plus one line per rank.
+
+:class:`JobStatus` is what ``Job.status()`` returns, what ``status.json``
+holds at the end and what ``workbench status`` prints. Job states follow the
+run-directory contract (``PENDING RUNNING SUCCEEDED FAILED CANCELLED
+UNKNOWN``); ranks add ``STALLED`` (running, but silent for longer than the
+spec's ``stall_after_s``). A failed job carries its root cause: the rank
+that failed first in the latest attempt, with its traceback. ``finished``
+says nothing of the run is left running (also true for an ``UNKNOWN`` end,
+when the processes are gone and nothing says how they ended).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from ..core.rundir import TERMINAL_STATES
+
+__all__ = ["JobStatus", "RankStatus"]
+
+
+@dataclass(frozen=True)
+class RankStatus:
+    """One rank: state, progress, and how long ago it last said anything."""
+
+    rank: int
+    state: str
+    step: int | None = None
+    loss: float | None = None
+    samples_per_s: float | None = None
+    heartbeat_age_s: float | None = None
+    restart: int = 0
+    pid: int | None = None
+    host: str | None = None
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """A job's state, why it is in that state, and its ranks."""
+
+    state: str
+    reason: str = ""
+    run_id: str = ""
+    ranks: tuple[RankStatus, ...] = ()
+    exit_codes: dict[str, int] | None = None
+    restarts: int = 0
+    root_cause: dict[str, Any] | None = None
+    step: int | None = None
+    final_loss: float | None = None
+    updated: float = 0.0
+    finished: bool = False
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def stalled_ranks(self) -> list[int]:
+        return [r.rank for r in self.ranks if r.state == "STALLED"]
+
+    def rank(self, rank: int) -> RankStatus:
+        for entry in self.ranks:
+            if entry.rank == rank:
+                return entry
+        raise ValueError(f"rank must be one of {[r.rank for r in self.ranks]}, got {rank!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["ranks"] = [asdict(r) for r in self.ranks]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "JobStatus":
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["ranks"] = tuple(RankStatus(**r) for r in data.get("ranks", ()))
+        values.setdefault("finished", values.get("state") in TERMINAL_STATES)
+        return cls(**values)
+
+    def text(self) -> str:
+        """A few lines for people: the state, the reason, a table of ranks, the root cause."""
+        head = f"{self.run_id}: {self.state}" + (f" ({self.reason})" if self.reason else "")
+        lines = [head]
+        if self.restarts:
+            lines.append(f"restarts: {self.restarts}")
+        if self.ranks:
+            lines.append(f"{'rank':>4}  {'state':<9} {'step':>6} {'loss':>10} {'samples/s':>10} {'heartbeat':>9}")
+            for r in self.ranks:
+                loss = f"{r.loss:.4g}" if r.loss is not None else "-"
+                rate = f"{r.samples_per_s:.1f}" if r.samples_per_s is not None else "-"
+                age = f"{r.heartbeat_age_s:.1f}s" if r.heartbeat_age_s is not None else "-"
+                step = str(r.step) if r.step is not None else "-"
+                lines.append(f"{r.rank:>4}  {r.state:<9} {step:>6} {loss:>10} {rate:>10} {age:>9}")
+        if self.root_cause and self.root_cause.get("traceback"):
+            lines += [f"root cause (rank {self.root_cause.get('rank')}):", self.root_cause["traceback"].rstrip()]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.text()

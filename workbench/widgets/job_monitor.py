@@ -1,0 +1,214 @@
+"""The live job monitor: curves, rank table, log tail, timeline and a Cancel button.
+
+A background thread (not an asyncio task: tasks starve while another cell
+blocks, e.g. in ``job.wait()``) polls the run directory at ``refresh_hz``
+(2 to 4 Hz) and pushes only what changed: numpy arrays into ``FigureWidget``
+traces inside one ``batch_update`` per figure, the rank table as one HTML
+string, and a bounded log tail as one ``Textarea`` value (no ever-growing
+``Output`` history). Widgets are created in the constructor (the calling
+cell's thread) and only their traits are set from the thread.
+
+Without a widget frontend (``WORKBENCH_STATIC=1``, no IPython kernel, or no
+anywidget for ``FigureWidget``) the monitor displays the static summary
+figure instead (renderer ``WORKBENCH_PLOTLY_RENDERER``, default
+``plotly_mimetype+notebook_connected``, which nbconvert can render), so
+headless runs and saved notebooks show real data.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from ..core.timeline import Timeline
+from ..viz.job_figures import metric_figure, rank_color, restart_steps, thin, timeline_figure_pair
+
+__all__ = ["JobMonitor", "ui_mode"]
+
+
+def ui_mode() -> str:
+    """``"widget"`` inside a kernel with widget support, else ``"static"``."""
+    if os.environ.get("WORKBENCH_STATIC") == "1":
+        return "static"
+    try:
+        import anywidget  # noqa: F401
+        from IPython import get_ipython
+    except ImportError:
+        return "static"
+    shell = get_ipython()
+    return "widget" if shell is not None and getattr(shell, "kernel", None) is not None else "static"
+
+
+class JobMonitor:
+    """Live view of a :class:`~workbench.jobs.Job`; ``stop()`` ends the refresh thread."""
+
+    def __init__(self, job, *, simulated: Timeline | None = None, refresh_hz: float = 3.0, log_lines: int = 200,
+                 max_points: int = 2000, mode: str | None = None, start: bool = True):
+        if not 0.1 <= refresh_hz <= 20:
+            raise ValueError(f"refresh_hz must be between 0.1 and 20, got {refresh_hz!r}")
+        if isinstance(log_lines, bool) or not isinstance(log_lines, int) or log_lines < 1:
+            raise ValueError(f"log_lines must be an int >= 1, got {log_lines!r}")
+        self.job = job
+        self.simulated = simulated
+        self.refresh_hz = refresh_hz
+        self.max_points = max_points
+        self.mode = mode or ui_mode()
+        if self.mode not in ("widget", "static"):
+            raise ValueError(f"mode must be 'widget', 'static' or None, got {self.mode!r}")
+        self.log_tail: deque[str] = deque(maxlen=log_lines)
+        self.updates = 0
+        self.cpu_s = 0.0
+        self.last_update_t = 0.0
+        self._seen_version = -1
+        self._timeline_key: Any = None
+        self._log_tailers: dict[Any, Any] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.widget = self._build() if self.mode == "widget" else None
+        if start and self.mode == "widget":
+            self.start()
+
+    # -- construction --------------------------------------------------------------------
+    def _build(self):
+        import ipywidgets as w
+        import plotly.graph_objects as go
+
+        self.loss_fig = go.FigureWidget(metric_figure({}, "loss", title="loss"))
+        self.rate_fig = go.FigureWidget(metric_figure({}, "samples_per_s", title="samples / s"))
+        self.timeline_fig = go.FigureWidget(timeline_figure_pair(None, self.simulated))
+        self.header = w.HTML()
+        self.table = w.HTML()
+        self.log_box = w.Textarea(layout=w.Layout(width="100%", height="180px"), disabled=True)
+        self.cancel_button = w.Button(description="Cancel", button_style="danger", icon="stop")
+        self.cancel_button.on_click(self._on_cancel)
+        return w.VBox([w.HBox([self.header, self.cancel_button]), w.HBox([self.loss_fig, self.rate_fig]),
+                       self.table, self.timeline_fig, self.log_box])
+
+    # -- refresh loop ---------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=f"job-monitor-{self.job.run_id}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self) -> None:
+        period = 1.0 / self.refresh_hz
+        while not self._stop.is_set():
+            began = time.thread_time()
+            terminal = self.update()
+            self.cpu_s += time.thread_time() - began
+            if terminal:
+                return
+            self._stop.wait(period)
+
+    def update(self) -> bool:
+        """One refresh of every view; returns True once the job has ended."""
+        status = self.job.status()
+        state = self.job.refresh()
+        if self.widget is not None:
+            if state.version != self._seen_version:
+                self._seen_version = state.version
+                self._update_curves(state)
+                self._update_timeline(state)
+            self._update_table(status)
+            self._update_logs()
+            if status.finished:
+                self.cancel_button.disabled = True
+        self.updates += 1
+        self.last_update_t = time.time()
+        return status.finished
+
+    def _update_curves(self, state) -> None:
+        for fig, field in ((self.loss_fig, "loss"), (self.rate_fig, "samples_per_s")):
+            with fig.batch_update():
+                for rank, columns in sorted(state.metrics.items()):
+                    name = f"rank {rank}"
+                    trace = next((t for t in fig.data if t.name == name), None)
+                    if trace is None:
+                        fig.add_scatter(mode="lines+markers", name=name, line={"color": rank_color(rank)},
+                                        marker={"size": 4})
+                        trace = fig.data[-1]
+                    index = thin(np.arange(len(columns)), self.max_points)
+                    trace.x = columns.column("step")[index]
+                    trace.y = columns.column(field)[index]
+                marks = sorted({s for rank, columns in state.metrics.items()
+                                for s in restart_steps({k: columns.column(k) for k in ("restart", "step")})})
+                fig.layout.shapes = [{"type": "line", "xref": "x", "yref": "paper", "x0": s, "x1": s, "y0": 0,
+                                      "y1": 1, "line": {"dash": "dash", "color": "gray"}} for s in marks]
+
+    def _update_timeline(self, state) -> None:
+        measured = state.timeline()
+        key = (measured.meta.get("iteration"), len(measured))
+        if key == self._timeline_key:
+            return
+        self._timeline_key = key
+        fresh = timeline_figure_pair(measured, self.simulated)
+        with self.timeline_fig.batch_update():
+            self.timeline_fig.data = ()
+            for trace in fresh.data:
+                self.timeline_fig.add_trace(trace)
+            self.timeline_fig.layout.title = fresh.layout.title
+
+    def _update_table(self, status) -> None:
+        color = {"RUNNING": "#2ca02c", "SUCCEEDED": "#1f77b4", "FAILED": "#d62728", "CANCELLED": "#7f7f7f",
+                 "STALLED": "#ff7f0e", "PENDING": "#bcbd22", "UNKNOWN": "#7f7f7f"}
+        head = (f"<b>{html.escape(status.run_id)}</b> <span style='color:{color.get(status.state, '#000')}'>"
+                f"{status.state}</span> restarts: {status.restarts}")
+        if status.reason:
+            head += f" <i>{html.escape(status.reason)}</i>"
+        self.header.value = head
+        cells = "".join(
+            f"<tr><td>{r.rank}</td><td style='color:{color.get(r.state, '#000')}'>{r.state}</td>"
+            f"<td>{'-' if r.step is None else r.step}</td><td>{'-' if r.loss is None else f'{r.loss:.4g}'}</td>"
+            f"<td>{'-' if r.samples_per_s is None else f'{r.samples_per_s:.1f}'}</td>"
+            f"<td>{'-' if r.heartbeat_age_s is None else f'{r.heartbeat_age_s:.1f} s'}</td><td>{r.restart}</td></tr>"
+            for r in status.ranks)
+        self.table.value = ("<table><tr><th>rank</th><th>state</th><th>step</th><th>loss</th><th>samples/s</th>"
+                            f"<th>heartbeat</th><th>restart</th></tr>{cells}</table>")
+
+    def _update_logs(self) -> None:
+        from ..jobs.tailer import TextTailer
+
+        changed = False
+        for path in self.job._console_files():
+            tailer = self._log_tailers.setdefault(path, TextTailer(path))
+            for line in tailer.poll():
+                self.log_tail.append(line)
+                changed = True
+        if changed:
+            self.log_box.value = "\n".join(self.log_tail)
+
+    def _on_cancel(self, _button=None) -> None:
+        self.cancel_button.disabled = True
+        self.cancel_button.description = "Cancelling..."
+        threading.Thread(target=self.job.cancel, kwargs={"grace_s": 5.0}, daemon=True).start()
+
+    # -- display --------------------------------------------------------------------------
+    def summary_figure(self):
+        return self.job.summary_figure(simulated=self.simulated)
+
+    def _ipython_display_(self) -> None:
+        if self.widget is not None:
+            from IPython.display import display
+
+            display(self.widget)
+            return
+        renderer = os.environ.get("WORKBENCH_PLOTLY_RENDERER", "plotly_mimetype+notebook_connected")
+        self.summary_figure().show(renderer=renderer)
+
