@@ -26,7 +26,15 @@ from .core import (
 __version__ = "0.1.0"
 
 # Public names served lazily from their rooms: name -> "module:attribute".
-_LAZY: dict[str, str] = {}
+_LAZY: dict[str, str] = {
+    "launch": "workbench.jobs:launch",
+    "attach": "workbench.jobs:attach",
+    "LaunchSpec": "workbench.jobs:LaunchSpec",
+    "Job": "workbench.jobs:Job",
+    "simulate": "workbench.scheduling:simulate",
+    "GENERATORS": "workbench.scheduling:GENERATORS",
+    "partition": "workbench.planning:partition",
+}
 
 
 def __getattr__(name: str):

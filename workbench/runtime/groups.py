@@ -43,13 +43,27 @@ def init_distributed(device: torch.device, *, timeout_s: float = 300.0) -> None:
 
     NCCL for CUDA devices, gloo otherwise. A finite timeout makes a dead peer
     surface as an error instead of a hang.
+
+    After torchrun restarts the workers it hands them the same rendezvous
+    store, which still holds the dead attempt's connection addresses; each
+    attempt therefore works under its own key prefix.
     """
     if dist.is_initialized():
         return
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    timeout = timedelta(seconds=timeout_s)
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if restart is None or "MASTER_ADDR" not in os.environ:
+        dist.init_process_group(backend=backend, timeout=timeout)
+        return
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=rank == 0 and not agent_store, timeout=timeout)
+    dist.init_process_group(backend, store=dist.PrefixStore(f"attempt{restart}", store), rank=rank,
+                            world_size=world, timeout=timeout)
 
 
 @dataclass

@@ -1,0 +1,110 @@
+"""Runtime throughput against its peers, in paired launches on this machine.
+
+Two questions, each answered as a ratio of samples per second measured in
+the same session, in interleaved launches (A, B, A, B, ...) so the drift of
+a shared machine hits both sides, median over ``--reps`` pairs:
+
+1. our interpreter running 1F1B vs ``torch.distributed.pipelining``'s
+   ``Schedule1F1B`` on the same model, partition and micro-batches, on 2
+   and 4 CPU ranks (ratio >= 1.0 means ours is at least as fast);
+2. GroPipe (2 groups x 2 stages, delay 0 and 1) vs torch DDP on 4 ranks,
+   on the small VGG with big FC layers and on ResNet-18 (32x32 inputs),
+   and GroPipe delay 1 vs delay 0 (what hiding the all-reduce buys).
+
+Every run is a real ``torchrun`` launch of ``workbench.runtime.entry``;
+throughput is the median over the steps after ``--warmup`` of the
+``samples_per_s`` the ranks report (start-up is excluded). Stage events are
+off on both sides. Prints a table and merges its rows (by comparison name)
+into ``bench/results/runtime.json``.
+
+    .venv/bin/python bench/bench_runtime.py [--reps 3] [--steps 8] [--quick] [--only TEXT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from workbench.core.config import RunConfig
+from workbench.runtime.events import read_events
+
+RESULTS = Path(__file__).resolve().parent / "results" / "runtime.json"
+
+VGG = {"model": "vgg-tiny", "global_batch": 64, "data": {"kind": "digits"}}
+RESNET = {"model": "resnet18", "model_overrides": {"image_size": 32, "num_classes": 10}, "global_batch": 32,
+          "data": {"kind": "synthetic"}}
+
+
+def throughput(fields: dict, steps: int, warmup: int) -> float:
+    """Median samples/s of one torchrun launch (steps after the warm-up)."""
+    with tempfile.TemporaryDirectory(prefix="bench-runtime-") as tmp:
+        run_dir = Path(tmp)
+        config = RunConfig.from_dict({**fields, "steps": steps, "run_dir": str(run_dir), "seed": 0,
+                                      "events": {"stage_events": False, "heartbeat_s": 30.0}})
+        config.save_json(run_dir / "config.json")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={config.world_size}", "-m", "workbench.runtime.entry",
+               "--config", str(run_dir / "config.json")]
+        proc = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                              timeout=600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"launch {fields} failed:\n{proc.stderr[-2000:]}")
+        rates = [e["samples_per_s"] for e in read_events(run_dir, 0) if e["kind"] == "step"][warmup:]
+        return statistics.median(rates)
+
+
+def paired(name: str, a: dict, b: dict, reps: int, steps: int, warmup: int) -> dict:
+    """Interleaved launches of A and B; ratio = median(A) / median(B)."""
+    rates_a, rates_b = [], []
+    for _ in range(reps):
+        rates_a.append(throughput(a, steps, warmup))
+        rates_b.append(throughput(b, steps, warmup))
+    row = {"comparison": name, "a_samples_per_s": statistics.median(rates_a),
+           "b_samples_per_s": statistics.median(rates_b), "a_runs": rates_a, "b_runs": rates_b}
+    row["ratio"] = row["a_samples_per_s"] / row["b_samples_per_s"]
+    print(f"{name:<44} {row['a_samples_per_s']:>9.1f} {row['b_samples_per_s']:>9.1f} {row['ratio']:>7.3f}",
+          flush=True)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=3, help="paired launches per comparison (median)")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="only the 2-rank pipeline and VGG comparisons")
+    parser.add_argument("--only", default="", help="run only the comparisons whose name contains this text")
+    args = parser.parse_args()
+    comparisons = []
+    for ranks in (2, 4) if not args.quick else (2,):
+        pipe = {**VGG, "stages": ranks, "microbatches": 8, "inner": "1f1b"}
+        comparisons.append((f"1f1b ours vs torch Schedule1F1B, {ranks} ranks",
+                            {**pipe, "strategy": "1f1b"}, {**pipe, "strategy": "torch-pipelining"}))
+    models = [("vgg-tiny", VGG)] + ([] if args.quick else [("resnet18", RESNET)])
+    for model_name, model in models:
+        ddp = {**model, "strategy": "ddp", "groups": 4, "microbatches": 2}
+        gro = {**model, "strategy": "gropipe", "groups": 2, "stages": 2, "microbatches": 4}
+        for delay in (0, 1):
+            comparisons.append((f"gropipe 2x2 delay {delay} vs ddp x4, {model_name}", {**gro, "delay": delay}, ddp))
+        comparisons.append((f"gropipe 2x2 delay 1 vs delay 0, {model_name}", {**gro, "delay": 1}, {**gro, "delay": 0}))
+    print(f"{'comparison (A vs B)':<44} {'A smp/s':>9} {'B smp/s':>9} {'A/B':>7}")
+    rows = [paired(name, a, b, args.reps, args.steps, args.warmup)
+            for name, a, b in comparisons if args.only in name]
+    previous = json.loads(RESULTS.read_text())["rows"] if RESULTS.is_file() else []
+    ran = {row["comparison"] for row in rows}
+    merged = [row for row in previous if row["comparison"] not in ran] + rows
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"topic": "runtime", "time": time.time(), "reps": args.reps, "steps": args.steps,
+                                   "warmup": args.warmup, "rows": merged}, indent=2) + "\n")
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

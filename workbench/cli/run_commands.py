@@ -1,0 +1,121 @@
+"""``workbench run CONFIG.toml [--nproc N] [--run-root DIR]``: train under torchrun, in the foreground.
+
+The config is loaded and checked completely before any process starts: the
+fields themselves (by :class:`~workbench.core.config.RunConfig`), the
+process count against what the strategy needs, the model name against the
+zoo and an explicit partition against the model's layer count. Then a fresh
+run directory is made under the run root (``--run-root``, else
+``$WORKBENCH_RUN_ROOT``, else ``./runs``) holding ``config.json`` (with the
+run directory filled in), ``command.txt`` and ``launch.json``, and
+``python -m torch.distributed.run --standalone`` (a free port, never a fixed
+one) runs ``workbench.runtime.entry`` with one thread per rank. torchrun's
+output streams to the terminal; ``status.json`` records the outcome, and the
+run directory is printed as the last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..core.config import RunConfig
+from ..core.rundir import COMMAND_FILE, CONFIG_FILE, LAUNCH_FILE, LOGS_DIR, status_path
+from . import Result
+
+__all__ = ["prepare_run", "torchrun_command", "register"]
+
+
+def check_against_model(config: RunConfig) -> None:
+    """Refuse an unknown model or a partition that does not fit it (imports torch)."""
+    from ..core.partition import Partition
+    from ..models import build_model, list_models
+
+    if config.model not in list_models():
+        raise ValueError(f"config field 'model' = {config.model!r} is not in the zoo; valid: "
+                         f"{', '.join(list_models())}")
+    if config.partition in ("uniform", "ampa") or config.strategy == "ddp":
+        return
+    num_layers = len(build_model(config.model, seed=config.seed, **config.model_overrides))
+    try:
+        partition = Partition.parse(config.partition, num_layers)
+    except ValueError as exc:
+        raise ValueError(f"config field 'partition' = {config.partition!r} does not fit model {config.model!r} "
+                         f"with {num_layers} layers (0-{num_layers - 1}): {exc}") from None
+    if partition.num_stages != config.num_virtual_stages:
+        raise ValueError(f"config field 'partition' = {config.partition!r} has {partition.num_stages} stages; "
+                         f"strategy {config.strategy!r} needs {config.num_virtual_stages} (stages x chunks)")
+
+
+def torchrun_command(config_path: Path, nproc: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "-m", "workbench.runtime.entry", "--config", str(config_path)]
+
+
+def prepare_run(config: RunConfig, run_root: str | Path, nproc: int | None = None) -> tuple[Path, list[str]]:
+    """Validate, make a fresh run directory with config.json and command.txt; return it and the command."""
+    nproc = config.world_size if nproc is None else nproc
+    if nproc != config.world_size:
+        raise ValueError(f"--nproc {nproc} does not match strategy {config.strategy!r} with groups={config.groups} "
+                         f"x stages={config.stages} x tp={config.tp} = {config.world_size} processes; use --nproc "
+                         f"{config.world_size} or change groups/stages/tp in the config")
+    check_against_model(config)
+    root = Path(run_root)
+    root.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for attempt in range(1000):
+        run_dir = root / (f"{stamp}-{config.name}-{config.strategy}" + (f"-{attempt}" if attempt else ""))
+        try:
+            run_dir.mkdir()
+            break
+        except FileExistsError:
+            continue
+    run_dir = run_dir.resolve()
+    (run_dir / LOGS_DIR).mkdir()
+    resolved = config.replace(run_dir=str(run_dir))
+    resolved.save_json(run_dir / CONFIG_FILE)
+    command = torchrun_command(run_dir / CONFIG_FILE, nproc)
+    (run_dir / COMMAND_FILE).write_text("OMP_NUM_THREADS=1 " + shlex.join(command) + "\n")
+    return run_dir, command
+
+
+def launch_foreground(run_dir: Path, command: list[str]) -> int:
+    """Run torchrun to completion, record launch.json and status.json; return its exit code."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    started = time.time()
+    proc = subprocess.Popen(command, env=env)
+    (run_dir / LAUNCH_FILE).write_text(json.dumps({"backend": "local-foreground", "pid": proc.pid,
+                                                   "start": started, "host": socket.gethostname()}) + "\n")
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        code = proc.wait()
+        state = "CANCELLED"
+    else:
+        state = "SUCCEEDED" if code == 0 else "FAILED"
+    status_path(run_dir).write_text(json.dumps({"state": state, "returncode": code, "start": started,
+                                                "end": time.time()}) + "\n")
+    return code
+
+
+def _run(args: argparse.Namespace) -> Result:
+    config = RunConfig.from_toml(args.config)
+    root = args.run_root or os.environ.get("WORKBENCH_RUN_ROOT") or "runs"
+    run_dir, command = prepare_run(config, root, args.nproc)
+    code = launch_foreground(run_dir, command)
+    return Result(str(run_dir), {"run_dir": str(run_dir), "returncode": code}, exit_code=code)
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("run", parents=[common], help="train a run config under torchrun in the foreground")
+    p.add_argument("config", help="run config (TOML), e.g. launch/gropipe_vgg.toml")
+    p.add_argument("--nproc", type=int, default=None, help="processes (default: what the strategy needs)")
+    p.add_argument("--run-root", default=None, help="where run directories go (default $WORKBENCH_RUN_ROOT or ./runs)")
+    p.set_defaults(handler=_run)

@@ -1,0 +1,198 @@
+"""The torchrun entry point: ``torchrun -m workbench.runtime.entry --config RUN_DIR/config.json``.
+
+One process per rank. It reads the resolved run config, starts the process
+group (with a finite collective timeout, so a dead peer becomes an error
+rather than a hang), builds the unmodified model, resolves the partition,
+hands both to the configured strategy and trains, writing the run-directory
+contract as it goes: ``events/rank{r}.jsonl`` (start, one step line per
+step with loss, samples per second and memory, the measured stage events,
+heartbeats, checkpoints, end, or an error with its traceback) and
+``checkpoints/step{N}/``. With ``resume`` it continues from the latest
+complete checkpoint in the run directory, bit for bit: weights, optimizer,
+strategy state, RNG and data position.
+
+A rank that raises writes its error event and exits non-zero; torchrun
+then stops the other ranks, and any rank blocked in a collective with the
+failed one times out after ``collective_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import resource
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..core.config import RunConfig
+from ..core.partition import Partition
+from .batches import global_batches, split_rounds
+from .checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .events import EventWriter
+from .groups import init_distributed, pick_device
+from .strategies import strategy_class
+from .strategies.base import RunContext, Strategy
+
+__all__ = ["main", "resolve_partition", "autocast_dtype_for"]
+
+
+def autocast_dtype_for(precision: str, device: torch.device) -> torch.dtype | None:
+    """``auto``: bf16 autocast on CUDA, fp32 on CPU; ``bf16`` / ``fp32`` force it."""
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return None
+
+
+def resolve_partition(config: RunConfig, model, example_input: torch.Tensor) -> Partition:
+    """The stage -> layers map for the config: uniform, explicit text, or AMPA on a fresh profile."""
+    num_layers = len(model)
+    stages = config.num_virtual_stages
+    if config.strategy == "ddp":
+        return Partition.uniform(num_layers, 1)
+    if config.partition == "uniform":
+        return Partition.uniform(num_layers, stages)
+    if config.partition == "ampa":
+        return ampa_partition(config, model, example_input)
+    partition = Partition.parse(config.partition, num_layers)
+    if partition.num_stages != stages:
+        raise ValueError(f"config field 'partition' = {config.partition!r} has {partition.num_stages} stages; "
+                         f"strategy {config.strategy!r} needs {stages} (stages x chunks)")
+    return partition
+
+
+def ampa_partition(config: RunConfig, model, example_input: torch.Tensor) -> Partition:
+    """Profile a copy of the model at the micro-batch size, then balance with AMPA."""
+    from ..planning.ampa import ampa
+    from ..profiling import profile
+
+    microbatch = example_input.shape[0]
+    costs = profile(copy.deepcopy(model), microbatch, device=str(example_input.device), progress=False)
+    schedule = "gpipe" if config.strategy == "gpipe" or (config.strategy == "gropipe" and config.inner == "gpipe") \
+        else "1f1b"
+    result = ampa(costs, config.num_virtual_stages, num_microbatches=config.microbatches, schedule=schedule,
+                  batch_size=microbatch * config.microbatches, optimizer=config.optimizer.name)
+    return result.partition
+
+
+def _shared_partition(config: RunConfig, model, example_input: torch.Tensor) -> Partition:
+    """Resolve on rank 0 and broadcast, so a measured (AMPA) partition is the same on every rank."""
+    box = [str(resolve_partition(config, model, example_input))] if dist.get_rank() == 0 else [None]
+    dist.broadcast_object_list(box, src=0)
+    return Partition.parse(box[0], len(model))
+
+
+def _memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _save(run_dir: Path, step: int, rank: int, strategy: Strategy, device: torch.device) -> Path:
+    state = {
+        "modules": {k: m.state_dict() for k, m in strategy.modules().items()},
+        "optimizer": strategy.optimizer().state_dict(),
+        "extra": strategy.extra_state(),
+        "rng": rng_state(device),
+        "data_position": step,
+    }
+    return save_checkpoint(run_dir, step, rank, state)
+
+
+def _restore(run_dir: Path, step: int, rank: int, strategy: Strategy, device: torch.device) -> int:
+    state = load_checkpoint(run_dir, step, rank, device)
+    modules = strategy.modules()
+    if set(state["modules"]) != set(modules):
+        raise ValueError(f"checkpoint step {step} rank {rank} holds modules {sorted(state['modules'])}, this run "
+                         f"has {sorted(modules)}: the strategy or partition changed since it was saved")
+    for key, module in modules.items():
+        module.load_state_dict(state["modules"][key])
+    strategy.optimizer().load_state_dict(state["optimizer"])
+    strategy.load_extra_state(state["extra"])
+    set_rng_state(state["rng"], device)
+    return int(state["data_position"])
+
+
+def train(config: RunConfig, run_dir: Path, writer: EventWriter) -> None:
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    device = pick_device(config.device)
+    from ..models import build_model
+
+    model = build_model(config.model, seed=config.seed, **config.model_overrides)
+    torch.manual_seed(config.seed + 1)
+    batches_from_start = global_batches(config, model, 0)
+    example = split_rounds(next(batches_from_start), config, 0)[0].inputs[0]
+    partition = _shared_partition(config, model, example)
+    ctx = RunContext(config=config, rank=rank, world_size=world_size, device=device,
+                     autocast_dtype=autocast_dtype_for(config.precision, device), model=model,
+                     partition=partition, example_input=example, record_events=config.events.stage_events)
+    strategy = strategy_class(config.strategy)(ctx)
+    start_step = 0
+    resumed_from = latest_checkpoint(run_dir, world_size) if config.resume else None
+    if resumed_from is not None:
+        start_step = _restore(run_dir, resumed_from, rank, strategy, device)
+    writer.step = start_step
+    writer.write("start", world_size=world_size, strategy=config.strategy, config=config.to_dict(), pid=os.getpid(),
+                 host=socket.gethostname(), restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+                 resumed_from=resumed_from, partition=str(partition), device=str(device))
+    writer.start_heartbeat(config.events.heartbeat_s)
+    batches = global_batches(config, model, start_step)
+    for step in range(start_step, config.steps):
+        if step == config.fail_at_step and rank == config.fail_rank:
+            raise RuntimeError(f"fault injected by config (fail_at_step={step}, fail_rank={rank})")
+        batch = next(batches)
+        started = time.perf_counter()
+        loss = strategy.train_step(step, batch)
+        elapsed = time.perf_counter() - started
+        writer.step = step + 1
+        writer.write("step", step=step + 1, loss=loss, samples_per_s=config.global_batch / elapsed,
+                     step_ms=elapsed * 1e3, memory_bytes=_memory_bytes(device))
+        events, t0 = strategy.take_events()
+        writer.stage_events(events, t0)
+        if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
+            folder = _save(run_dir, step + 1, rank, strategy, device)
+            writer.write("checkpoint", step=step + 1, path=str(folder))
+    strategy.close()
+    if config.dump_params:
+        folder = run_dir / "params"
+        folder.mkdir(exist_ok=True)
+        torch.save(strategy.param_state(), folder / f"rank{rank}.pt")
+    dist.barrier()
+    writer.write("end", step=config.steps, status="SUCCEEDED")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="workbench.runtime.entry", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="path to the run's config.json")
+    args = parser.parse_args(argv)
+    config = RunConfig.from_json(args.config)
+    run_dir = Path(config.run_dir or Path(args.config).parent)
+    rank = int(os.environ.get("RANK", 0))
+    writer = EventWriter(run_dir, rank)
+    try:
+        world_size = int(os.environ.get("WORLD_SIZE", 1))
+        if world_size != config.world_size:
+            raise ValueError(f"strategy {config.strategy!r} with groups={config.groups} stages={config.stages} tp={config.tp} needs "
+                             f"{config.world_size} processes, torchrun started {world_size}; launch with "
+                             f"--nproc-per-node {config.world_size}")
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 1)))
+        init_distributed(pick_device(config.device), timeout_s=config.collective_timeout_s)
+        train(config, run_dir, writer)
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the run directory
+        writer.error(exc)
+        writer.close()
+        print(f"rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        os._exit(1)  # skip process-group teardown that could block on a dead peer
+    writer.close()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

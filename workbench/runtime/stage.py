@@ -1,0 +1,154 @@
+"""One pipeline stage on one rank: forward and backward of its layer block.
+
+A stage is a contiguous slice of the model's layer sequence (an ordinary
+``nn.Sequential`` cut from the unmodified model). The interpreter calls
+:meth:`Stage.forward` and :meth:`Stage.backward` per micro-batch, in the
+order the schedule says; the stage keeps what backward needs (its input and
+output, or only the input when recomputing) keyed by micro-batch, and frees
+it after the backward.
+
+The last stage also owns the loss: its forward turns the output into a
+scaled loss (``loss_scale`` = 1 / micro-batches per optimizer step), so the
+gradients accumulated over the schedule equal the gradient of the mean loss,
+exactly as in a single-process run over the same micro-batches.
+
+Activation recomputation: with ``recompute`` the forward runs under
+``no_grad`` and keeps only the input and the RNG state; the backward replays
+the forward with the same RNG state, then back-propagates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+__all__ = ["Stage", "autocast_context", "output_shapes"]
+
+
+def autocast_context(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    """bf16 autocast when asked for (CUDA), a no-op otherwise (fp32)."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+@dataclass
+class _Saved:
+    inputs: torch.Tensor
+    output: torch.Tensor | None = None  # None when recomputing
+    target: torch.Tensor | None = None  # kept for the replay of a last stage
+    rng_state: torch.Tensor | None = None
+    cuda_rng_state: torch.Tensor | None = None
+
+
+@dataclass
+class Stage:
+    """Layers ``module`` of (virtual) stage ``index``; ``is_last`` adds the loss."""
+
+    index: int
+    module: nn.Module
+    device: torch.device
+    is_first: bool
+    is_last: bool
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    loss_scale: float = 1.0
+    autocast_dtype: torch.dtype | None = None
+    recompute: bool = False
+    _saved: dict[int, _Saved] = field(default_factory=dict, repr=False)
+    losses: list[torch.Tensor] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.is_last and self.loss_fn is None:
+            raise ValueError(f"stage {self.index} is the last stage and needs a loss_fn")
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+    def _run(self, inputs: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:
+        with autocast_context(self.device, self.autocast_dtype):
+            out = self.module(inputs)
+            if self.is_last:
+                loss = self.loss_fn(out, target)
+                return loss.float()
+        return out
+
+    def forward(self, microbatch: int, inputs: torch.Tensor, target: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Run the block; return the activation to send (``None`` on the last stage)."""
+        if microbatch in self._saved:
+            raise RuntimeError(f"stage {self.index}: forward of micro-batch {microbatch} ran twice before its backward")
+        if not self.is_first and inputs.is_floating_point():
+            inputs = inputs.detach().requires_grad_(True)
+        saved = _Saved(inputs=inputs, target=target if self.recompute else None)
+        if self.recompute:
+            saved.rng_state = torch.get_rng_state()
+            if self.device.type == "cuda":
+                saved.cuda_rng_state = torch.cuda.get_rng_state(self.device)
+            with torch.no_grad():
+                out = self._run(inputs, target)
+        else:
+            out = self._run(inputs, target)
+            saved.output = out
+        self._saved[microbatch] = saved
+        if self.is_last:
+            self.losses.append(out.detach())  # read at the end of the step: no device sync here
+            return None
+        return out.detach()
+
+    def backward(self, microbatch: int, grad_output: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Back-propagate one micro-batch; return the gradient of the stage input (``None`` on stage 0)."""
+        saved = self._saved.pop(microbatch, None)
+        if saved is None:
+            raise RuntimeError(f"stage {self.index}: backward of micro-batch {microbatch} before its forward")
+        if self.recompute:
+            with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+                torch.set_rng_state(saved.rng_state)
+                if saved.cuda_rng_state is not None:
+                    torch.cuda.set_rng_state(saved.cuda_rng_state, self.device)
+                output = self._run(saved.inputs, saved.target)
+        else:
+            output = saved.output
+        if self.is_last:
+            (output * self.loss_scale).backward()
+        else:
+            if grad_output is None:
+                raise RuntimeError(f"stage {self.index}: backward of micro-batch {microbatch} needs an output gradient")
+            output.backward(grad_output.to(output.dtype))
+        if self.is_first or not saved.inputs.requires_grad:
+            return None
+        return saved.inputs.grad
+
+    @property
+    def in_flight(self) -> int:
+        """Micro-batches whose activations are held (forward done, backward not yet)."""
+        return len(self._saved)
+
+    def take_losses(self) -> list[float]:
+        """Unscaled micro-batch losses since the last call."""
+        losses, self.losses = self.losses, []
+        return [float(loss) for loss in losses]
+
+
+def output_shapes(modules: list[nn.Module], example: torch.Tensor, device: torch.device,
+                  autocast_dtype: torch.dtype | None) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """Shape and dtype of each block's output for one micro-batch.
+
+    Runs once, without grad and in eval mode so normalisation statistics and
+    the RNG stream stay untouched.
+    """
+    shapes: list[tuple[tuple[int, ...], torch.dtype]] = []
+    modes = [m.training for m in modules]
+    x: Any = example.to(device)
+    try:
+        with torch.no_grad(), autocast_context(device, autocast_dtype):
+            for module in modules:
+                module.eval()
+                x = module(x)
+                shapes.append((tuple(x.shape), x.dtype))
+    finally:
+        for module, mode in zip(modules, modes):
+            module.train(mode)
+    return shapes

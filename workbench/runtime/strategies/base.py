@@ -1,0 +1,97 @@
+"""What every training strategy offers the entry module, and what it is given.
+
+The entry module builds the unmodified model once per rank and a
+:class:`RunContext` around it; a strategy takes its share of the model from
+there (a pipeline stage, a whole replica, ...) and trains one global batch
+per :meth:`Strategy.train_step`. Checkpointing, event writing and the
+training loop stay in the entry module, so a strategy is only about how one
+step is computed and what state it must save.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ...core.config import RunConfig
+from ...core.partition import Partition
+from ...core.timeline import Event
+
+__all__ = ["RunContext", "Strategy", "make_optimizer", "global_mean_loss"]
+
+
+@dataclass
+class RunContext:
+    """One rank's inputs: config, placement, the dense model and a micro-batch-sized example input."""
+
+    config: RunConfig
+    rank: int
+    world_size: int
+    device: torch.device
+    autocast_dtype: torch.dtype | None
+    model: nn.Module
+    partition: Partition
+    example_input: torch.Tensor
+    record_events: bool = True
+
+
+def make_optimizer(params: list[nn.Parameter], config: RunConfig) -> torch.optim.Optimizer:
+    opt = config.optimizer
+    if opt.name == "sgd":
+        return torch.optim.SGD(params, lr=opt.lr, momentum=opt.momentum, weight_decay=opt.weight_decay)
+    return torch.optim.Adam(params, lr=opt.lr, weight_decay=opt.weight_decay)
+
+
+def global_mean_loss(local_sum: float, num_microbatches_total: int, device: torch.device) -> float:
+    """Mean micro-batch loss over every rank's contribution (ranks without a loss add 0)."""
+    total = torch.tensor([local_sum], dtype=torch.float64, device=device)
+    dist.all_reduce(total)
+    return float(total.item()) / num_microbatches_total
+
+
+class Strategy(ABC):
+    """One way to compute a training step across the ranks of a job."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.config = ctx.config
+
+    @abstractmethod
+    def train_step(self, step: int, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
+        """Train on one global batch; return the global mean loss (same on every rank)."""
+
+    @abstractmethod
+    def modules(self) -> dict[str, nn.Module]:
+        """This rank's trainable modules by a stable key (saved in checkpoints)."""
+
+    @abstractmethod
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer over this rank's parameters."""
+
+    def param_state(self) -> dict[str, torch.Tensor]:
+        """This rank's parameters under their dense-model names (for comparison with the reference)."""
+        out: dict[str, torch.Tensor] = {}
+        for module in self.modules().values():
+            for name, p in module.named_parameters():
+                out[name] = p.detach().float().cpu().clone()
+        return out
+
+    def extra_state(self) -> dict[str, Any]:
+        """Strategy state beyond modules and optimizer (e.g. a delayed gradient)."""
+        return {}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        if state:
+            raise ValueError(f"strategy {self.config.strategy!r} has no extra state, checkpoint has {sorted(state)}")
+
+    def take_events(self) -> tuple[list[Event], float]:
+        """Measured events since the last call, and the unix time their ms count from."""
+        return [], 0.0
+
+    def close(self) -> None:
+        """Wait for outstanding communication before the process group goes away."""

@@ -1,0 +1,85 @@
+"""Baseline: torch DistributedDataParallel over whole-model replicas.
+
+Every rank holds the full model and one 1/G slice of the global batch, split
+into the same micro-batches the pipelines use; gradients accumulate locally
+(``no_sync``) and DDP's bucketed all-reduce runs during the last
+micro-batch's backward. This is the peer GroPipe is measured against, so it
+is torch's own implementation, used as documented.
+
+Forwards and backwards are recorded as measured events on stage 0, so a DDP
+run draws on the same timeline as a pipeline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from ...core.timeline import Event
+from ..batches import split_rounds
+from ..stage import autocast_context
+from .base import RunContext, Strategy, global_mean_loss, make_optimizer
+
+__all__ = ["DataParallel"]
+
+
+class DataParallel(Strategy):
+    """torch DDP with gradient accumulation over micro-batches."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
+        self.model = ctx.model.to(ctx.device)
+        ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+        self.ddp = DistributedDataParallel(self.model, device_ids=ids)
+        self._optimizer = make_optimizer([p for p in self.model.parameters() if p.requires_grad], ctx.config)
+        self.t0_perf, self.t0_unix = time.perf_counter(), time.time()
+        self._events: list[Event] = []
+
+    def _timed(self, op: str, iteration: int, microbatch: int | None, fn) -> object:
+        start = time.perf_counter()
+        out = fn()
+        if self.ctx.record_events:
+            if self.ctx.device.type == "cuda":
+                torch.cuda.synchronize(self.ctx.device)
+            self._events.append(Event(rank=self.ctx.rank, stage=0, op=op, start=(start - self.t0_perf) * 1e3,
+                                      end=(time.perf_counter() - self.t0_perf) * 1e3, microbatch=microbatch,
+                                      iteration=iteration, source="measured"))
+        return out
+
+    def train_step(self, step: int, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
+        config, device = self.config, self.ctx.device
+        rounds = split_rounds(batch, config, self.ctx.rank)
+        scale = 1.0 / (config.microbatches * config.grad_accum)
+        local = 0.0
+        for r, data in enumerate(rounds):
+            iteration = step * config.grad_accum + r
+            for m, (x, y) in enumerate(zip(data.inputs, data.targets)):
+                last = r == len(rounds) - 1 and m == len(data.inputs) - 1
+                sync = contextlib.nullcontext() if last else self.ddp.no_sync()
+                with sync:
+                    def forward() -> torch.Tensor:
+                        with autocast_context(device, self.ctx.autocast_dtype):
+                            return self.model.loss_fn(self.ddp(x.to(device)), y.to(device)).float()
+                    loss = self._timed("F", iteration, m, forward)
+                    local += float(loss.detach())
+                    self._timed("B", iteration, m, lambda: (loss * scale).backward())
+        self._timed("STEP", step * config.grad_accum + len(rounds) - 1, None, self._step)
+        return global_mean_loss(local, config.groups * config.microbatches * config.grad_accum, device)
+
+    def _step(self) -> None:
+        self._optimizer.step()
+        self._optimizer.zero_grad(set_to_none=True)
+
+    def modules(self) -> dict[str, nn.Module]:
+        return {"model": self.model}
+
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self._optimizer
+
+    def take_events(self) -> tuple[list[Event], float]:
+        events, self._events = self._events, []
+        return events, self.t0_unix

@@ -1,0 +1,130 @@
+"""Scheduled pipelines: GPipe, 1F1B and interleaved 1F1B, executed from data.
+
+The schedule comes from :mod:`workbench.scheduling.generators` (the same
+value the simulator times) and is lowered to per-rank action lists with
+explicit sends and receives. This rank holds the stages its list mentions
+(one, or several virtual stages for interleaved), each cut from the
+unmodified model by the partition, and the interpreter executes the list
+once per accumulation round. Gradients accumulate over micro-batches; the
+``STEP`` action applies the optimizer (after the schedule when it has none).
+
+:class:`ScheduledPipeline` is also the base of GroPipe, which only adds the
+data-parallel axis and its ``AR``/``STEP`` handlers.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ...core.ir import Op, Schedule
+from ...core.topology import Topology
+from ...core.timeline import Event
+from ..batches import split_rounds
+from ..groups import ParallelGroups, build_groups
+from ..interpreter import Interpreter
+from ..stage import Stage, output_shapes
+from .base import RunContext, Strategy, global_mean_loss, make_optimizer
+
+__all__ = ["ScheduledPipeline", "build_schedule"]
+
+
+def build_schedule(config, iteration: int = 0) -> Schedule:
+    """The compute schedule a config asks for, from the generators (not lowered).
+
+    GroPipe numbers its iterations (the delayed step of iteration ``t``
+    applies ``t - 1``), so its schedule is built per ``iteration``.
+    """
+    from ...scheduling import generators
+
+    s, m = config.stages, config.microbatches
+    if config.strategy == "gpipe":
+        return generators.gpipe(s, m)
+    if config.strategy == "1f1b":
+        return generators.one_f_one_b(s, m)
+    if config.strategy == "interleaved":
+        return generators.interleaved(s, m, config.chunks)
+    if config.strategy == "gropipe":
+        return generators.gropipe(config.groups, s, m, inner=config.inner, delay=config.delay,
+                                  first_iteration=iteration)
+    raise ValueError(f"strategy {config.strategy!r} is not a scheduled pipeline; valid: gpipe, 1f1b, interleaved, "
+                     f"gropipe")
+
+
+def lowered_schedule(config, iteration: int = 0) -> Schedule:
+    """The schedule with its sends and receives: what the interpreter executes."""
+    from ...scheduling.passes import lower
+
+    return lower(build_schedule(config, iteration))
+
+
+class ScheduledPipeline(Strategy):
+    """Runs this rank's lowered action list; stages and optimizer are local to the rank."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
+        config = ctx.config
+        self.topology = Topology(dp=config.groups, pp=config.stages)
+        self.groups: ParallelGroups = build_groups(self.topology)
+        self.schedule = lowered_schedule(config)
+        if self.schedule.num_ranks != ctx.world_size:
+            raise ValueError(f"schedule {self.schedule.name!r} has {self.schedule.num_ranks} ranks but the job has "
+                             f"{ctx.world_size}; launch with --nproc {self.schedule.num_ranks}")
+        num_virtual = config.num_virtual_stages
+        if ctx.partition.num_stages != num_virtual:
+            raise ValueError(f"partition {ctx.partition} has {ctx.partition.num_stages} stages, strategy "
+                             f"{config.strategy!r} needs {num_virtual} (stages x chunks)")
+        self.actions = self.schedule.actions(ctx.rank)
+        blocks = [ctx.model.stage(*ctx.partition.bounds[v]) for v in range(num_virtual)]
+        shapes = output_shapes(blocks, ctx.example_input, ctx.device, ctx.autocast_dtype)
+        self.stages: dict[int, Stage] = {}
+        loss_scale = 1.0 / (config.microbatches * config.grad_accum)
+        for v in self.schedule.stages_of(ctx.rank):
+            self.stages[v] = Stage(
+                index=v, module=blocks[v].to(ctx.device), device=ctx.device, is_first=v == 0,
+                is_last=v == num_virtual - 1, loss_fn=ctx.model.loss_fn, loss_scale=loss_scale,
+                autocast_dtype=ctx.autocast_dtype, recompute=config.recompute)
+        self._optimizer = make_optimizer([p for s in self.stages.values() for p in s.parameters()], config)
+        # schedules without STEP actions step once the action list is done
+        self.step_after_schedule = not any(a.op is Op.STEP for a in self.actions)
+        self.interpreter = Interpreter(
+            rank=ctx.rank, actions=self.actions, stages=self.stages, num_microbatches=config.microbatches,
+            boundary_shapes={v: shapes[v] for v in range(num_virtual)}, device=ctx.device,
+            handlers={Op.STEP: self._on_step, Op.ALL_REDUCE: self._on_all_reduce}, record=ctx.record_events)
+
+    # -- handlers the interpreter calls -------------------------------------------------
+    def _on_step(self, action) -> None:
+        self._optimizer.step()
+        self._optimizer.zero_grad(set_to_none=True)
+
+    def _on_all_reduce(self, action) -> None:
+        raise ValueError(f"strategy {self.config.strategy!r} has one pipeline and no gradient all-reduce; "
+                         f"action {action} belongs to a grouped schedule (use strategy 'gropipe')")
+
+    def actions_for(self, step: int) -> list | None:
+        """This rank's actions for ``step`` when they differ per step; ``None`` keeps the current list."""
+        return None
+
+    # -- Strategy -----------------------------------------------------------------------
+    def train_step(self, step: int, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
+        rounds = split_rounds(batch, self.config, self.groups.coord("dp"))
+        accumulate_only = frozenset({Op.ALL_REDUCE, Op.STEP})
+        actions = self.actions_for(step)
+        for r, data in enumerate(rounds):
+            last = r == len(rounds) - 1
+            self.interpreter.run(step * self.config.grad_accum + r, data,
+                                 skip=frozenset() if last else accumulate_only, actions=actions)
+        if self.step_after_schedule:
+            self._on_step(None)
+        local = sum(sum(s.take_losses()) for s in self.stages.values())
+        total_mb = self.config.groups * self.config.microbatches * self.config.grad_accum
+        return global_mean_loss(local, total_mb, self.ctx.device)
+
+    def modules(self) -> dict[str, nn.Module]:
+        return {f"stage{v}": s.module for v, s in self.stages.items()}
+
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self._optimizer
+
+    def take_events(self) -> tuple[list[Event], float]:
+        return self.interpreter.take_events(), self.interpreter.t0_unix
