@@ -34,6 +34,12 @@ _LAZY: dict[str, str] = {
     "simulate": "workbench.scheduling:simulate",
     "GENERATORS": "workbench.scheduling:GENERATORS",
     "partition": "workbench.planning:partition",
+    "build_model": "workbench.models:build_model",
+    "list_models": "workbench.models:list_models",
+    "LayerSequence": "workbench.models:LayerSequence",
+    "sample_batch": "workbench.models:sample_batch",
+    "profile": "workbench.profiling:profile",
+    "project": "workbench.profiling.projection:project",
 }
 
 

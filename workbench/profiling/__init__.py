@@ -1,1 +1,10 @@
-"""Per-layer measurement of time, FLOPs and memory into core.costs (torch, never torch.distributed)."""
+"""Per-layer measurement of time, FLOPs and memory into core.costs (torch, never torch.distributed).
+
+``profile(model, batch)`` measures a layer chain on this machine;
+:mod:`~workbench.profiling.projection` projects the result to devices you do
+not have (:mod:`~workbench.profiling.devices` holds their specs).
+"""
+
+from .profiler import count_flops, measure_step_ms, profile
+
+__all__ = ["profile", "count_flops", "measure_step_ms"]

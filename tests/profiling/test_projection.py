@@ -1,0 +1,73 @@
+"""Roofline projection of profiles onto devices we do not have, and the device/link presets."""
+
+import pytest
+
+from workbench.core.costs import DeviceSpec, LayerCost, ModelCosts
+from workbench.profiling import profile
+from workbench.profiling.devices import DEVICES, LINKS, get_link, measure_local_cpu
+from workbench.profiling.projection import fit_efficiency, project
+
+TOY_DEVICE = DeviceSpec("toy", {"float32": 1.0, "bfloat16": 4.0}, 10 ** 9, 100.0, efficiency=0.5)
+
+
+def hand_costs():
+    """A compute-heavy layer (1 TFLOP) and a weight-heavy layer (1 GB of parameters, 1 MFLOP)."""
+    layers = (
+        LayerCost("conv", 1.0, 2.0, flops=10 ** 12, param_bytes=1000, activation_bytes=1000, saved_bytes=1000),
+        LayerCost("fc", 1.0, 2.0, flops=10 ** 6, param_bytes=10 ** 9, activation_bytes=1000),
+    )
+    return ModelCosts("hand", 8, "cpu", layers, input_bytes=1000, meta={"backward_flops": [2 * 10 ** 12, 10 ** 6]})
+
+
+def test_roofline_terms_exact():
+    projected = project(hand_costs(), TOY_DEVICE, overhead_us=0.0)
+    conv, fc = projected.layers
+    assert conv.forward_ms == pytest.approx(1e12 / 0.5e12 * 1e3)  # compute bound: 2 s
+    assert conv.backward_ms == pytest.approx(2e12 / 0.5e12 * 1e3)
+    assert fc.forward_ms == pytest.approx((1e9 + 2000) / 100e9 * 1e3)  # weight read bound
+    assert fc.backward_ms == pytest.approx((2e9 + 1000 + 1000) / 100e9 * 1e3)  # weights read + grads written
+    assert projected.device == "toy" and projected.meta["projection"]["bound"] == ["compute", "memory"]
+    assert projected.meta["projected_from"] == "cpu"
+
+
+def test_lower_precision_halves_bytes_and_uses_its_peak():
+    projected = project(hand_costs(), TOY_DEVICE, dtype="bfloat16", efficiency=1.0, overhead_us=0.0)
+    conv, fc = projected.layers
+    assert conv.forward_ms == pytest.approx(1e12 / 4e12 * 1e3)
+    assert fc.param_bytes == 5 * 10 ** 8 and projected.dtype == "bfloat16"
+
+
+def test_newer_gpus_are_faster_and_batch_small_fc_is_memory_bound(tmp_path):
+    costs = profile("vgg-tiny", 8, repeats=1, progress=False, cache_dir=tmp_path)
+    totals = {name: project(costs, name).total("compute_ms") for name in ("V100", "A100", "H100")}
+    assert totals["H100"] < totals["A100"] < totals["V100"] < costs.total("compute_ms")
+    bounds = dict(zip(costs.names, project(costs, "A100").meta["projection"]["bound"]))
+    assert bounds["fc2"] == "memory"  # 4 MB of weights for 8 samples: reading weights dominates
+
+
+def test_local_cpu_is_measured_and_fits_its_own_profile(tmp_path):
+    spec = DEVICES["local-cpu"]
+    assert spec is measure_local_cpu() and spec.tflops("float32") > 0 and spec.memory_bandwidth_gbs > 0
+    assert set(DEVICES) == {"V100", "A100", "H100", "local-cpu"}
+    costs = profile("vgg-tiny", 16, repeats=2, progress=False, cache_dir=tmp_path)
+    efficiency = fit_efficiency(costs, spec)
+    projected = project(costs, spec, efficiency=efficiency)
+    assert 0.3 < projected.total("compute_ms") / costs.total("compute_ms") < 3.0
+
+
+def test_bad_projection_inputs():
+    with pytest.raises(ValueError, match="unknown device 'B200'; known devices: V100, A100, H100, local-cpu"):
+        project(hand_costs(), "B200")
+    with pytest.raises(ValueError, match="device V100 has no peak for dtype 'bfloat16'"):
+        project(hand_costs(), "V100", dtype="bfloat16")
+    with pytest.raises(ValueError, match="efficiency must be in"):
+        project(hand_costs(), "A100", efficiency=1.5)
+    with pytest.raises(ValueError, match="hold neither FLOPs nor bytes"):
+        project(ModelCosts.uniform(2), "A100")
+
+
+def test_link_presets_order():
+    assert LINKS["nvlink4"].bandwidth_gbs > LINKS["nvlink3"].bandwidth_gbs > LINKS["pcie4"].bandwidth_gbs
+    assert get_link("infiniband-ndr").transfer_ms(45e6) == pytest.approx(1.0 + 0.005)
+    with pytest.raises(ValueError, match="unknown link 'nvlink9'"):
+        get_link("nvlink9")

@@ -1,0 +1,326 @@
+"""Per-layer profiling of a layer chain: time, FLOPs and memory into ``ModelCosts``.
+
+A pipeline planner needs, per layer, what a stage holding it will spend.
+Each layer is therefore measured the way a stage runs it: its input arrives
+detached (a boundary tensor that requires grad, as after a receive), it runs
+forward, and backward starts from an incoming output gradient (the last
+layer from the loss). Per layer and repeat, forward and backward are timed
+separately with the device synchronised around each; the median and the
+spread (max - min) over ``repeats`` after ``warmup`` runs are kept, and every
+sample in ``meta["samples_ms"]``.
+
+One extra, untimed pass per layer counts FLOPs (torch's FlopCounterMode, 2
+FLOPs per multiply-add, forward and backward separately) and the bytes
+autograd saves for backward (a saved-tensors hook, deduplicated by storage,
+parameters excluded). Parameter, gradient and optimizer-state bytes follow
+from the parameters (Adam: 2 states, SGD with momentum: 1). Peak memory is
+the CUDA allocator's high-water mark on GPUs; on CPUs, which keep no such
+statistic, it is the sum of what is live at the end of forward (inputs,
+saved tensors, output, parameters, gradients), stated in ``meta``.
+
+Results are cached on disk (see :mod:`workbench.profiling.cache`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+import statistics
+import time
+import warnings
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..core.costs import LayerCost, ModelCosts
+from ..models import LayerSequence, build_model, sample_batch
+from . import cache as profile_cache
+from .flops import flop_counter
+
+__all__ = ["profile", "count_flops", "resolve_device", "as_sequence", "measure_step_ms", "OPTIMIZER_STATES"]
+
+# Optimizer -> state tensors per parameter.
+OPTIMIZER_STATES = {"adam": 2, "adamw": 2, "sgd": 1, "sgd-plain": 0, "none": 0}
+DEFAULT_BATCH = 8
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``auto`` -> CUDA when present, else CPU; a CUDA request without CUDA is a ValueError."""
+    if isinstance(device, torch.device):
+        device = str(device)
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device != "cpu" and not str(device).startswith("cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available here; use 'auto' or 'cpu'")
+    return torch.device(device)
+
+
+def as_sequence(model: LayerSequence | nn.Module | str) -> LayerSequence:
+    """A zoo name, a LayerSequence, an nn.Sequential or a chain-shaped module, as a LayerSequence."""
+    if isinstance(model, str):
+        return build_model(model)
+    if isinstance(model, LayerSequence):
+        return model
+    if isinstance(model, nn.Module):
+        return LayerSequence.from_module(model)
+    raise ValueError(f"model must be a zoo name, a LayerSequence or an nn.Module, got {type(model).__name__}")
+
+
+def _as_batch(seq: LayerSequence, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    if batch is None:
+        return sample_batch(seq, DEFAULT_BATCH)
+    if isinstance(batch, int) and not isinstance(batch, bool):
+        return sample_batch(seq, batch)
+    if (isinstance(batch, (tuple, list)) and len(batch) == 2
+            and all(isinstance(t, torch.Tensor) for t in batch)):
+        return batch[0], batch[1]
+    raise ValueError(f"batch must be None, an int batch size or an (inputs, targets) pair of tensors, "
+                     f"got {type(batch).__name__}")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _device_label(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return "cpu"
+
+
+def _device_key(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return f"cpu:{platform.machine()}:{platform.processor()}:threads={torch.get_num_threads()}"
+
+
+def _fingerprint(seq: LayerSequence) -> str:
+    shapes = [(n, tuple(p.shape), str(p.dtype)) for n, p in seq.named_parameters()]
+    return hashlib.sha256(repr((repr(seq), shapes, seq.layer_names)).encode()).hexdigest()[:24]
+
+
+def _zero_grads(module: nn.Module) -> None:
+    for param in module.parameters():
+        param.grad = None
+
+
+def _boundary(x: torch.Tensor, needs_grad: bool) -> torch.Tensor:
+    """The tensor a stage receives: detached; requiring grad unless it is the data (first layer)."""
+    return x.detach().requires_grad_(needs_grad and x.is_floating_point())
+
+
+class _LayerRunner:
+    """Runs one layer forward and backward like a pipeline stage does."""
+
+    def __init__(self, seq: LayerSequence, index: int, x: torch.Tensor, targets: torch.Tensor) -> None:
+        self.seq, self.index, self.targets = seq, index, targets
+        self.layer = seq[index]
+        self.is_last = index == len(seq) - 1
+        self.x = _boundary(x, needs_grad=index > 0)
+        self.grad_out: torch.Tensor | None = None
+        self.layer_output: torch.Tensor | None = None
+
+    def forward(self) -> torch.Tensor:
+        out = self.seq.call_layer(self.index, self.x)
+        self.layer_output = out.detach()
+        if self.is_last:
+            return self.seq.loss_fn(out, self.targets)
+        return out
+
+    def backward(self, out: torch.Tensor) -> None:
+        if not out.requires_grad:
+            return
+        if self.is_last:
+            out.backward()
+            return
+        if self.grad_out is None or self.grad_out.shape != out.shape:
+            generator = torch.Generator().manual_seed(self.index)
+            self.grad_out = torch.randn(out.shape, generator=generator, dtype=out.dtype).to(out.device)
+        out.backward(self.grad_out)
+
+
+def _time_layer(runner: _LayerRunner, device: torch.device, warmup: int, repeats: int) -> tuple[list[float], list[float]]:
+    forward_ms, backward_ms = [], []
+    for run in range(warmup + repeats):
+        _zero_grads(runner.layer)
+        runner.x.grad = None
+        _sync(device)
+        start = time.perf_counter()
+        out = runner.forward()
+        _sync(device)
+        middle = time.perf_counter()
+        runner.backward(out)
+        _sync(device)
+        end = time.perf_counter()
+        del out
+        if run >= warmup:
+            forward_ms.append((middle - start) * 1e3)
+            backward_ms.append((end - middle) * 1e3)
+    return forward_ms, backward_ms
+
+
+def _count_layer(runner: _LayerRunner, device: torch.device) -> dict[str, int]:
+    """FLOPs (forward, backward), saved bytes and peak bytes from one untimed pass."""
+    param_ptrs = {p.untyped_storage().data_ptr() for p in runner.layer.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in param_ptrs and storage.nbytes() > 0:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    _zero_grads(runner.layer)
+    runner.x.grad = None
+    if device.type == "cuda":
+        _sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+    with flop_counter() as forward_counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = runner.forward()
+    with flop_counter() as backward_counter:
+        runner.backward(out)
+    counts = {"forward_flops": forward_counter.get_total_flops(), "backward_flops": backward_counter.get_total_flops(),
+              "saved_bytes": sum(saved.values())}
+    if device.type == "cuda":
+        _sync(device)
+        counts["transient_peak"] = torch.cuda.max_memory_allocated(device) - base
+    return counts
+
+
+def _median_spread(values: list[float]) -> tuple[float, float]:
+    return statistics.median(values), (max(values) - min(values)) if len(values) > 1 else 0.0
+
+
+def _measure(seq: LayerSequence, inputs: torch.Tensor, targets: torch.Tensor, device: torch.device,
+             warmup: int, repeats: int, optimizer: str, progress: bool) -> tuple[list[LayerCost], dict[str, list]]:
+    from tqdm.auto import tqdm
+
+    layers, backward_flops, samples = [], [], {"forward_ms": [], "backward_ms": []}
+    x = inputs
+    states = OPTIMIZER_STATES[optimizer]
+    bar = tqdm(total=len(seq), desc=f"profile {seq.model_name}", disable=not progress, leave=False)
+    try:
+        for index, name in enumerate(seq.layer_names):
+            bar.set_postfix_str(name)
+            runner = _LayerRunner(seq, index, x, targets)
+            forward_ms, backward_ms = _time_layer(runner, device, warmup, repeats)
+            counts = _count_layer(runner, device)
+            params = [p for p in runner.layer.parameters() if p.requires_grad]
+            param_bytes = sum(_nbytes(p) for p in runner.layer.parameters())
+            grad_bytes = sum(_nbytes(p) for p in params)
+            next_x = runner.layer_output
+            activation_bytes = _nbytes(next_x)
+            live_after_forward = (param_bytes + grad_bytes + _nbytes(x) + counts["saved_bytes"] + activation_bytes)
+            peak = counts.get("transient_peak", 0) + param_bytes + _nbytes(x) if device.type == "cuda" else live_after_forward
+            f_med, f_spread = _median_spread(forward_ms)
+            b_med, b_spread = _median_spread(backward_ms)
+            layers.append(LayerCost(
+                name=name, forward_ms=f_med, backward_ms=b_med, flops=int(counts["forward_flops"]),
+                param_bytes=param_bytes, activation_bytes=activation_bytes, saved_bytes=counts["saved_bytes"],
+                grad_bytes=grad_bytes, optimizer_bytes=states * grad_bytes, forward_ms_spread=f_spread,
+                backward_ms_spread=b_spread, peak_bytes=int(peak), num_params=sum(p.numel() for p in runner.layer.parameters())))
+            backward_flops.append(int(counts["backward_flops"]))
+            samples["forward_ms"].append([round(t, 4) for t in forward_ms])
+            samples["backward_ms"].append([round(t, 4) for t in backward_ms])
+            x = next_x
+            bar.update(1)
+    finally:
+        bar.close()
+    _zero_grads(seq)
+    return layers, {"backward_flops": backward_flops, "samples_ms": samples}
+
+
+def _check_settings(warmup: Any, repeats: Any, optimizer: Any) -> None:
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    if optimizer not in OPTIMIZER_STATES:
+        raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATES)}, got {optimizer!r}")
+
+
+def profile(model_or_sequence: LayerSequence | nn.Module | str, batch: Any = None, device: str = "auto",
+            warmup: int = 1, repeats: int = 3, cache: bool = True, progress: bool = True, *,
+            optimizer: str = "adam", cache_dir: str | None = None) -> ModelCosts:
+    """Measure every layer of a model; returns :class:`~workbench.core.costs.ModelCosts`.
+
+    ``batch``: None (8 synthetic samples), a batch size (synthetic) or an
+    ``(inputs, targets)`` pair. The model is moved to ``device`` and left in
+    train mode; measured gradients are cleared afterwards.
+    """
+    _check_settings(warmup, repeats, optimizer)
+    seq = as_sequence(model_or_sequence)
+    inputs, targets = _as_batch(seq, batch)
+    target_device = resolve_device(device)
+    dtype = next((p.dtype for p in seq.parameters()), torch.float32)
+    key = {"model": seq.model_name, "fingerprint": _fingerprint(seq), "layers": seq.layer_names,
+           "inputs": [list(inputs.shape), str(inputs.dtype)], "targets": [list(targets.shape), str(targets.dtype)],
+           "dtype": str(dtype).replace("torch.", ""), "device": _device_key(target_device), "warmup": warmup,
+           "repeats": repeats, "optimizer": optimizer, "torch": torch.__version__, "format": profile_cache.CACHE_FORMAT}
+    if cache:
+        cached, reason = profile_cache.load(key, cache_dir)
+        if cached is not None:
+            return replace(cached, meta={**cached.meta, "cache": "hit"})
+        if reason != "miss":
+            warnings.warn(f"profile cache: {reason}; measuring again", stacklevel=2)
+    seq.to(target_device).train()
+    inputs, targets = inputs.to(target_device), targets.to(target_device)
+    started = time.perf_counter()
+    with torch.random.fork_rng(devices=[]):  # dropout in the measured passes leaves the caller's CPU RNG as it was
+        layers, measured = _measure(seq, inputs, targets, target_device, warmup, repeats, optimizer, progress)
+    meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "warmup": warmup, "repeats": repeats,
+            "optimizer": optimizer, **measured, "input_shape": list(inputs.shape),
+            "input_dtype": str(inputs.dtype).replace("torch.", ""), "task": seq.task,
+            "peak_bytes_method": "cuda-allocator" if target_device.type == "cuda" else "live-bytes-estimate",
+            "flop_convention": "2 FLOPs per multiply-add (torch FlopCounterMode)",
+            "profile_wall_s": round(time.perf_counter() - started, 3), "cache": "miss"}
+    costs = ModelCosts(model=seq.model_name, batch_size=int(inputs.shape[0]), device=_device_label(target_device),
+                       layers=tuple(layers), dtype=key["dtype"], input_bytes=_nbytes(inputs), meta=meta)
+    if cache:
+        profile_cache.store(key, costs, cache_dir)
+    return costs
+
+
+def measure_step_ms(model_or_sequence: LayerSequence | nn.Module | str, batch: Any = None, device: str = "auto",
+                    warmup: int = 1, repeats: int = 3) -> list[float]:
+    """Whole-model forward + loss + backward times (ms), device-synchronised: the reference for a profile."""
+    _check_settings(warmup, repeats, "none")
+    seq = as_sequence(model_or_sequence)
+    inputs, targets = _as_batch(seq, batch)
+    target_device = resolve_device(device)
+    seq.to(target_device).train()
+    inputs, targets = inputs.to(target_device), targets.to(target_device)
+    times = []
+    for run in range(warmup + repeats):
+        _zero_grads(seq)
+        _sync(target_device)
+        start = time.perf_counter()
+        seq.loss_fn(seq(inputs), targets).backward()
+        _sync(target_device)
+        if run >= warmup:
+            times.append((time.perf_counter() - start) * 1e3)
+    _zero_grads(seq)
+    return times
+
+
+def count_flops(model_or_sequence: LayerSequence | nn.Module | str, batch: Any = None) -> list[int]:
+    """Forward FLOPs per layer (2 per multiply-add) without timing anything: cheap enough for big models."""
+    seq = as_sequence(model_or_sequence)
+    x, _ = _as_batch(seq, batch)
+    flops = []
+    with torch.no_grad():
+        for index in range(len(seq)):
+            with flop_counter() as counter:
+                x = seq.call_layer(index, x)
+            flops.append(int(counter.get_total_flops()))
+    return flops

@@ -1,0 +1,117 @@
+"""Project a measured profile onto hardware you do not have (roofline).
+
+A profile taken here holds, per layer, FLOPs and the bytes a layer touches;
+those do not depend on the device. On a target device a layer pass takes
+``max(flops / (peak * efficiency), bytes / bandwidth)`` plus a small fixed
+per-pass overhead (kernel launches): compute-bound convolutions and large
+matmuls follow the first term, weight-bound fully connected layers at small
+batch and element-wise layers the second. Bytes moved per pass:
+
+* forward: parameters + input + output activation;
+* backward: parameters (read) + gradients (written) + saved tensors +
+  output gradient + input gradient.
+
+Backward FLOPs come from the profile (``meta["backward_flops"]``) when
+present, else 2x forward. When the target dtype differs from the profiled
+one, parameter, gradient and activation bytes scale with the element size
+(optimizer state stays as profiled: float32 master state).
+
+``efficiency`` (fraction of peak a real layer reaches) defaults to the
+device's; :func:`fit_efficiency` derives it from a profile measured on that
+same device, which is how ``local-cpu`` projections are checked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..core.costs import DeviceSpec, ModelCosts
+from .devices import get_device
+
+__all__ = ["project", "fit_efficiency", "DTYPE_BYTES"]
+
+DTYPE_BYTES = {"float64": 8, "float32": 4, "tfloat32": 4, "float16": 2, "bfloat16": 2, "float8": 1}
+
+
+def _dtype_bytes(dtype: str, field_name: str) -> int:
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"{field_name} must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
+    return DTYPE_BYTES[dtype]
+
+
+def _backward_flops(costs: ModelCosts) -> list[int]:
+    recorded = costs.meta.get("backward_flops")
+    if isinstance(recorded, list) and len(recorded) == len(costs.layers):
+        return [int(f) for f in recorded]
+    return [2 * layer.flops for layer in costs.layers]
+
+
+def _pass_bytes(costs: ModelCosts) -> tuple[list[int], list[int]]:
+    forward, backward = [], []
+    input_bytes = costs.input_bytes
+    for layer in costs.layers:
+        forward.append(layer.param_bytes + input_bytes + layer.activation_bytes)
+        backward.append(layer.param_bytes + (layer.grad_bytes or 0) + layer.saved_bytes
+                        + layer.activation_bytes + input_bytes)
+        input_bytes = layer.activation_bytes
+    return forward, backward
+
+
+def project(costs: ModelCosts, device: DeviceSpec | str, *, dtype: str = "float32", efficiency: float | None = None,
+            overhead_us: float = 10.0) -> ModelCosts:
+    """``costs`` as they would be on ``device`` (a DeviceSpec or a name in ``DEVICES``) in ``dtype``."""
+    if not isinstance(costs, ModelCosts):
+        raise ValueError(f"costs must be a ModelCosts, got {type(costs).__name__}")
+    spec = get_device(device)
+    peak = spec.tflops(dtype) * 1e12  # FLOP/s
+    efficiency = spec.efficiency if efficiency is None else efficiency
+    if isinstance(efficiency, bool) or not isinstance(efficiency, (int, float)) or not 0 < efficiency <= 1:
+        raise ValueError(f"efficiency must be in (0, 1], got {efficiency!r}")
+    if not isinstance(overhead_us, (int, float)) or overhead_us < 0:
+        raise ValueError(f"overhead_us must be >= 0, got {overhead_us!r}")
+    if costs.total("flops") == 0 and costs.total("param_bytes") + costs.total("activation_bytes") == 0:
+        raise ValueError(f"costs of {costs.model!r} hold neither FLOPs nor bytes, so there is nothing to project; "
+                         "profile the model with workbench.profiling.profile")
+    scale = _dtype_bytes(dtype, "dtype") / _dtype_bytes(costs.dtype, "costs.dtype")
+    bandwidth = spec.memory_bandwidth_gbs * 1e9  # bytes/s
+    forward_bytes, backward_bytes = _pass_bytes(costs)
+    layers, bounds = [], []
+    for layer, flops_b, bytes_f, bytes_b in zip(costs.layers, _backward_flops(costs), forward_bytes, backward_bytes):
+        times = []
+        for flops, nbytes in ((layer.flops, bytes_f), (flops_b, bytes_b)):
+            compute_s, memory_s = flops / (peak * efficiency), nbytes * scale / bandwidth
+            times.append(max(compute_s, memory_s) * 1e3 + overhead_us * 1e-3)
+        bounds.append("compute" if layer.flops / (peak * efficiency) >= bytes_f * scale / bandwidth else "memory")
+        layers.append(replace(
+            layer, forward_ms=times[0], backward_ms=times[1], forward_ms_spread=0.0, backward_ms_spread=0.0,
+            param_bytes=int(layer.param_bytes * scale), grad_bytes=int((layer.grad_bytes or 0) * scale),
+            activation_bytes=int(layer.activation_bytes * scale), saved_bytes=int(layer.saved_bytes * scale),
+            peak_bytes=int(layer.peak_bytes * scale)))
+    meta = {**costs.meta, "projected_from": costs.device, "cache": None,
+            "projection": {"dtype": dtype, "efficiency": efficiency, "overhead_us": overhead_us,
+                           "peak_tflops": spec.tflops(dtype), "memory_bandwidth_gbs": spec.memory_bandwidth_gbs,
+                           "bound": bounds}}
+    return replace(costs, device=spec.name, dtype=dtype, layers=tuple(layers),
+                   input_bytes=int(costs.input_bytes * scale), meta=meta)
+
+
+def fit_efficiency(measured: ModelCosts, device: DeviceSpec | str, *, dtype: str = "float32") -> float:
+    """The efficiency at which the roofline reproduces ``measured`` total compute time on ``device``.
+
+    Uses the compute-bound layers only (memory-bound ones do not depend on it).
+    """
+    spec = get_device(device)
+    peak = spec.tflops(dtype) * 1e12
+    bandwidth = spec.memory_bandwidth_gbs * 1e9
+    forward_bytes, backward_bytes = _pass_bytes(measured)
+    flops_total, seconds_total = 0, 0.0
+    for layer, flops_b, bytes_f, bytes_b in zip(measured.layers, _backward_flops(measured), forward_bytes,
+                                                backward_bytes):
+        flops = layer.flops + flops_b
+        if flops / peak > (bytes_f + bytes_b) / bandwidth:
+            flops_total += flops
+            seconds_total += layer.compute_ms * 1e-3
+    if flops_total == 0 or seconds_total == 0:
+        raise ValueError(f"{measured.model!r} has no compute-bound layer with a measured time on {spec.name}")
+    return min(1.0, flops_total / (peak * seconds_total))
+
