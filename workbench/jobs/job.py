@@ -307,14 +307,43 @@ class Job:
 
         return JobMonitor(self, **options)
 
+    def predicted_timeline(self, measured=None):
+        """What the simulator predicts for this run's schedule, with the stage times the run measured.
+
+        ``None`` when the strategy is not a scheduled pipeline or no full
+        iteration has been measured yet (see ``scheduling.from_config``).
+        """
+        from ..core.config import RunConfig
+        from ..scheduling.from_config import PIPELINE_STRATEGIES, predict_from_measured
+
+        try:
+            config = RunConfig.from_dict(json.loads((Path(self.run_dir) / CONFIG_FILE).read_text()))
+        except (OSError, ValueError):
+            return None
+        if config.strategy not in PIPELINE_STRATEGIES:
+            return None
+        measured = self.timeline() if measured is None else measured
+        if measured is None or not len(measured):
+            return None
+        try:
+            return predict_from_measured(config, measured).timeline
+        except ValueError:
+            return None
+
     def summary_figure(self, simulated=None):
-        """A static plotly figure of the run so far (for reports and headless runs)."""
+        """A static plotly figure of the run so far (for reports and headless runs).
+
+        Without ``simulated`` the prediction is :meth:`predicted_timeline`.
+        """
         from ..viz.job_figures import job_summary_figure
 
         with self._lock:
             state = self.refresh()
-            return job_summary_figure(state_figure_data(state), measured=state.timeline(), simulated=simulated,
-                                      title=f"{self.run_id}: {self.status().state}")
+            measured = state.timeline()
+        if simulated is None:
+            simulated = self.predicted_timeline(measured)
+        return job_summary_figure(state_figure_data(state), measured=measured, simulated=simulated,
+                                  title=f"{self.run_id}: {self.status().state}")
 
 
 def state_figure_data(state: RunState) -> dict[str, Any]:

@@ -158,7 +158,8 @@ class JobMonitor:
         if key == self._timeline_key:
             return
         self._timeline_key = key
-        fresh = timeline_figure_pair(measured, self.simulated)
+        simulated = self.simulated if self.simulated is not None else self.job.predicted_timeline(measured)
+        fresh = timeline_figure_pair(measured, simulated)
         with self.timeline_fig.batch_update():
             self.timeline_fig.data = ()
             for trace in fresh.data:

@@ -30,25 +30,10 @@ __all__ = ["ScheduledPipeline", "build_schedule"]
 
 
 def build_schedule(config, iteration: int = 0) -> Schedule:
-    """The compute schedule a config asks for, from the generators (not lowered).
+    """The compute schedule a config asks for (see ``scheduling.from_config``)."""
+    from ...scheduling.from_config import schedule_for_config
 
-    GroPipe numbers its iterations (the delayed step of iteration ``t``
-    applies ``t - 1``), so its schedule is built per ``iteration``.
-    """
-    from ...scheduling import generators
-
-    s, m = config.stages, config.microbatches
-    if config.strategy == "gpipe":
-        return generators.gpipe(s, m)
-    if config.strategy == "1f1b":
-        return generators.one_f_one_b(s, m)
-    if config.strategy == "interleaved":
-        return generators.interleaved(s, m, config.chunks)
-    if config.strategy == "gropipe":
-        return generators.gropipe(config.groups, s, m, inner=config.inner, delay=config.delay,
-                                  first_iteration=iteration)
-    raise ValueError(f"strategy {config.strategy!r} is not a scheduled pipeline; valid: gpipe, 1f1b, interleaved, "
-                     f"gropipe")
+    return schedule_for_config(config, iteration)
 
 
 def lowered_schedule(config, iteration: int = 0) -> Schedule:

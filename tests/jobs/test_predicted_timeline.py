@@ -1,0 +1,32 @@
+"""A real pipeline run shows its measured timeline next to the simulator's prediction."""
+
+import importlib.util
+
+import pytest
+
+from workbench.jobs import LaunchSpec, launch
+
+pytestmark = [pytest.mark.multiproc,
+              pytest.mark.skipif(importlib.util.find_spec("workbench.runtime.entry") is None,
+                                 reason="needs the training entry workbench.runtime.entry")]
+
+CONFIG = {"name": "pred", "model": "mlp", "strategy": "1f1b", "stages": 2, "microbatches": 4, "global_batch": 16,
+          "steps": 3, "data": {"kind": "synthetic"}}
+
+
+def test_monitor_prediction_uses_the_runs_own_schedule_and_stage_times(tmp_path):
+    job = launch(LaunchSpec(config=CONFIG, name="pred", run_root=str(tmp_path)))
+    assert job.wait(timeout=180).state == "SUCCEEDED"
+    measured = job.timeline()
+    predicted = job.predicted_timeline(measured)
+    assert predicted is not None
+    assert predicted.ranks == [0, 1] and {e.source for e in predicted} == {"simulated"}
+    # the same actions as the run executed: 4 forwards and 4 backwards per stage
+    for rank in (0, 1):
+        ops = [e.op for e in predicted.on_rank(rank) if e.op in ("F", "B")]
+        assert ops.count("F") == 4 and ops.count("B") == 4
+        assert sorted(e.op for e in measured.on_rank(rank) if e.op in ("F", "B")) == sorted(ops)
+    # the prediction is calibrated by the measured stage times, so its makespan is of the same order
+    assert 0.2 < predicted.makespan / measured.makespan < 5
+    sources = {getattr(t, "name", "") for t in job.summary_figure().data}
+    assert any("simulated" in s for s in sources) and any("measured" in s for s in sources)

@@ -1,0 +1,43 @@
+from dataclasses import replace
+
+import pytest
+
+from workbench.core.config import RunConfig
+from workbench.scheduling import generators, simulate
+from workbench.scheduling.from_config import predict_from_measured, schedule_for_config, stage_costs_from_timeline
+from workbench.scheduling.stagecosts import StageCosts
+
+
+def config(**kw):
+    base = {"name": "t", "model": "mlp", "strategy": "1f1b", "stages": 2, "microbatches": 4, "global_batch": 8,
+            "steps": 1}
+    base.update(kw)
+    return RunConfig.from_dict(base)
+
+
+def test_config_maps_to_the_generator_schedules():
+    assert schedule_for_config(config()) == generators.one_f_one_b(2, 4)
+    assert schedule_for_config(config(strategy="gpipe")) == generators.gpipe(2, 4)
+    g = config(strategy="gropipe", groups=2, delay=1)
+    assert schedule_for_config(g, iteration=3) == generators.gropipe(2, 2, 4, delay=1, first_iteration=3)
+    with pytest.raises(ValueError, match="not a scheduled pipeline"):
+        schedule_for_config(config(strategy="ddp", stages=1, groups=2))
+
+
+def test_prediction_from_a_measured_timeline_recovers_its_stage_times():
+    costs = StageCosts(forward_ms=(2.0, 3.0), backward_ms=(4.0, 5.0), step_ms=(0.5, 0.5), send_bytes=(0, 0),
+                       param_bytes=(0, 0), grad_bytes=(0, 0), optimizer_bytes=(0, 0), activation_bytes=(0, 0))
+    truth = simulate(generators.one_f_one_b(2, 4), costs)
+    measured = type(truth.timeline)(tuple(replace(e, source="measured") for e in truth.timeline), {})
+    fitted = stage_costs_from_timeline(measured, 2)
+    assert fitted.forward_ms == (2.0, 3.0) and fitted.backward_ms == (4.0, 5.0)
+    predicted = predict_from_measured(config(), measured)
+    assert predicted.metrics["iteration_ms"] == pytest.approx(truth.metrics["iteration_ms"])
+    assert {e.source for e in predicted.timeline} == {"simulated"}
+
+
+def test_missing_stage_events_are_explained():
+    truth = simulate(generators.one_f_one_b(2, 2))
+    only_stage0 = truth.timeline.filter(rank=0)
+    with pytest.raises(ValueError, match=r"no forward/backward events for stages \[1\]"):
+        stage_costs_from_timeline(only_stage0, 2)

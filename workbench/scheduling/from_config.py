@@ -1,0 +1,87 @@
+"""From a run config to its schedule, and to the timeline the simulator predicts for it.
+
+The runtime executes, and the monitor compares against, the schedule a
+:class:`~workbench.core.config.RunConfig` asks for; building it in one
+place (here, torch-free) keeps the runtime, the simulator and the notebook
+on the very same value.
+
+``predict_from_measured`` answers "what should this run look like?" for a
+live job: it takes the per-stage forward / backward durations the job has
+measured, feeds them to the simulator with the job's own schedule, and
+returns the predicted timeline and metrics. Compute is therefore calibrated
+by the run itself; what the prediction tests is the schedule and the
+communication model (idle time, waits, exposed all-reduce).
+"""
+
+from __future__ import annotations
+
+from statistics import median
+from typing import Any
+
+from ..core.costs import ClusterSpec, LinkSpec
+from ..core.ir import Schedule
+from ..core.timeline import Timeline
+from .simulate import SimResult, simulate
+from .stagecosts import StageCosts
+
+__all__ = ["PIPELINE_STRATEGIES", "schedule_for_config", "stage_costs_from_timeline", "predict_from_measured"]
+
+PIPELINE_STRATEGIES = ("gpipe", "1f1b", "interleaved", "gropipe")
+
+
+def schedule_for_config(config: Any, iteration: int = 0) -> Schedule:
+    """The compute schedule (not lowered) of a pipeline run config.
+
+    ``config`` is a ``RunConfig`` (or anything with its ``strategy``,
+    ``stages``, ``microbatches``, ``chunks``, ``groups``, ``inner`` and
+    ``delay`` attributes). GroPipe numbers its iterations (the delayed step
+    of iteration ``t`` applies ``t - 1``), so it is built per ``iteration``.
+    """
+    from . import generators
+
+    strategy = config.strategy
+    s, m = config.stages, config.microbatches
+    if strategy == "gpipe":
+        return generators.gpipe(s, m)
+    if strategy == "1f1b":
+        return generators.one_f_one_b(s, m)
+    if strategy == "interleaved":
+        return generators.interleaved(s, m, config.chunks)
+    if strategy == "gropipe":
+        return generators.gropipe(config.groups, s, m, inner=config.inner, delay=config.delay,
+                                  first_iteration=iteration)
+    raise ValueError(f"strategy {strategy!r} is not a scheduled pipeline; valid: {', '.join(PIPELINE_STRATEGIES)}")
+
+
+def stage_costs_from_timeline(timeline: Timeline, num_stages: int) -> StageCosts:
+    """Per-stage micro-batch forward / backward / step times: medians of the measured events."""
+    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
+        raise ValueError(f"num_stages must be an int >= 1, got {num_stages!r}")
+    samples: dict[tuple[int, str], list[float]] = {}
+    for e in timeline:
+        if e.op in ("F", "B", "STEP") and e.stage < num_stages:
+            samples.setdefault((e.stage, e.op), []).append(e.duration)
+    missing = [s for s in range(num_stages) if (s, "F") not in samples or (s, "B") not in samples]
+    if missing:
+        raise ValueError(f"the measured timeline has no forward/backward events for stages {missing}")
+
+    def med(stage: int, op: str) -> float:
+        values = samples.get((stage, op))
+        return median(values) if values else 0.0
+
+    zeros = (0,) * num_stages
+    return StageCosts(
+        forward_ms=tuple(med(s, "F") for s in range(num_stages)),
+        backward_ms=tuple(med(s, "B") for s in range(num_stages)),
+        step_ms=tuple(med(s, "STEP") for s in range(num_stages)),
+        send_bytes=zeros, param_bytes=zeros, grad_bytes=zeros, optimizer_bytes=zeros, activation_bytes=zeros,
+    )
+
+
+def predict_from_measured(config: Any, measured: Timeline, *, cluster: ClusterSpec | None = None,
+                          collective_link: LinkSpec | None = None, iteration: int = 0) -> SimResult:
+    """Simulate the config's schedule with the stage times the run measured."""
+    schedule = schedule_for_config(config, iteration)
+    num_stages = max(a.stage for r in range(schedule.num_ranks) for a in schedule.actions(r)) + 1
+    costs = stage_costs_from_timeline(measured, num_stages)
+    return simulate(schedule, costs, cluster, collective_link=collective_link)
