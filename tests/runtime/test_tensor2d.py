@@ -161,3 +161,13 @@ def test_data_parallel_times_2x2_grid_on_8_ranks(tmp_path):
         losses, dense = rank["train"]["losses"], rank["train"]["dense_losses"]
         assert max(abs(a - b) for a, b in zip(losses, dense)) <= TOL, (losses, dense)
         assert rank["train"]["stage_ops"] == ["AR", "B", "F", "STEP"]
+
+
+@pytest.mark.multiproc
+@pytest.mark.slow
+def test_gpt2_3x3_grid_on_9_ranks_equals_dense(tmp_path):
+    """q = 3: nine ranks, 3 heads (one per grid column), hidden 48, batch 3 (one row each)."""
+    sizes = {"n_embd": 48, "n_head": 3, "batch_size": 3}
+    for rank in launch(tmp_path, 9, [("gpt2_3x3", "check_gpt2_2d", (3, sizes))]):
+        assert_equal_to_dense(rank["gpt2_3x3"], ("hidden_diff", "logits_diff", "loss_diff", "grad_diff",
+                                                 "roundtrip_diff"))
