@@ -16,18 +16,13 @@ pick it up.
 from __future__ import annotations
 
 from ..core.costs import ClusterSpec, DeviceSpec, LinkSpec
+from ..core.devices import DATASHEET_DEVICES, GIB
 
 __all__ = ["DEVICES", "get_cluster", "cluster_names", "collective_link", "get_device"]
 
-GIB = 2**30
-
 DEVICES: dict[str, DeviceSpec] = {
     "cpu-2core": DeviceSpec("cpu-2core", {"float32": 0.2}, 8 * GIB, 20.0, efficiency=0.5),
-    "V100": DeviceSpec("V100", {"float32": 15.7, "float16": 125.0}, 32 * GIB, 900.0, efficiency=0.5),
-    "A100": DeviceSpec("A100", {"float32": 19.5, "tf32": 156.0, "bfloat16": 312.0, "float16": 312.0},
-                       80 * GIB, 2039.0, efficiency=0.55),
-    "H100": DeviceSpec("H100", {"float32": 67.0, "tf32": 495.0, "bfloat16": 989.0, "float16": 989.0},
-                       80 * GIB, 3350.0, efficiency=0.55),
+    **DATASHEET_DEVICES,
 }
 
 # name -> (nodes, devices per node, device, intra-node link, inter-node link, collective link or None).

@@ -23,18 +23,11 @@ from typing import Iterator
 import torch
 
 from ..core.costs import DeviceSpec, LinkSpec
+from ..core.devices import DATASHEET_DEVICES, GIB
 
 __all__ = ["DEVICES", "LINKS", "get_device", "get_link", "measure_local_cpu"]
 
-GIB = 1024 ** 3
-
-_PRESETS = {
-    "V100": DeviceSpec("V100", {"float32": 15.7, "float16": 125.0}, 32 * GIB, 900.0, efficiency=0.5),
-    "A100": DeviceSpec("A100", {"float32": 19.5, "tfloat32": 156.0, "float16": 312.0, "bfloat16": 312.0},
-                       80 * GIB, 2039.0, efficiency=0.5),
-    "H100": DeviceSpec("H100", {"float32": 66.9, "tfloat32": 494.7, "float16": 989.4, "bfloat16": 989.4,
-                                "float8": 1978.9}, 80 * GIB, 3350.0, efficiency=0.5),
-}
+_PRESETS = DATASHEET_DEVICES
 
 
 def _median_seconds(fn, repeats: int) -> float:
