@@ -20,6 +20,7 @@ read configs without importing torch.
 from __future__ import annotations
 
 import json
+import math
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -36,6 +37,8 @@ STRATEGY_LAYOUTS: dict[str, str] = {
     "torch-pipelining": "pipeline",
     "gropipe": "grouped",
     "ddp": "data",
+    "tensor2d": "tensor",
+    "tensor1d": "tensor",
 }
 OPTIMIZERS = ("sgd", "adam")
 DATA_KINDS = ("synthetic", "digits", "bytes-lm")
@@ -208,12 +211,40 @@ class RunConfig:
             bad, value = ("grad_accum", self.grad_accum) if self.grad_accum != 1 else ("stages", self.stages)
             raise _fail(bad, value, "strategy 'torch-pipelining' needs grad_accum = 1 (torch rescales gradients "
                         "every step) and stages >= 2")
+        if layout == "tensor":
+            self._check_tensor_layout()
         per_round = self.groups * self.microbatches * self.grad_accum
         if self.global_batch % per_round:
             raise _fail("global_batch", self.global_batch,
                         f"must be divisible by groups x microbatches x grad_accum = {per_round}")
         if self.fail_at_step >= 0 and self.fail_rank >= self.world_size:
             raise _fail("fail_rank", self.fail_rank, f"must be a rank below world size {self.world_size}")
+
+    def _check_tensor_layout(self) -> None:
+        """tensor2d: tp a square q x q grid, heads divisible by q; both: one step is one batch (no accumulation)."""
+        if self.grad_accum != 1:
+            raise _fail("grad_accum", self.grad_accum, f"strategy {self.strategy!r} trains one batch per step: "
+                        f"set grad_accum = 1")
+        degree = self.tp
+        if self.strategy == "tensor2d":
+            side = math.isqrt(self.tp)
+            if side * side != self.tp:
+                low, high = side * side, (side + 1) ** 2
+                nearest = low if self.tp - low <= high - self.tp else high
+                raise _fail("tp", self.tp, f"strategy 'tensor2d' runs on a q x q grid, so tp must be a square; "
+                            f"nearest valid tp is {nearest} (q = {math.isqrt(nearest)})")
+            degree = side
+        heads = self.model_overrides.get("n_head", self.model_overrides.get("num_attention_heads"))
+        if isinstance(heads, int) and heads >= 1 and heads % degree:
+            valid = [d for d in range(1, heads + 1) if heads % d == 0]
+            nearest = min(valid, key=lambda d: (abs(d - degree), d))
+            what = f"q = {degree}" if self.strategy == "tensor2d" else f"tp = {degree}"
+            fix = f"q = {nearest} (tp = {nearest * nearest})" if self.strategy == "tensor2d" else f"tp = {nearest}"
+            raise _fail("tp", self.tp, f"{what} does not divide the {heads} attention heads; nearest valid is {fix}")
+        rows = degree if self.strategy == "tensor2d" else 1
+        if self.global_batch % (self.groups * rows):
+            raise _fail("global_batch", self.global_batch,
+                        f"must be divisible by groups x grid rows = {self.groups * rows}")
 
     # -- derived ----------------------------------------------------------------------
     @property

@@ -19,6 +19,8 @@ STRATEGIES: dict[str, str] = {
     "gropipe": "gropipe:GroPipe",
     "ddp": "ddp:DataParallel",
     "torch-pipelining": "torch_pipelining:TorchPipelining",
+    "tensor2d": "tensor_parallel:TensorParallel2D",
+    "tensor1d": "tensor_parallel:TensorParallel1D",
 }
 
 

@@ -32,7 +32,8 @@ from .comm import LINEAR_ALGORITHMS, CommCounter, GroupAxis, Grid2D, all_reduce
 from .memory import measure_saved_bytes, parameter_bytes
 from .plan import check_grid_size, parallelize_2d
 
-__all__ = ["TensorParallelConfig", "run_tensor_parallel", "run_tensor2d", "synthetic_batch", "local_rows", "dense_gpt2"]
+__all__ = ["TensorParallelConfig", "run_tensor_parallel", "run_tensor2d", "build_parallel_model", "data_parallel_axis",
+           "average_gradients", "synthetic_batch", "local_rows", "dense_gpt2"]
 
 MODES = ("2d", "1d", "dense")
 OPTIMIZERS = ("adamw", "sgd")
@@ -127,13 +128,13 @@ def local_rows(batch: torch.Tensor, index: int, parts: int) -> torch.Tensor:
     return batch[index * rows:(index + 1) * rows]
 
 
-def _dp_axis(groups: Any, counter: CommCounter) -> GroupAxis:
+def data_parallel_axis(groups: Any, counter: CommCounter) -> GroupAxis:
     if "dp" not in groups.topology or groups.size("dp") == 1:
         return GroupAxis(None, [groups.rank], 0, counter)
     return GroupAxis(groups.group("dp"), groups.ranks("dp"), groups.coord("dp"), counter)
 
 
-def _average_gradients(dp: GroupAxis, params: list[nn.Parameter]) -> None:
+def average_gradients(dp: GroupAxis, params: list[nn.Parameter]) -> None:
     """Average gradients over the data-parallel replicas with one all-reduce of a flat buffer."""
     grads = [p.grad for p in params if p.grad is not None]
     flat = torch.cat([g.reshape(-1) for g in grads])  # [sum of numels]
@@ -145,8 +146,8 @@ def _average_gradients(dp: GroupAxis, params: list[nn.Parameter]) -> None:
         offset += grad.numel()
 
 
-def _build(config: TensorParallelConfig, groups: Any, counter: CommCounter,
-           device: torch.device) -> tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor], Any, Any]:
+def build_parallel_model(config: TensorParallelConfig, groups: Any, counter: CommCounter,
+                         device: torch.device) -> tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor], Any, Any]:
     """(module, loss_fn(this replica's ids [B/dp, s]), plan, grid or tp axis) for the configured mode."""
     dense = dense_gpt2(config).to(device)
     if config.mode == "2d":
@@ -176,9 +177,9 @@ def run_tensor_parallel(config: TensorParallelConfig, groups: Any, *, emit: Emit
     emit = emit or (lambda kind, **fields: None)
     device = pick_device(config.device)
     counter = CommCounter()
-    module, loss_fn, plan, communicator = _build(config, groups, counter, device)
+    module, loss_fn, plan, communicator = build_parallel_model(config, groups, counter, device)
     dp_counter = CommCounter()
-    dp = _dp_axis(groups, dp_counter)
+    dp = data_parallel_axis(groups, dp_counter)
     params = list(module.parameters())
     optimizer = (torch.optim.AdamW(params, lr=config.lr) if config.optimizer == "adamw"
                  else torch.optim.SGD(params, lr=config.lr))
@@ -206,7 +207,7 @@ def run_tensor_parallel(config: TensorParallelConfig, groups: Any, *, emit: Emit
         stage("B", mark, step)
         if dp.size > 1:
             mark = time.time()
-            _average_gradients(dp, params)
+            average_gradients(dp, params)
             stage("AR", mark, step)
         mark = time.time()
         optimizer.step()

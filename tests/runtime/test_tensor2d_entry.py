@@ -1,0 +1,61 @@
+"""2D tensor parallelism through the torchrun entry: launch/tensor2d_gpt2.toml on a 2 x 2 grid, and the config
+checks that refuse a bad grid before any process starts."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from workbench.core.config import RunConfig
+from workbench.runtime.events import read_events
+
+from runtime_launch import torchrun
+
+LAUNCH = Path(__file__).resolve().parents[2] / "launch" / "tensor2d_gpt2.toml"
+
+
+@pytest.mark.multiproc
+def test_tensor2d_launch_runs_through_entry(tmp_path):
+    data = tomllib.loads(LAUNCH.read_text())
+    config = RunConfig.from_dict({**data, "run_dir": str(tmp_path), "collective_timeout_s": 60.0})
+    config.save_json(tmp_path / "config.json")
+    assert config.world_size == 4
+    proc = torchrun(tmp_path, config.world_size, timeout=120.0)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in range(4):
+        events = read_events(tmp_path, rank)
+        kinds = [e["kind"] for e in events]
+        assert kinds.count("start") == 1 and kinds[-1] == "end", kinds
+        assert events[-1]["status"] == "SUCCEEDED"
+        steps = [e for e in events if e["kind"] == "step"]
+        assert [e["step"] for e in steps] == list(range(1, config.steps + 1))
+        assert {e["op"] for e in events if e["kind"] == "stage"} == {"F", "B", "STEP"}
+        losses = [e["loss"] for e in steps]
+        assert sum(losses[-5:]) / 5 < losses[0] - 0.3, losses
+    rank0 = [e["loss"] for e in read_events(tmp_path, 0) if e["kind"] == "step"]
+    rank3 = [e["loss"] for e in read_events(tmp_path, 3) if e["kind"] == "step"]
+    assert rank0 == pytest.approx(rank3, rel=1e-5)
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"tp": 3}, "nearest valid tp is 4"),
+    ({"tp": 9}, "nearest valid is q = 2"),
+    ({"tp": 16, "model_overrides": {"n_head": 6}}, "nearest valid is q = 3 (tp = 9)"),
+    ({"tp": 4, "global_batch": 7}, "grid rows = 2"),
+])
+def test_tensor2d_config_refuses_bad_grid(fields, message):
+    base = {"model": "gpt2-tiny", "strategy": "tensor2d", "microbatches": 1, "global_batch": 8,
+            "model_overrides": {"n_head": 4}}
+    with pytest.raises(ValueError, match="'tp'|'global_batch'") as info:
+        RunConfig.from_dict({**base, **fields})
+    assert message in str(info.value)
+
+
+def test_tensor1d_config_layout():
+    config = RunConfig.from_dict({"model": "gpt2-tiny", "strategy": "tensor1d", "groups": 2, "tp": 2,
+                                  "microbatches": 1, "global_batch": 8})
+    assert config.world_size == 4
+    with pytest.raises(ValueError, match="nearest valid is tp = 2"):
+        config.replace(tp=3, model_overrides={"n_head": 4})

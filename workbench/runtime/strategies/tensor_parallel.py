@@ -1,0 +1,121 @@
+"""Tensor-parallel GPT-2 (2D SUMMA grid or 1D Megatron split) as entry-module strategies.
+
+Problem: the 2D and 1D tensor-parallel models live in their own package with
+their own loop (``tensor2d.train.run_tensor_parallel``), but a run launched
+from a config must go through the one torchrun entry, run directory and
+event stream every other strategy uses.
+
+Approach: a :class:`Strategy` per mode. It maps the run config onto a
+:class:`TensorParallelConfig` (model sizes from the built ``gpt2-*`` model's
+config, ``groups`` data-parallel replicas, ``tp`` = q^2 grid ranks for 2D or
+the 1D degree), builds the process groups for that topology and the sharded
+module with the tensor-parallel package's own builder, and computes one step
+per :meth:`train_step` on the entry's global batch: this replica's rows of
+the token ids, forward and backward through the shards, gradient average
+over replicas, optimizer step. Forward, backward, all-reduce and step are
+returned as measured stage events on stage 0.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from torch import nn
+
+from ...core.timeline import Event
+from ..groups import build_groups
+from .base import RunContext, Strategy, make_optimizer
+from .tensor2d.comm import CommCounter, all_reduce
+from .tensor2d.train import (TensorParallelConfig, average_gradients, build_parallel_model, data_parallel_axis,
+                             local_rows)
+
+__all__ = ["TensorParallel2D", "TensorParallel1D", "tensor_parallel_config"]
+
+GPT2_SIZES = ("n_embd", "n_head", "n_layer", "vocab_size", "n_positions")
+
+
+def tensor_parallel_config(ctx: RunContext, mode: str) -> TensorParallelConfig:
+    """The tensor-parallel config for this run: sizes from the built GPT-2, layout from groups and tp."""
+    config = ctx.config
+    sizes = getattr(ctx.model, "config", None) or {}
+    missing = [k for k in GPT2_SIZES if k not in sizes]
+    if missing:
+        raise ValueError(f"config field 'model' = {config.model!r} is invalid for strategy {config.strategy!r}: "
+                         f"tensor parallelism needs a GPT-2 model such as 'gpt2-tiny' (lacks {missing})")
+    if mode == "2d":
+        q = math.isqrt(config.tp)
+    else:
+        q = config.tp
+    seq_len = int(ctx.example_input.shape[-1])
+    return TensorParallelConfig(mode=mode, q=q, dp=config.groups, batch_size=config.global_batch, seq_len=seq_len,
+                                steps=config.steps, lr=config.optimizer.lr, seed=config.seed, device=config.device,
+                                **{k: int(sizes[k]) for k in GPT2_SIZES})
+
+
+class _TensorParallel(Strategy):
+    """One tensor-parallel GPT-2 training step per call; subclasses name the mode."""
+
+    mode = "2d"
+
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
+        self.tp_config = tensor_parallel_config(ctx, self.mode)
+        self.groups = build_groups(self.tp_config.topology())
+        self.counter = CommCounter()
+        self.module, self.loss_fn, self.plan, self.communicator = build_parallel_model(
+            self.tp_config, self.groups, self.counter, ctx.device)
+        self.dp = data_parallel_axis(self.groups, CommCounter())
+        self.params = list(self.module.parameters())
+        self._optimizer = make_optimizer(self.params, ctx.config)
+        self.t0_perf, self.t0_unix = time.perf_counter(), time.time()
+        self._events: list[Event] = []
+
+    def _record(self, op: str, start: float, step: int) -> None:
+        if self.ctx.record_events:
+            self._events.append(Event(rank=self.ctx.rank, stage=0, op=op, start=(start - self.t0_perf) * 1e3,
+                                      end=(time.perf_counter() - self.t0_perf) * 1e3, microbatch=0,
+                                      iteration=step, source="measured"))
+
+    def train_step(self, step: int, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
+        ids = local_rows(batch[0], self.dp.index, self.dp.size).to(self.ctx.device)  # [B/dp, s]
+        self._optimizer.zero_grad(set_to_none=True)
+        began = time.perf_counter()
+        loss = self.loss_fn(ids)  # mean over this replica's rows, same on every rank of the grid
+        self._record("F", began, step)
+        mark = time.perf_counter()
+        loss.backward()
+        self._record("B", mark, step)
+        if self.dp.size > 1:
+            mark = time.perf_counter()
+            average_gradients(self.dp, self.params)
+            self._record("AR", mark, step)
+        mark = time.perf_counter()
+        self._optimizer.step()
+        self._record("STEP", mark, step)
+        total = loss.detach().float().clone()
+        all_reduce(self.dp, total)
+        return float(total.item()) / self.dp.size
+
+    def modules(self) -> dict[str, nn.Module]:
+        return {"model": self.module}
+
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self._optimizer
+
+    def take_events(self) -> tuple[list[Event], float]:
+        events, self._events = self._events, []
+        return events, self.t0_unix
+
+
+class TensorParallel2D(_TensorParallel):
+    """2D (SUMMA) tensor parallelism on a q x q grid per data-parallel replica (tp = q^2)."""
+
+    mode = "2d"
+
+
+class TensorParallel1D(_TensorParallel):
+    """1D (Megatron) tensor parallelism over tp ranks per data-parallel replica."""
+
+    mode = "1d"
