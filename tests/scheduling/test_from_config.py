@@ -41,3 +41,27 @@ def test_missing_stage_events_are_explained():
     only_stage0 = truth.timeline.filter(rank=0)
     with pytest.raises(ValueError, match=r"no forward/backward events for stages \[1\]"):
         stage_costs_from_timeline(only_stage0, 2)
+
+
+def test_recorded_bytes_drive_the_communication_of_the_prediction():
+    from workbench.core.timeline import Event, Timeline
+    from workbench.planning.clusters import collective_link, get_cluster
+
+    measured = []
+    for rank, stage in ((0, 0), (1, 1), (2, 0), (3, 1)):
+        for mb in range(4):
+            measured.append(Event(rank=rank, stage=stage, op="F", start=0, end=1, microbatch=mb, source="measured"))
+            measured.append(Event(rank=rank, stage=stage, op="B", start=1, end=3, microbatch=mb, source="measured"))
+        measured.append(Event(rank=rank, stage=stage, op="AR", start=3, end=4, nbytes=12_000_000, source="measured"))
+        if stage == 0:
+            measured.append(Event(rank=rank, stage=0, op="SEND_F", start=1, end=1, microbatch=0, peer=rank + 1,
+                                  nbytes=400_000, source="measured"))
+    timeline = Timeline(tuple(measured))
+    costs = stage_costs_from_timeline(timeline, 2)
+    assert costs.grad_bytes == (12_000_000, 12_000_000) and costs.send_bytes == (400_000, 0)
+    gropipe = config(strategy="gropipe", groups=2, delay=0)
+    free = predict_from_measured(gropipe, timeline)
+    linked = predict_from_measured(gropipe, timeline, cluster=get_cluster("local-cpu"),
+                                   collective_link=collective_link("local-cpu"))
+    # a 12 MB ring all-reduce over 2 ranks at 1.2 GB/s takes ~10 ms, and delay 0 waits for it
+    assert linked.metrics["iteration_ms"] > free.metrics["iteration_ms"] + 9

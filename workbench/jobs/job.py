@@ -307,13 +307,17 @@ class Job:
 
         return JobMonitor(self, **options)
 
-    def predicted_timeline(self, measured=None):
+    def predicted_timeline(self, measured=None, *, cluster: str | None = "local-cpu"):
         """What the simulator predicts for this run's schedule, with the stage times the run measured.
 
-        ``None`` when the strategy is not a scheduled pipeline or no full
-        iteration has been measured yet (see ``scheduling.from_config``).
+        Compute comes from the run's own stage events; sends and gradient
+        all-reduces are timed on the links of the ``cluster`` preset (default:
+        this machine's gloo loopback; None: free communication). ``None`` when
+        the strategy is not a scheduled pipeline or no full iteration has been
+        measured yet (see ``scheduling.from_config``).
         """
         from ..core.config import RunConfig
+        from ..planning.clusters import collective_link, get_cluster
         from ..scheduling.from_config import PIPELINE_STRATEGIES, predict_from_measured
 
         try:
@@ -325,8 +329,13 @@ class Job:
         measured = self.timeline() if measured is None else measured
         if measured is None or not len(measured):
             return None
+        spec = get_cluster(cluster) if cluster is not None else None
+        if spec is not None and spec.world_size < config.world_size:
+            raise ValueError(f"cluster preset {cluster!r} has {spec.world_size} devices but the run uses "
+                             f"{config.world_size}; pass a larger preset or cluster=None")
+        link = collective_link(cluster) if cluster is not None else None
         try:
-            return predict_from_measured(config, measured).timeline
+            return predict_from_measured(config, measured, cluster=spec, collective_link=link).timeline
         except ValueError:
             return None
 

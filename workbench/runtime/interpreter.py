@@ -203,9 +203,9 @@ class Interpreter:
         self._received[(a.op, a.stage, a.microbatch)] = buf
         return buf.numel() * buf.element_size()
 
-    def _strategy_op(self, a: Action) -> None:
+    def _strategy_op(self, a: Action) -> int | None:
+        """A strategy-owned action (AR, STEP, ...); a handler may return the bytes it moved."""
         handler = self.handlers.get(a.op)
         if handler is None:
             raise ValueError(f"rank {self.rank}: the strategy has no handler for {a.op.value} (action {a})")
-        handler(a)
-        return None
+        return handler(a)

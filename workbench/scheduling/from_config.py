@@ -54,7 +54,13 @@ def schedule_for_config(config: Any, iteration: int = 0) -> Schedule:
 
 
 def stage_costs_from_timeline(timeline: Timeline, num_stages: int) -> StageCosts:
-    """Per-stage micro-batch forward / backward / step times: medians of the measured events."""
+    """Per-stage costs from measured events.
+
+    Forward / backward / step times are the medians of the stage's events;
+    the bytes a stage sends downstream and the gradient bytes it all-reduces
+    are read from the ``nbytes`` its SEND_F and AR events recorded (0 when
+    the run did not record them).
+    """
     if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
         raise ValueError(f"num_stages must be an int >= 1, got {num_stages!r}")
     samples: dict[tuple[int, str], list[float]] = {}
@@ -69,12 +75,21 @@ def stage_costs_from_timeline(timeline: Timeline, num_stages: int) -> StageCosts
         values = samples.get((stage, op))
         return median(values) if values else 0.0
 
+    def largest_nbytes(op: str) -> tuple[int, ...]:
+        out = [0] * num_stages
+        for e in timeline:
+            if e.op == op and e.stage < num_stages and e.nbytes:
+                out[e.stage] = max(out[e.stage], e.nbytes)
+        return tuple(out)
+
     zeros = (0,) * num_stages
+    grad_bytes = largest_nbytes("AR")
     return StageCosts(
         forward_ms=tuple(med(s, "F") for s in range(num_stages)),
         backward_ms=tuple(med(s, "B") for s in range(num_stages)),
         step_ms=tuple(med(s, "STEP") for s in range(num_stages)),
-        send_bytes=zeros, param_bytes=zeros, grad_bytes=zeros, optimizer_bytes=zeros, activation_bytes=zeros,
+        send_bytes=largest_nbytes("SEND_F"), param_bytes=grad_bytes, grad_bytes=grad_bytes,
+        optimizer_bytes=zeros, activation_bytes=zeros,
     )
 
 

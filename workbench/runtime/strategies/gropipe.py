@@ -56,7 +56,8 @@ class GroPipe(ScheduledPipeline):
     def _iteration_of(self, action: Action) -> int:
         return self._current_step if action.iteration is None else action.iteration
 
-    def _on_all_reduce(self, action: Action) -> None:
+    def _on_all_reduce(self, action: Action) -> int:
+        """Start this stage's gradient all-reduce; returns the bytes reduced (recorded on the event)."""
         # flat: [sum of this stage's parameter sizes]
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self._params])
         work = None
@@ -65,6 +66,7 @@ class GroPipe(ScheduledPipeline):
         self._pending[self._iteration_of(action)] = (work, flat)
         for p in self._params:
             p.grad = None
+        return flat.numel() * flat.element_size()
 
     def _reduced(self, iteration: int) -> torch.Tensor | None:
         entry = self._pending.pop(iteration, None)
