@@ -12,7 +12,6 @@ The other commands take ``RUN``: a run directory, or a run id under
 from __future__ import annotations
 
 import argparse
-import tomllib
 from pathlib import Path
 
 from . import Result
@@ -21,15 +20,10 @@ _BACKENDS = ("local", "multinode", "slurm", "dryrun")
 
 
 def _spec_from_toml(path: str, args: argparse.Namespace):
+    from ..core.config import read_toml
     from ..jobs import LaunchSpec
 
-    file = Path(path)
-    if not file.is_file():
-        raise ValueError(f"CONFIG {path!r} does not exist; give a TOML run config")
-    try:
-        data = tomllib.loads(file.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"CONFIG {path!r} is not valid TOML: {exc}") from None
+    data = read_toml(path)
     launch = dict(data.pop("launch", {}))
     for flag, key in (("nproc", "nproc_per_node"), ("nnodes", "nnodes"), ("run_root", "run_root"), ("name", "name"),
                       ("entry", "entry"), ("max_restarts", "max_restarts")):

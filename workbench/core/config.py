@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunConfig", "OptimizerConfig", "DataConfig", "EventsConfig", "STRATEGY_LAYOUTS"]
+__all__ = ["RunConfig", "OptimizerConfig", "DataConfig", "EventsConfig", "STRATEGY_LAYOUTS", "read_toml"]
 
 # strategy -> layout: "pipeline" (groups == 1), "grouped" (groups x stages), "data" (stages == 1),
 # "tensor" (stages == 1, tp ranks per group)
@@ -279,14 +279,7 @@ class RunConfig:
 
     @classmethod
     def from_toml(cls, path: str | Path) -> "RunConfig":
-        path = Path(path)
-        if not path.is_file():
-            raise ValueError(f"config file {str(path)!r} does not exist")
-        try:
-            data = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
-        return cls.from_dict(data)
+        return cls.from_dict(read_toml(path))
 
     @classmethod
     def from_json(cls, path: str | Path) -> "RunConfig":
@@ -301,3 +294,14 @@ class RunConfig:
         data = self.to_dict()
         data.update(changes)
         return RunConfig.from_dict(data)
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """A TOML file as a dict; a missing file or bad TOML is a ValueError naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"config file {str(path)!r} does not exist")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"config file {str(path)!r} is not valid TOML: {exc}") from None

@@ -62,16 +62,9 @@ class EventTailer:
 
     def _read(self, rank: int, path: Path) -> list[dict[str, Any]]:
         offset = self.offsets.get(rank, 0)
-        try:
-            with open(path, "rb") as handle:
-                handle.seek(offset)
-                chunk = handle.read(_MAX_READ)
-        except FileNotFoundError:
+        complete = _complete_lines(path, offset)
+        if not complete:
             return []
-        end = chunk.rfind(b"\n")
-        if end < 0:
-            return []
-        complete = chunk[: end + 1]
         self.offsets[rank] = offset + len(complete)
         events = []
         position = offset
@@ -95,14 +88,19 @@ class TextTailer:
         self.offset = offset
 
     def poll(self) -> list[str]:
-        try:
-            with open(self.path, "rb") as handle:
-                handle.seek(self.offset)
-                chunk = handle.read(_MAX_READ)
-        except FileNotFoundError:
+        complete = _complete_lines(self.path, self.offset)
+        if not complete:
             return []
-        end = chunk.rfind(b"\n")
-        if end < 0:
-            return []
-        self.offset += end + 1
-        return chunk[:end].decode("utf-8", errors="replace").split("\n")
+        self.offset += len(complete)
+        return complete[:-1].decode("utf-8", errors="replace").split("\n")
+
+
+def _complete_lines(path: Path, offset: int) -> bytes:
+    """The complete (newline-terminated) lines after ``offset``; a partial last line is held back."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            chunk = handle.read(_MAX_READ)
+    except FileNotFoundError:
+        return b""
+    return chunk[: chunk.rfind(b"\n") + 1]
