@@ -10,6 +10,7 @@ step is computed and what state it must save.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +61,8 @@ class Strategy(ABC):
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
         self.config = ctx.config
+        self.t0_perf, self.t0_unix = time.perf_counter(), time.time()
+        self._events: list[Event] = []
 
     @abstractmethod
     def train_step(self, step: int, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
@@ -89,9 +92,17 @@ class Strategy(ABC):
         if state:
             raise ValueError(f"strategy {self.config.strategy!r} has no extra state, checkpoint has {sorted(state)}")
 
+    def record_since(self, op: str, start: float, iteration: int, microbatch: int | None = None) -> None:
+        """Record a measured event from ``start`` (a perf_counter reading) to now, if events are on."""
+        if self.ctx.record_events:
+            self._events.append(Event(rank=self.ctx.rank, stage=0, op=op, start=(start - self.t0_perf) * 1e3,
+                                      end=(time.perf_counter() - self.t0_perf) * 1e3, microbatch=microbatch,
+                                      iteration=iteration, source="measured"))
+
     def take_events(self) -> tuple[list[Event], float]:
         """Measured events since the last call, and the unix time their ms count from."""
-        return [], 0.0
+        events, self._events = self._events, []
+        return events, self.t0_unix
 
     def close(self) -> None:
         """Wait for outstanding communication before the process group goes away."""

@@ -19,7 +19,6 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ...core.timeline import Event
 from ..batches import split_rounds
 from ..stage import autocast_context
 from .base import RunContext, Strategy, global_mean_loss, make_optimizer
@@ -36,18 +35,13 @@ class DataParallel(Strategy):
         ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         self.ddp = DistributedDataParallel(self.model, device_ids=ids)
         self._optimizer = make_optimizer([p for p in self.model.parameters() if p.requires_grad], ctx.config)
-        self.t0_perf, self.t0_unix = time.perf_counter(), time.time()
-        self._events: list[Event] = []
 
     def _timed(self, op: str, iteration: int, microbatch: int | None, fn) -> object:
         start = time.perf_counter()
         out = fn()
-        if self.ctx.record_events:
-            if self.ctx.device.type == "cuda":
-                torch.cuda.synchronize(self.ctx.device)
-            self._events.append(Event(rank=self.ctx.rank, stage=0, op=op, start=(start - self.t0_perf) * 1e3,
-                                      end=(time.perf_counter() - self.t0_perf) * 1e3, microbatch=microbatch,
-                                      iteration=iteration, source="measured"))
+        if self.ctx.record_events and self.ctx.device.type == "cuda":
+            torch.cuda.synchronize(self.ctx.device)
+        self.record_since(op, start, iteration, microbatch)
         return out
 
     def train_step(self, step: int, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
@@ -79,7 +73,3 @@ class DataParallel(Strategy):
 
     def optimizer(self) -> torch.optim.Optimizer:
         return self._optimizer
-
-    def take_events(self) -> tuple[list[Event], float]:
-        events, self._events = self._events, []
-        return events, self.t0_unix

@@ -24,7 +24,6 @@ import time
 import torch
 from torch import nn
 
-from ...core.timeline import Event
 from ..groups import build_groups
 from .base import RunContext, Strategy, make_optimizer
 from .tensor2d.comm import CommCounter, all_reduce
@@ -69,31 +68,23 @@ class _TensorParallel(Strategy):
         self.dp = data_parallel_axis(self.groups, CommCounter())
         self.params = list(self.module.parameters())
         self._optimizer = make_optimizer(self.params, ctx.config)
-        self.t0_perf, self.t0_unix = time.perf_counter(), time.time()
-        self._events: list[Event] = []
-
-    def _record(self, op: str, start: float, step: int) -> None:
-        if self.ctx.record_events:
-            self._events.append(Event(rank=self.ctx.rank, stage=0, op=op, start=(start - self.t0_perf) * 1e3,
-                                      end=(time.perf_counter() - self.t0_perf) * 1e3, microbatch=0,
-                                      iteration=step, source="measured"))
 
     def train_step(self, step: int, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
         ids = local_rows(batch[0], self.dp.index, self.dp.size).to(self.ctx.device)  # [B/dp, s]
         self._optimizer.zero_grad(set_to_none=True)
         began = time.perf_counter()
         loss = self.loss_fn(ids)  # mean over this replica's rows, same on every rank of the grid
-        self._record("F", began, step)
+        self.record_since("F", began, step, microbatch=0)
         mark = time.perf_counter()
         loss.backward()
-        self._record("B", mark, step)
+        self.record_since("B", mark, step, microbatch=0)
         if self.dp.size > 1:
             mark = time.perf_counter()
             average_gradients(self.dp, self.params)
-            self._record("AR", mark, step)
+            self.record_since("AR", mark, step, microbatch=0)
         mark = time.perf_counter()
         self._optimizer.step()
-        self._record("STEP", mark, step)
+        self.record_since("STEP", mark, step, microbatch=0)
         total = loss.detach().float().clone()
         all_reduce(self.dp, total)
         return float(total.item()) / self.dp.size
@@ -103,10 +94,6 @@ class _TensorParallel(Strategy):
 
     def optimizer(self) -> torch.optim.Optimizer:
         return self._optimizer
-
-    def take_events(self) -> tuple[list[Event], float]:
-        events, self._events = self._events, []
-        return events, self.t0_unix
 
 
 class TensorParallel2D(_TensorParallel):
