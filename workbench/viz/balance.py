@@ -18,7 +18,7 @@ from plotly.subplots import make_subplots
 
 from .style import CATEGORY_COLORS
 
-__all__ = ["balance_figure", "stage_values"]
+__all__ = ["balance_figure", "stage_values", "update_balance_figure"]
 
 GIB = 2**30
 
@@ -46,34 +46,72 @@ def stage_values(result: Any) -> dict[str, Any]:
     return data
 
 
-def balance_figure(result: Any, *, title: str | None = None) -> go.Figure:
-    """Per-stage time (stacked) and memory bars with the bottleneck stage marked."""
-    data = stage_values(result)
+_TIME_BARS = (("forward_ms", "forward", CATEGORY_COLORS["forward"]),
+              ("backward_ms", "backward", CATEGORY_COLORS["backward"]),
+              ("comm_ms", "boundary transfer", CATEGORY_COLORS["send/recv"]))
+
+
+def _bar_values(data: dict[str, Any]) -> dict[str, Any]:
+    """Stage labels, the bottleneck and its outline, and memory bars with the fullest stage darkened."""
     n = len(data["forward_ms"])
-    partition = data.get("partition")
-    bounds = getattr(partition, "bounds", None)
+    bounds = getattr(data.get("partition"), "bounds", None)
     labels = [f"s{k}" + (f" ({bounds[k][0]}-{bounds[k][1]})" if bounds else "") for k in range(n)]
     total = [f + b + c for f, b, c in zip(data["forward_ms"], data["backward_ms"], data["comm_ms"])]
     worst = max(range(n), key=total.__getitem__)
-    has_memory = "memory_bytes" in data
-    fig = make_subplots(rows=1, cols=2 if has_memory else 1,
-                        subplot_titles=["time per micro-batch (ms)"] + (["memory (GiB)"] if has_memory else []))
-    outline = [3 if k == worst else 0 for k in range(n)]
-    for key, name, color in (("forward_ms", "forward", CATEGORY_COLORS["forward"]),
-                             ("backward_ms", "backward", CATEGORY_COLORS["backward"]),
-                             ("comm_ms", "boundary transfer", CATEGORY_COLORS["send/recv"])):
-        fig.add_trace(go.Bar(x=labels, y=data[key], name=name, marker={"color": color,
-                             "line": {"width": outline, "color": "black"}}), row=1, col=1)
-    fig.add_annotation(x=labels[worst], y=total[worst], text=f"bottleneck {total[worst]:.3g} ms", showarrow=True,
-                       arrowhead=2, yshift=4, row=1, col=1)
-    if has_memory:
+    out = {"labels": labels, "worst": worst, "worst_ms": total[worst], "outline": [3 if k == worst else 0 for k in range(n)]}
+    if "memory_bytes" in data:
         mem = [m / GIB for m in data["memory_bytes"]]
         fullest = max(range(n), key=mem.__getitem__)
-        fig.add_trace(go.Bar(x=labels, y=mem, name="memory", marker={
-            "color": ["#B279A2" if k != fullest else "#7A4F73" for k in range(n)]}), row=1, col=2)
+        out["memory_gib"] = mem
+        out["memory_colors"] = ["#B279A2" if k != fullest else "#7A4F73" for k in range(n)]
+    return out
+
+
+def _title(data: dict[str, Any], title: str | None) -> str:
+    partition = data.get("partition")
+    return title or (f"Stage balance {partition}" if partition else "Stage balance")
+
+
+def update_balance_figure(fig: go.Figure, result: Any, *, title: str | None = None) -> bool:
+    """Put ``result`` into ``fig`` (a ``balance_figure`` with as many stages) in place.
+
+    Returns False, leaving ``fig`` as it was, when the stage count or the
+    memory panel differ (then draw a new figure).
+    """
+    data = stage_values(result)
+    values = _bar_values(data)
+    names = [name for _, name, _ in _TIME_BARS] + (["memory"] if "memory_gib" in values else [])
+    if [t.name for t in fig.data] != names or len(fig.data[0].x) != len(values["labels"]):
+        return False
+    for trace, (key, _, _) in zip(fig.data, _TIME_BARS):
+        trace.update(x=values["labels"], y=data[key], marker={"line": {"width": values["outline"]}})
+    if "memory_gib" in values:
+        fig.data[3].update(x=values["labels"], y=values["memory_gib"], marker={"color": values["memory_colors"]})
+    mark = next(a for a in fig.layout.annotations if (a.text or "").startswith("bottleneck"))
+    mark.update(x=values["labels"][values["worst"]], y=values["worst_ms"], text=f"bottleneck {values['worst_ms']:.3g} ms")
+    fig.layout.title.text = _title(data, title)
+    return True
+
+
+def balance_figure(result: Any, *, title: str | None = None) -> go.Figure:
+    """Per-stage time (stacked) and memory bars with the bottleneck stage marked."""
+    data = stage_values(result)
+    values = _bar_values(data)
+    labels, worst = values["labels"], values["worst"]
+    has_memory = "memory_gib" in values
+    fig = make_subplots(rows=1, cols=2 if has_memory else 1,
+                        subplot_titles=["time per micro-batch (ms)"] + (["memory (GiB)"] if has_memory else []))
+    for key, name, color in _TIME_BARS:
+        fig.add_trace(go.Bar(x=labels, y=data[key], name=name, marker={"color": color,
+                             "line": {"width": values["outline"], "color": "black"}}), row=1, col=1)
+    fig.add_annotation(x=labels[worst], y=values["worst_ms"], text=f"bottleneck {values['worst_ms']:.3g} ms",
+                       showarrow=True, arrowhead=2, yshift=4, row=1, col=1)
+    if has_memory:
+        fig.add_trace(go.Bar(x=labels, y=values["memory_gib"], name="memory",
+                             marker={"color": values["memory_colors"]}), row=1, col=2)
         cap = data.get("memory_cap_bytes")
         if cap:
             fig.add_hline(y=cap / GIB, line_dash="dash", line_color="red", annotation_text="cap", row=1, col=2)
-    fig.update_layout(barmode="stack", title=title or (f"Stage balance {partition}" if partition else "Stage balance"),
+    fig.update_layout(barmode="stack", title=_title(data, title),
                       height=380, legend={"orientation": "h", "y": -0.2})
     return fig

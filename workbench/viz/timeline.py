@@ -17,13 +17,14 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..core.timeline import Timeline
 from .style import CATEGORY_COLORS, CATEGORY_ORDER, MEASURED_OPACITY, category_of
 
-__all__ = ["timeline_figure", "idle_gaps"]
+__all__ = ["timeline_figure", "idle_gaps", "timeline_rows", "update_timeline_figure"]
 
 _COMPUTE = {"F", "B", "I", "W"}
 _MAX_LABELS = 800
@@ -69,8 +70,12 @@ def _label(e) -> str:
     return text + (f" v{e.version}" if e.version is not None else "")
 
 
-def _bars(timeline: Timeline, name: str, *, width: float, opacity: float, show_labels: bool,
-          show_idle: bool, legend_seen: set, offset: float | None = None) -> list[go.Bar]:
+def timeline_rows(timeline: Timeline, name: str = "simulated", *, show_idle: bool = True) -> dict[str, dict[str, list]]:
+    """The bars of one timeline grouped by colour category, in :data:`CATEGORY_ORDER`.
+
+    Per category: ``y`` (lane), ``base`` (start), ``x`` (duration), ``text``
+    (label) and ``hover``: the data one bar trace draws.
+    """
     rows: dict[str, dict[str, list]] = {}
 
     def add(category: str, lane: str, start: float, end: float, text: str, hover: str) -> None:
@@ -93,11 +98,34 @@ def _bars(timeline: Timeline, name: str, *, width: float, opacity: float, show_l
         for r in timeline.ranks:
             for start, end in idle_gaps(timeline, r):
                 add("idle", f"rank {r}", start, end, "", f"{name}: rank {r} idle {end - start:.3f} ms")
+    return {category: rows[category] for category in CATEGORY_ORDER if category in rows}
+
+
+def update_timeline_figure(fig: go.Figure, timeline: Timeline, *, name: str = "simulated",
+                           show_idle: bool = True) -> bool:
+    """Put ``timeline`` into ``fig`` (one ``timeline_figure`` of one timeline) in place.
+
+    Only the bars' arrays change, so a ``FigureWidget`` sends one small
+    update instead of a new figure. Returns False, leaving ``fig`` as it
+    was, when the bar categories or the lanes differ (then draw a new figure).
+    """
+    rows = timeline_rows(timeline, name, show_idle=show_idle)
+    if [t.name for t in fig.data] != [f"{category} ({name})" for category in rows]:
+        return False
+    if tuple(fig.layout.yaxis.categoryarray or ()) != tuple(_lanes([timeline])[::-1]):
+        return False
+    show_labels = len(timeline) <= _MAX_LABELS
+    for trace, row in zip(fig.data, rows.values()):
+        trace.update(y=row["y"], base=np.asarray(row["base"]), x=np.asarray(row["x"]), hovertext=row["hover"],
+                     text=row["text"] if show_labels else None)
+    return True
+
+
+def _bars(timeline: Timeline, name: str, *, width: float, opacity: float, show_labels: bool,
+          show_idle: bool, legend_seen: set, offset: float | None = None) -> list[go.Bar]:
+    rows = timeline_rows(timeline, name, show_idle=show_idle)
     traces = []
-    for category in CATEGORY_ORDER:
-        if category not in rows:
-            continue
-        row = rows[category]
+    for category, row in rows.items():
         key = (category, opacity)
         traces.append(go.Bar(
             y=row["y"], base=row["base"], x=row["x"], orientation="h", width=width, offset=offset,
