@@ -30,13 +30,13 @@ its step; a caller running one iteration at a time passes
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 from ..core.ir import Action, Op, Schedule
 
 __all__ = [
-    "gpipe", "one_f_one_b", "interleaved", "async_1f1b", "gropipe", "data_parallel", "tensor2d_step",
-    "GENERATORS", "pipeline_order",
+    "gpipe", "one_f_one_b", "interleaved", "async_1f1b", "async_inflight", "ASYNC_MODES", "gropipe", "data_parallel",
+    "tensor2d_step", "GENERATORS", "pipeline_order",
 ]
 
 
@@ -53,7 +53,11 @@ def _fill_drain_order(num_stages: int, stage: int, num_microbatches: int) -> lis
 
 def _one_f_one_b_order(num_stages: int, stage: int, num_microbatches: int) -> list[tuple[str, int]]:
     """1F1B (PipeDream-flush / DAPPLE): warm-up forwards, alternate, cool-down backwards."""
-    warmup = min(num_stages - 1 - stage, num_microbatches)
+    return _warmup_order(min(num_stages - 1 - stage, num_microbatches), num_microbatches)
+
+
+def _warmup_order(warmup: int, num_microbatches: int) -> list[tuple[str, int]]:
+    """``warmup`` forwards, then one forward one backward, then the remaining backwards."""
     order = [("F", i) for i in range(warmup)]
     for i in range(num_microbatches - warmup):
         order += [("F", warmup + i), ("B", i)]
@@ -148,33 +152,104 @@ def _with_versions(actions: list[Action], start: int = 0) -> list[Action]:
     return out
 
 
-def async_1f1b(num_stages: int, num_microbatches: int, num_iterations: int) -> Schedule:
-    """PipeDream-style 1F1B with no flush between iterations, with weight stashing.
+ASYNC_MODES = ("stash", "2bw")
+
+
+def async_inflight(num_stages: int, inflight: int | Sequence[int] | None = None) -> tuple[int, ...]:
+    """Per stage, the micro-batches it keeps in flight: at most ``S - s``, and never more upstream than downstream.
+
+    ``None`` is plain 1F1B (``S - s`` on stage ``s``); an int ``k`` caps every
+    stage at ``k``; a sequence gives one cap per stage. A stage with cap ``k``
+    runs ``k - 1`` warm-up forwards, and the caps must not grow along the
+    pipeline: stage ``s`` alternates forward ``j + k_s - 1`` with backward
+    ``j``, and that backward waits for stage ``s + 1``'s, which comes after its
+    forward ``j + k_{s+1} - 1``, so ``k_{s+1} <= k_s`` keeps the order
+    deadlock-free.
+    """
+    _check_positive("num_stages", num_stages)
+    if inflight is None:
+        caps = [num_stages - s for s in range(num_stages)]
+    elif isinstance(inflight, int) and not isinstance(inflight, bool):
+        _check_positive("inflight", inflight)
+        caps = [min(num_stages - s, inflight) for s in range(num_stages)]
+    else:
+        caps = list(inflight)
+        if len(caps) != num_stages:
+            raise ValueError(f"inflight must have one entry per stage ({num_stages}), got {caps!r}")
+        for s, k in enumerate(caps):
+            _check_positive(f"inflight[{s}]", k)
+        caps = [min(num_stages - s, k) for s, k in enumerate(caps)]
+        for s in range(1, num_stages):
+            if caps[s] > caps[s - 1]:
+                raise ValueError(f"inflight[{s}] = {caps[s]} exceeds inflight[{s - 1}] = {caps[s - 1]}: an upstream "
+                                 f"stage must keep at least as many micro-batches in flight as the next one")
+    return tuple(caps)
+
+
+def async_1f1b(num_stages: int, num_microbatches: int, num_iterations: int, *,
+               inflight: int | Sequence[int] | None = None, mode: str = "stash",
+               vertical_sync: bool = False) -> Schedule:
+    """PipeDream-style 1F1B with no flush between iterations, with weight versions.
 
     The micro-batches of all iterations form one stream: stage ``s`` runs the
-    1F1B order over ``num_microbatches * num_iterations`` of them, and applies
+    1F1B order over ``num_microbatches * num_iterations`` of them, with at most
+    ``inflight[s]`` in flight (:func:`async_inflight`), and applies
     ``sSTEP i t`` right after its last backward of iteration ``t`` (gradients
-    are coalesced over an iteration's micro-batches, as in PipeDream-2BW, so
-    a stage holds at most two weight versions when ``m >= p``). A forward
-    uses the newest weights (``version`` = steps applied); its backward uses
-    the same stashed version (``passes.add_weight_stash`` makes that explicit).
+    are coalesced over an iteration's micro-batches). ``Action.version`` is the
+    weight version (steps applied) a forward uses, and its backward uses the
+    same one (``passes.add_weight_stash`` makes the stash explicit):
+
+    * ``mode="stash"``: the newest version at the forward (PipeDream weight
+      stashing; stage ``s`` keeps one version per in-flight iteration).
+    * ``vertical_sync=True`` (stash mode): every stage uses the version stage 0
+      used for that micro-batch, so all stages agree on one version per
+      micro-batch (uniform staleness).
+    * ``mode="2bw"`` (PipeDream-2BW): every micro-batch of iteration ``t`` on
+      every stage uses version ``t - 1`` (0 for the first), so a stage holds two
+      versions and ``w(t+1) = w(t) - lr * grad(w(t-1))``; needs
+      ``num_microbatches >= num_stages`` (gradients coalesced over at least
+      the pipeline depth).
     """
     _check_positive("num_stages", num_stages)
     _check_positive("num_microbatches", num_microbatches)
     _check_positive("num_iterations", num_iterations)
+    if mode not in ASYNC_MODES:
+        raise ValueError(f"mode must be one of {', '.join(ASYNC_MODES)}, got {mode!r}")
+    if not isinstance(vertical_sync, bool):
+        raise ValueError(f"vertical_sync must be True or False, got {vertical_sync!r}")
+    if mode == "2bw" and vertical_sync:
+        raise ValueError("vertical_sync applies to mode 'stash'; mode '2bw' already uses one version per iteration "
+                         "on every stage")
+    if mode == "2bw" and num_microbatches < num_stages:
+        raise ValueError(f"mode '2bw' coalesces gradients over at least the pipeline depth: num_microbatches "
+                         f"({num_microbatches}) must be >= num_stages ({num_stages})")
+    caps = async_inflight(num_stages, inflight)
     m, n = num_microbatches, num_microbatches * num_iterations
     ranks = []
     for s in range(num_stages):
         actions = []
-        for kind, j in _one_f_one_b_order(num_stages, s, n):
+        for kind, j in _warmup_order(min(caps[s] - 1, n), n):
             it, mb = divmod(j, m)
             actions.append(Action(s, Op(kind), mb, iteration=it))
             if kind == "B" and mb == m - 1:
                 actions.append(Action(s, Op.STEP, iteration=it))
-        ranks.append(tuple(_with_versions(actions)))
-    return Schedule(tuple(ranks), name="async", num_stages=num_stages, num_microbatches=m,
+        ranks.append(_with_versions(actions))
+    if mode == "2bw":
+        ranks = [[_use_version(a, max(0, a.iteration - 1)) for a in r] for r in ranks]
+    elif vertical_sync:
+        first = {(a.microbatch, a.iteration): a.version for a in ranks[0] if a.op is Op.FORWARD}
+        ranks = [[_use_version(a, first.get((a.microbatch, a.iteration))) for a in r] for r in ranks]
+    return Schedule(tuple(tuple(r) for r in ranks), name="async", num_stages=num_stages, num_microbatches=m,
                     meta={"stage_to_rank": [list(range(num_stages))], "replicas": 1,
-                          "num_iterations": num_iterations, "weight_stashing": True})
+                          "num_iterations": num_iterations, "weight_stashing": True, "inflight": list(caps),
+                          "mode": mode, "vertical_sync": vertical_sync})
+
+
+def _use_version(action: Action, version: int | None) -> Action:
+    """The action with ``version`` when it is a forward or backward."""
+    if action.op in (Op.FORWARD, Op.BACKWARD):
+        return action.with_(version=version)
+    return action
 
 
 def gropipe(num_groups: int, num_stages: int, num_microbatches: int, *, inner: str = "1f1b", delay: int = 0,

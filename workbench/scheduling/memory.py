@@ -4,7 +4,10 @@ A rank's memory is its stages' static state (weights, gradients, optimizer
 state) plus what the schedule keeps alive: the saved activations of every
 micro-batch whose forward ran and whose backward has not (``in flight``),
 and, in asynchronous pipelines, the extra weight versions stashed for
-in-flight micro-batches that started before a step. Both depend only on
+in-flight micro-batches that use an older version than the newest (a
+forward of a weight-stashing schedule uses ``Action.version``, which may be
+older than the newest: PipeDream-2BW's shadow version, vertical sync). Both
+depend only on
 the order of actions on the rank (a rank runs one compute action at a
 time), not on timing, so they are computed by walking each rank's list:
 GPipe keeps ``m`` micro-batches in flight, 1F1B at most ``p - s`` on stage
@@ -29,6 +32,7 @@ def _walk(schedule: Schedule, rank: int, stage_costs: StageCosts | None):
     steps: dict[int, int] = {}
     users: dict[tuple[int, int], int] = {}  # (stage, version) -> in-flight micro-batches using it
     act_bytes = stashed = 0
+    stashing = bool(schedule.meta.get("weight_stashing"))
 
     def stash_bytes() -> int:
         return sum(stage_costs.param_bytes[s] for (s, v), n in users.items() if n and v != steps.get(s, 0))
@@ -36,10 +40,12 @@ def _walk(schedule: Schedule, rank: int, stage_costs: StageCosts | None):
     for a in schedule.actions(rank):
         key = (a.stage, a.microbatch, a.iteration)
         if a.op is Op.FORWARD and a.bucket in (None, 0):
-            version = steps.get(a.stage, 0)
+            version = a.version if stashing and a.version is not None else steps.get(a.stage, 0)
             live[key] = version
             users[(a.stage, version)] = users.get((a.stage, version), 0) + 1
             act_bytes += stage_costs.activation_bytes[a.stage] if stage_costs else 0
+            if stage_costs and version != steps.get(a.stage, 0):
+                stashed = stash_bytes()
         elif a.op in _BACKWARDS and key in live and a.bucket in (None, 0):
             version = live.pop(key)
             users[(a.stage, version)] -= 1
