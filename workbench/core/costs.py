@@ -308,6 +308,11 @@ class ClusterSpec:
 
     Ranks are numbered node-major: ranks ``[n*d, (n+1)*d)`` live on node ``n``
     where ``d = devices_per_node``.
+
+    ``overlap_slowdown``: how much slower compute and communication run while
+    they overlap on one device (1.0: no interference). ``shared_compute``: the
+    ranks of a node time-share one compute device (CPU processes), so
+    communication on any of them interferes with compute on all of them.
     """
 
     name: str
@@ -317,6 +322,7 @@ class ClusterSpec:
     intra_node: LinkSpec
     inter_node: LinkSpec | None = None
     overlap_slowdown: float = 1.0
+    shared_compute: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -332,6 +338,8 @@ class ClusterSpec:
             raise ValueError(f"ClusterSpec[{self.name}] has {self.num_nodes} nodes but no inter_node link")
         if not (isinstance(self.overlap_slowdown, (int, float)) and 1.0 <= self.overlap_slowdown <= 4.0):
             raise ValueError(f"ClusterSpec[{self.name}].overlap_slowdown must be in [1, 4], got {self.overlap_slowdown!r}")
+        if not isinstance(self.shared_compute, bool):
+            raise ValueError(f"ClusterSpec[{self.name}].shared_compute must be true or false, got {self.shared_compute!r}")
 
     @property
     def world_size(self) -> int:
@@ -363,6 +371,7 @@ class ClusterSpec:
             "intra_node": self.intra_node.to_dict(),
             "inter_node": self.inter_node.to_dict() if self.inter_node else None,
             "overlap_slowdown": self.overlap_slowdown,
+            "shared_compute": self.shared_compute,
         }
 
     @classmethod

@@ -10,15 +10,37 @@ used for all-reduces (:func:`collective_link`).
 
 To add a machine, add a ``DeviceSpec`` to ``DEVICES`` if needed and one
 entry to ``_PRESETS``; ``get_cluster(name)`` and the CLI's ``--cluster``
-pick it up.
+pick it up. A user's own cluster is a ``ClusterSpec`` JSON file
+(:func:`load_cluster` takes a preset name or a path; numbers no real machine
+has are refused with the field that holds them).
+
+``local-cpu`` and ``local`` are this machine: gloo processes time-sharing
+its cores (``shared_compute``), with the overlap slowdown measured by
+``bench/bench_planner.py --overlap-probe`` (compute and a gloo all-reduce
+running at once on the 2 cores each slow down by about this factor).
+``local`` reads a calibration file written by the communication benchmark
+(``workbench.runtime.commbench``, then :func:`save_local_calibration`) when
+there is one, else it is ``local-cpu``. :func:`shared_cores` says how many
+cores a node's processes share, so the planner can slow compute that runs on
+more ranks than cores.
 """
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 from ..core.costs import ClusterSpec, DeviceSpec, LinkSpec
 from ..core.devices import DATASHEET_DEVICES, GIB
 
-__all__ = ["DEVICES", "get_cluster", "cluster_names", "collective_link", "get_device"]
+__all__ = ["DEVICES", "get_cluster", "cluster_names", "collective_link", "get_device", "load_cluster",
+           "shared_cores", "save_local_calibration", "LOCAL_CALIBRATION", "LOCAL_OVERLAP_SLOWDOWN"]
+
+# Measured on the 2-core project machine (bench/bench_planner.py --overlap-probe, bench/RESULTS.md).
+LOCAL_OVERLAP_SLOWDOWN = 1.6
+LOCAL_CALIBRATION = Path(os.environ.get("WORKBENCH_LOCAL_CLUSTER", Path.home() / ".cache" / "workbench" /
+                                        "local-cluster.json"))
 
 DEVICES: dict[str, DeviceSpec] = {
     "cpu-2core": DeviceSpec("cpu-2core", {"float32": 0.2}, 8 * GIB, 20.0, efficiency=0.5),
@@ -30,11 +52,18 @@ DEVICES: dict[str, DeviceSpec] = {
 _PRESETS: dict[str, tuple] = {
     "local-cpu": (1, 8, "cpu-2core", LinkSpec("gloo-loopback", 70.0, 4.4), None,
                   LinkSpec("gloo-allreduce", 70.0, 1.2)),
+    "local": (1, 8, "cpu-2core", LinkSpec("gloo-loopback", 70.0, 4.4), None, LinkSpec("gloo-allreduce", 70.0, 1.2)),
     "8xV100-PCIe": (1, 8, "V100", LinkSpec("pcie3", 10.0, 10.0), None, None),
     "4xV100-NVLink": (1, 4, "V100", LinkSpec("nvlink2", 5.0, 45.0), None, None),
     "8xA100-NVLink": (1, 8, "A100", LinkSpec("nvlink3", 5.0, 200.0), None, None),
     "2x8xH100-IB": (2, 8, "H100", LinkSpec("nvlink4", 5.0, 350.0), LinkSpec("ib-ndr", 10.0, 45.0), None),
 }
+
+
+_LOCAL = ("local-cpu", "local")
+# What no real machine reaches; a spec beyond these is a typo (GB/s, us, TFLOP/s, bytes).
+_LIMITS = {"bandwidth_gbs": 10_000.0, "latency_us": 1e6, "peak_tflops": 100_000.0, "memory_bytes": 16 * 1024 * GIB,
+           "memory_bandwidth_gbs": 100_000.0, "devices_per_node": 1024, "num_nodes": 100_000}
 
 
 def cluster_names() -> list[str]:
@@ -51,12 +80,96 @@ def get_cluster(name: str) -> ClusterSpec:
     """The preset called ``name`` (see :func:`cluster_names`)."""
     if name not in _PRESETS:
         raise ValueError(f"unknown cluster preset {name!r}; known presets: {', '.join(_PRESETS)}")
+    if name == "local" and LOCAL_CALIBRATION.is_file():
+        return _local_calibration()[0]
     nodes, per_node, device, intra, inter, _ = _PRESETS[name]
-    return ClusterSpec(name, nodes, per_node, get_device(device), intra, inter)
+    local = name in _LOCAL
+    return ClusterSpec(name, nodes, per_node, get_device(device), intra, inter,
+                       overlap_slowdown=LOCAL_OVERLAP_SLOWDOWN if local else 1.0, shared_compute=local)
 
 
 def collective_link(name: str) -> LinkSpec | None:
     """The link all-reduces reach on preset ``name`` when it differs from point-to-point (else None)."""
     if name not in _PRESETS:
-        raise ValueError(f"unknown cluster preset {name!r}; known presets: {', '.join(_PRESETS)}")
+        return None
+    if name == "local" and LOCAL_CALIBRATION.is_file():
+        return _local_calibration()[1]
     return _PRESETS[name][5]
+
+
+def shared_cores(cluster: ClusterSpec) -> int | None:
+    """Cores the ranks of one node time-share (None: every rank has its own device)."""
+    if not cluster.shared_compute:
+        return None
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def save_local_calibration(p2p: LinkSpec, allreduce: LinkSpec | None = None,
+                           overlap_slowdown: float = LOCAL_OVERLAP_SLOWDOWN) -> Path:
+    """Write the ``local`` cluster from measured links (e.g. ``commbench.load_link``) for later plans."""
+    cluster = ClusterSpec("local", 1, 8, get_device("cpu-2core"), p2p, overlap_slowdown=overlap_slowdown,
+                          shared_compute=True)
+    LOCAL_CALIBRATION.parent.mkdir(parents=True, exist_ok=True)
+    data = {"cluster": cluster.to_dict(), "collective_link": allreduce.to_dict() if allreduce else None}
+    LOCAL_CALIBRATION.write_text(json.dumps(data, indent=1))
+    return LOCAL_CALIBRATION
+
+
+def _local_calibration() -> tuple[ClusterSpec, LinkSpec | None]:
+    try:
+        data = json.loads(LOCAL_CALIBRATION.read_text())
+        link = data.get("collective_link")
+        return ClusterSpec.from_dict(data["cluster"]), LinkSpec.from_dict(link) if link else None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"local cluster calibration {str(LOCAL_CALIBRATION)!r} is unreadable ({exc}); delete it "
+                         f"or rerun the calibration") from None
+
+
+def _check_plausible(cluster: ClusterSpec, origin: str) -> None:
+    """Refuse numbers beyond any real machine, naming the field."""
+    checks = [("num_nodes", cluster.num_nodes), ("devices_per_node", cluster.devices_per_node),
+              ("device.memory_bytes", cluster.device.memory_bytes),
+              ("device.memory_bandwidth_gbs", cluster.device.memory_bandwidth_gbs)]
+    checks += [(f"device.peak_tflops[{k}]", v) for k, v in cluster.device.peak_tflops.items()]
+    for name, link in (("intra_node", cluster.intra_node), ("inter_node", cluster.inter_node)):
+        if link is not None:
+            checks += [(f"{name}.bandwidth_gbs", link.bandwidth_gbs), (f"{name}.latency_us", link.latency_us)]
+    for field_name, value in checks:
+        limit = _LIMITS[field_name.split(".")[-1].split("[")[0]]
+        if value > limit:
+            raise ValueError(f"{origin}: {field_name} = {value:g} is beyond any real machine (at most {limit:g}); "
+                             f"check the units (GB/s, microseconds, TFLOP/s, bytes)")
+
+
+def load_cluster(spec: str | Path | ClusterSpec) -> tuple[ClusterSpec, LinkSpec | None]:
+    """A preset name or a ``ClusterSpec`` JSON file -> (cluster, link all-reduces use or None).
+
+    A JSON file may hold a ``collective_link`` object next to the cluster's
+    fields, or be ``{"cluster": {...}, "collective_link": {...}}``.
+    """
+    if isinstance(spec, ClusterSpec):
+        _check_plausible(spec, f"cluster {spec.name!r}")
+        return spec, collective_link(spec.name)
+    text = str(spec)
+    if text in _PRESETS:
+        return get_cluster(text), collective_link(text)
+    path = Path(text)
+    if not path.is_file():
+        raise ValueError(f"cluster {text!r} is neither a preset ({', '.join(_PRESETS)}) nor a JSON file")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"cluster file {text!r} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"cluster file {text!r} must hold a JSON object, got {type(data).__name__}")
+    body = dict(data.get("cluster", data))
+    link = data.get("collective_link", body.pop("collective_link", None))
+    try:
+        cluster = ClusterSpec.from_dict(body)
+        coll = LinkSpec.from_dict(link) if link else None
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"cluster file {text!r}: {exc}") from None
+    _check_plausible(cluster, f"cluster file {text!r}")
+    if coll is not None:
+        _check_plausible(ClusterSpec("collective", 1, 1, cluster.device, coll), f"cluster file {text!r} collective_link")
+    return cluster, coll

@@ -17,7 +17,18 @@ order; communication follows the semantics of
   crosses) is free; the stage's ``STEP`` waits for it.
 
 Ranks are advanced one action at a time in order of their clocks, so link
-contention is resolved in time order. Without a cluster, communication is
+contention is resolved in time order.
+
+Overlap slowdown (Galvatron's observation): compute and communication that
+overlap on one device both run slower, because they share its cores and
+memory bandwidth. With ``cluster.overlap_slowdown = f > 1`` the part of a
+compute action that overlaps communication already placed on its device
+takes ``f`` times longer, and so does the part of a transfer or all-reduce
+that overlaps compute already placed on the devices it involves. A device is
+one rank, or a whole node when ``cluster.shared_compute`` (CPU processes
+time-sharing the node's cores). Intervals are matched as the simulation
+places them, so an overlap with work a slower rank places later is not seen;
+``f = 1`` leaves every time unchanged. Without a cluster, communication is
 free (zero time) but its bytes are still counted.
 
 Metric definitions: ``iteration_ms`` is the makespan divided by the number
@@ -31,6 +42,7 @@ from __future__ import annotations
 
 import heapq
 import weakref
+from bisect import bisect_left, insort
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +69,49 @@ class SimResult:
     memory: list[dict[str, int]] = field(default_factory=list)
 
 
+class _Interference:
+    """Busy intervals per device; work overlapping the other kind runs ``overlap_slowdown`` times slower."""
+
+    def __init__(self, cluster: ClusterSpec, num_ranks: int) -> None:
+        self.factor = cluster.overlap_slowdown
+        per_node = cluster.devices_per_node
+        self.device = [r // per_node if cluster.shared_compute else r for r in range(num_ranks)]
+        self.busy: dict[str, dict[int, list[tuple[float, float]]]] = {"compute": defaultdict(list),
+                                                                      "comm": defaultdict(list)}
+        self.longest = {"compute": 0.0, "comm": 0.0}
+
+    def _stretch(self, kind: str, devices: set[int], start: float, work: float) -> float:
+        """End time of ``work`` ms started at ``start`` when the ``kind`` intervals on ``devices`` slow it."""
+        lists = [self.busy[kind][d] for d in devices]
+        low = (start - self.longest[kind],)
+        spans = sorted(x for lst in lists for x in lst[bisect_left(lst, low):]) if len(lists) > 1 else \
+            lists[0][bisect_left(lists[0], low):]
+        t, left = start, work
+        for s, e in spans:
+            if e <= t:
+                continue
+            if s > t:
+                if s - t >= left:
+                    return t + left
+                left -= s - t
+                t = s
+            slowed = (e - t) / self.factor
+            if slowed >= left:
+                return t + left * self.factor
+            left -= slowed
+            t = e
+        return t + left
+
+    def place(self, kind: str, ranks: list[int], start: float, work: float) -> float:
+        """Place ``work`` of ``kind`` ("compute" or "comm") on the ranks' devices; return its end."""
+        devices = {self.device[r] for r in ranks}
+        end = self._stretch("comm" if kind == "compute" else "compute", devices, start, work)
+        for d in devices:
+            insort(self.busy[kind][d], (start, end))
+        self.longest[kind] = max(self.longest[kind], end - start)
+        return end
+
+
 class _Links:
     """Link times and shared-resource bookkeeping for one simulation."""
 
@@ -64,6 +119,7 @@ class _Links:
         if cluster is not None and cluster.world_size < num_ranks:
             raise ValueError(f"cluster {cluster.name!r} has {cluster.world_size} devices but the schedule needs "
                              f"{num_ranks} ranks")
+        self.interference = _Interference(cluster, num_ranks) if cluster and cluster.overlap_slowdown > 1 else None
         self.cluster = cluster
         self.collective_link = collective_link
         self.free: dict[Any, float] = defaultdict(float)
@@ -94,6 +150,8 @@ class _Links:
             keys = [("ch", src, dst)]
             start = max(ready, free[keys[0]])
         end = start + (link.transfer_ms(nbytes) if link else 0.0)
+        if self.interference is not None and end > start:
+            end = self.interference.place("comm", [src, dst], start, end - start)
         for k in keys:
             free[k] = end
         return start, end
@@ -106,6 +164,8 @@ class _Links:
         keys = [("coll", r) for r in group] + self._ports(group)
         start = max([ready] + [self.free[k] for k in keys])
         end = start + (link.allreduce_ms(nbytes, len(group)) if link else 0.0)
+        if self.interference is not None and end > start:
+            end = self.interference.place("comm", group, start, end - start)
         for k in keys:
             self.free[k] = end
         return start, end
@@ -267,6 +327,8 @@ def simulate(schedule: Schedule, stage_costs: StageCosts | None = None, cluster:
                         exposed[r] += end - max(now, start)
                         now = end
             dur = compute_ms(a)
+            if links.interference is not None and dur > 0:
+                dur = links.interference.place("compute", [r], now, dur) - now
             if dur > 0 or op is Op.STEP:
                 emit(r, a, now, now + dur)
             clock[r] = now + dur

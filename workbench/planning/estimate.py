@@ -1,0 +1,312 @@
+"""What one strategy costs on one cluster: iteration time, its breakdown and memory per device.
+
+Problem. The planner compares data parallelism, plain and asynchronous
+pipelines, GroPipe and tensor parallelism on one footing, so each needs the
+same answer: how long an iteration takes, where that time goes (compute,
+pipeline bubble, communication left exposed) and how much memory the
+busiest device needs, before anything runs.
+
+Approach. Every estimate is built from the workbench's own models, never a
+second formula for the same thing:
+
+* partition: AMPA (:mod:`.ampa`) cuts the profile into the strategy's
+  stages under the memory cap, for its schedule's in-flight micro-batches;
+* schedule: the generator the runtime executes (:mod:`~workbench.scheduling.
+  generators`), lowered with its sends, receives and gradient all-reduces;
+* timed simulation (:func:`~workbench.scheduling.simulate.simulate`) on the
+  cluster's links, intra- vs inter-node, all-reduces on the collective link,
+  with the cluster's overlap slowdown; steady-state iterations (GroPipe
+  delay 1, async) are read between consecutive optimizer steps;
+* memory: the simulator's per-rank walk of the schedule (weights, gradients,
+  optimizer state, in-flight activations, stashed versions);
+* tensor parallelism: the 2D / 1D closed forms of :mod:`.tensor_costs` for
+  communication and memory, with the profile's compute split over the grid.
+
+On a node whose ranks time-share fewer cores than there are ranks
+(``local``), every compute time is stretched by ranks / cores.
+``project`` is the cheap closed form (AMPA's ``(m + S - 1) x bottleneck``
+plus the exposed all-reduce) the search uses to rank many candidates before
+simulating the best ones.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..core.costs import ClusterSpec, DeviceSpec, LinkSpec, ModelCosts
+from ..core.partition import Partition
+from ..core.timeline import Timeline
+from ..scheduling import generators
+from ..scheduling.simulate import SimResult, simulate
+from ..scheduling.stagecosts import StageCosts
+from .ampa import PartitionResult, Projection, _allreduce_exposed, solve
+from .clusters import shared_cores
+from .space import Strategy
+from .tensor_costs import TransformerShape, estimate_step, simulate_step, step_flops
+
+__all__ = ["Estimate", "estimate", "project", "CostContext", "DDP_BUCKET_BYTES"]
+
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket size
+GIB = 2**30
+
+
+@dataclass
+class CostContext:
+    """The inputs every estimate of one search shares, with AMPA results cached across strategies."""
+
+    costs: ModelCosts
+    cluster: ClusterSpec
+    global_batch: int
+    collective_link: LinkSpec | None = None
+    memory_cap_bytes: int | None = None
+    shape: TransformerShape | None = None
+    optimizer: str = "adam"
+    world_size: int | None = None
+    _partitions: dict[tuple, PartitionResult | ValueError] = field(default_factory=dict, repr=False)
+    _projections: dict[tuple, Projection] = field(default_factory=dict, repr=False)
+    _scaled: dict[bool, ModelCosts] = field(default_factory=dict, repr=False)
+
+    @property
+    def cap(self) -> int | None:
+        return self.memory_cap_bytes if self.memory_cap_bytes is not None else self.cluster.device.memory_bytes
+
+    def compute_scale(self, ranks: int) -> float:
+        """How much slower compute runs when ``ranks`` processes share the node's cores."""
+        cores = shared_cores(self.cluster)
+        on_node = min(ranks, self.cluster.devices_per_node)
+        return max(1.0, on_node / cores) if cores else 1.0
+
+    def model_costs(self, recompute: bool) -> ModelCosts:
+        """The profile with recomputation folded in: backward re-runs the forward.
+
+        For partitioning, a recomputed layer keeps only its output (an upper
+        bound of the stage input the runtime keeps).
+        """
+        if recompute not in self._scaled:
+            self._scaled[recompute] = replace(self.costs, layers=tuple(
+                replace(l, backward_ms=l.backward_ms + l.forward_ms, saved_bytes=l.activation_bytes)
+                for l in self.costs.layers)) if recompute else self.costs
+        return self._scaled[recompute]
+
+    def projection(self, strategy: Strategy) -> Projection:
+        """AMPA's per-layer prefix sums for the strategy's stages, micro-batches and schedule (cached)."""
+        key = self._partition_key(strategy)
+        return self._projections[key] if key in self._projections else self._project(strategy)
+
+    @staticmethod
+    def _partition_key(strategy: Strategy) -> tuple:
+        memory_schedule = "async" if strategy.kind == "async" else ("gpipe" if strategy.schedule == "gpipe" else "1f1b")
+        return strategy.pp * strategy.chunks, strategy.microbatches, memory_schedule, strategy.dp, strategy.recompute
+
+    def _project(self, strategy: Strategy) -> Projection:
+        stages, m, memory_schedule, _, _ = key = self._partition_key(strategy)
+        proj = Projection(self.model_costs(strategy.recompute), stages, num_microbatches=m, schedule=memory_schedule,
+                          batch_size=self.global_batch // strategy.dp, cluster=self.cluster, optimizer=self.optimizer)
+        self._projections[key] = proj
+        return proj
+
+    def partition(self, strategy: Strategy) -> PartitionResult:
+        """AMPA for the strategy's stages and micro-batches (cached; raises the memory failure)."""
+        key = self._partition_key(strategy)
+        if key not in self._partitions:
+            try:
+                self._partitions[key] = solve(self.projection(strategy), self.cap)
+            except ValueError as exc:
+                self._partitions[key] = exc
+        found = self._partitions[key]
+        if isinstance(found, ValueError):
+            raise ValueError(str(found))
+        return found
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One strategy's predicted iteration and memory, with the breakdown of the busiest rank.
+
+    ``compute_ms + bubble_ms + exposed_comm_ms == iteration_ms``; ``method``
+    is ``"simulated"`` or ``"projected"`` (the closed form).
+    """
+
+    strategy: Strategy
+    iteration_ms: float
+    throughput: float
+    memory_bytes: int
+    compute_ms: float
+    bubble_ms: float
+    exposed_comm_ms: float
+    method: str
+    partition: Partition | None = None
+    sim: SimResult | None = field(default=None, compare=False, repr=False)
+    timeline: Timeline | None = field(default=None, compare=False, repr=False)
+    detail: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def memory_gib(self) -> float:
+        return self.memory_bytes / GIB
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.strategy.name, "iteration_ms": self.iteration_ms, "throughput": self.throughput,
+                "memory_gib": self.memory_gib, "compute_ms": self.compute_ms, "bubble_ms": self.bubble_ms,
+                "exposed_comm_ms": self.exposed_comm_ms, "method": self.method,
+                "partition": str(self.partition) if self.partition else None, **self.detail}
+
+
+def _stage_costs(ctx: CostContext, strategy: Strategy, partition: Partition, microbatch: int) -> StageCosts:
+    costs = ctx.model_costs(strategy.recompute)
+    sc = StageCosts.from_model(costs, partition, microbatch, device=ctx.cluster.device, optimizer=ctx.optimizer)
+    if strategy.recompute:  # a stage keeps only its input per micro-batch in flight
+        sc = replace(sc, activation_bytes=(int(ctx.costs.input_bytes * microbatch / ctx.costs.batch_size),
+                                           *sc.send_bytes[:-1]))
+    k = ctx.compute_scale(strategy.world_size)
+    if k == 1.0:
+        return sc
+    return replace(sc, forward_ms=tuple(f * k for f in sc.forward_ms), backward_ms=tuple(b * k for b in sc.backward_ms),
+                   step_ms=tuple(s * k for s in sc.step_ms))
+
+
+def _schedule(strategy: Strategy, num_buckets: int = 1):
+    """The runtime's schedule for ``strategy`` and the iterations it is simulated over."""
+    s, m = strategy.pp, strategy.microbatches
+    if strategy.kind == "dp":
+        return generators.data_parallel(strategy.dp, num_buckets), 1
+    if strategy.kind == "pipeline":
+        if strategy.schedule == "interleaved":
+            return generators.interleaved(s, m, strategy.chunks), 1
+        return (generators.gpipe if strategy.schedule == "gpipe" else generators.one_f_one_b)(s, m), 1
+    if strategy.kind == "gropipe":
+        iterations = 3 if strategy.delay else 1
+        return generators.gropipe(strategy.dp, s, m, inner=strategy.schedule, delay=strategy.delay,
+                                  num_iterations=iterations), iterations
+    if strategy.kind == "async":
+        return generators.async_1f1b(s, m, 4), 4
+    raise ValueError(f"{strategy.name}: no pipeline schedule for kind {strategy.kind!r}")
+
+
+def _steady_iteration_ms(sim: SimResult, iterations: int) -> float:
+    """One iteration: the makespan, or (several iterations) the time between the last optimizer steps."""
+    if iterations == 1:
+        return sim.metrics["makespan_ms"]
+    steps: dict[tuple[int, int], float] = {}
+    for e in sim.timeline.events:
+        if e.op == "STEP":
+            steps[(e.rank, e.iteration)] = max(steps.get((e.rank, e.iteration), 0.0), e.end)
+    done = sorted({it for _, it in steps})
+    first, last = (done[1], done[-1]) if len(done) > 2 else (done[0], done[-1])
+    ranks = {r for r, _ in steps}
+    return max((steps[(r, last)] - steps[(r, first)]) / (last - first) for r in ranks
+               if (r, last) in steps and (r, first) in steps)
+
+
+def _breakdown(sim: SimResult, iteration_ms: float, iterations: int) -> tuple[float, float, float]:
+    busy = [0.0] * sim.metrics["num_ranks"]
+    for e in sim.timeline.events:
+        if e.op in ("F", "B", "I", "W", "STEP"):
+            busy[e.rank] += e.end - e.start
+    r = max(range(len(busy)), key=busy.__getitem__)
+    compute = min(busy[r] / iterations, iteration_ms)
+    exposed = min(sim.metrics["exposed_comm_ms"][r] / iterations, iteration_ms - compute)
+    return compute, max(0.0, iteration_ms - compute - exposed), exposed
+
+
+def _replica_allreduce_ms(ctx: CostContext, grad_bytes: float, strategy: Strategy) -> float:
+    """Gradient all-reduce across the strategy's replicas (ranks r, r + unit, r + 2 unit, ...)."""
+    if strategy.dp == 1 or grad_bytes <= 0:
+        return 0.0
+    unit = strategy.pp * strategy.tp
+    link = ctx.collective_link or ctx.cluster.group_link([g * unit for g in range(strategy.dp)])
+    return link.allreduce_ms(grad_bytes, strategy.dp)
+
+
+def _finish(ctx: CostContext, strategy: Strategy, iteration_ms: float, memory: int, compute: float, bubble: float,
+            exposed: float, method: str, **extra: Any) -> Estimate:
+    cap = ctx.cap
+    if cap is not None and memory > cap:
+        raise ValueError(f"{strategy.name} needs {memory / GIB:.3f} GiB per device, {(memory - cap) / GIB:.3f} GiB "
+                         f"over the cap of {cap / GIB:.3f} GiB")
+    return Estimate(strategy, iteration_ms, ctx.global_batch / (iteration_ms / 1e3), memory, compute, bubble, exposed,
+                    method, **extra)
+
+
+def _estimate_tensor(ctx: CostContext, strategy: Strategy) -> Estimate:
+    shape = ctx.shape
+    if shape is None:
+        raise ValueError(f"{strategy.name}: tensor parallelism needs the transformer's shape (heads, hidden, ...); "
+                         f"pass shape=TransformerShape(...) or profile a GPT-2/BERT model")
+    batch = ctx.global_batch // strategy.dp
+    mode, degree = ("2d", strategy.q) if strategy.kind == "tp2d" else ("1d", strategy.tp)
+    costs = ctx.model_costs(strategy.recompute)
+    scale = batch / costs.batch_size * ctx.compute_scale(strategy.world_size)
+    compute_ms = sum(l.forward_ms + l.backward_ms for l in costs.layers) * scale / strategy.tp
+    grid = list(range(strategy.tp))
+    link = ctx.cluster.group_link(grid)
+    sized = shape.with_batch(batch)
+    # a device exactly as fast as the profile: the closed form's FLOPs take the profiled time
+    tflops = step_flops(sized) / strategy.tp / (compute_ms * 1e-3) / 1e12
+    device = DeviceSpec(f"{ctx.cluster.device.name}-profiled", {shape.dtype: tflops}, ctx.cluster.device.memory_bytes,
+                        ctx.cluster.device.memory_bandwidth_gbs, efficiency=1.0)
+    step = estimate_step(sized, mode, degree, device, link)
+    grad_sync = _replica_allreduce_ms(ctx, step["param_bytes"], strategy)
+    iteration = step["step_ms"] + grad_sync
+    memory = step["memory_bytes"]
+    if strategy.recompute:
+        memory -= step["activation_bytes"] - step["activation_bytes"] // max(1, shape.layers)
+        iteration += compute_ms / 3
+    timeline = simulate_step(sized, mode, degree, device, link)
+    return _finish(ctx, strategy, iteration, int(memory), compute_ms * (1 + strategy.recompute / 3), 0.0,
+                   iteration - compute_ms * (1 + strategy.recompute / 3), "closed form", timeline=timeline,
+                   detail={"collective_calls": step["collective_calls"], "comm_bytes": step["comm_bytes"]})
+
+
+def estimate(ctx: CostContext, strategy: Strategy) -> Estimate:
+    """Simulate ``strategy`` (see the module docstring); ValueError when it cannot run or does not fit."""
+    if strategy.kind in ("tp2d", "tp1d"):
+        return _estimate_tensor(ctx, strategy)
+    microbatch = ctx.global_batch // strategy.dp // strategy.microbatches
+    if strategy.kind == "dp":
+        partition = Partition.from_cuts([], ctx.costs.num_layers)
+        grads = ctx.costs.total("grad_bytes")
+        buckets = max(1, min(ctx.costs.num_layers, math.ceil(grads / DDP_BUCKET_BYTES)))
+        schedule, iterations = _schedule(strategy, buckets)
+    else:
+        partition = ctx.partition(strategy).partition
+        schedule, iterations = _schedule(strategy)
+    sc = _stage_costs(ctx, strategy, partition, microbatch)
+    sim = simulate(schedule, sc, ctx.cluster, collective_link=ctx.collective_link, microbatch_size=microbatch)
+    iteration = _steady_iteration_ms(sim, iterations)
+    compute, bubble, exposed = _breakdown(sim, iteration, iterations)
+    if strategy.kind == "async" and strategy.dp > 1:  # replicas average gradients off the critical path
+        extra = max(0.0, _replica_allreduce_ms(ctx, max(sc.grad_bytes), strategy) * ctx.cluster.overlap_slowdown
+                     - iteration)
+        iteration, exposed = iteration + extra, exposed + extra
+    memory = max(sim.metrics["peak_memory_bytes"])
+    return _finish(ctx, strategy, iteration, int(memory), compute, bubble, exposed, "simulated", partition=partition,
+                   sim=sim, timeline=sim.timeline)
+
+
+def project(ctx: CostContext, strategy: Strategy) -> Estimate:
+    """The closed form: AMPA's ``(m + S - 1) x bottleneck`` plus the exposed gradient all-reduce.
+
+    Data and tensor parallel strategies are cheap to estimate exactly, so
+    they are simulated / computed here too.
+    """
+    if strategy.kind in ("dp", "tp2d", "tp1d"):
+        return estimate(ctx, strategy)
+    result = ctx.partition(strategy)
+    k = ctx.compute_scale(strategy.world_size)
+    stage_time = [c * k + t for c, t in zip(result.stage_compute_ms, result.stage_comm_ms)]
+    bottleneck = max(stage_time)
+    S, m = strategy.pp * strategy.chunks, strategy.microbatches
+    fill = (S - 1) / strategy.chunks
+    iteration = m * bottleneck if strategy.kind == "async" else (m + fill) * bottleneck
+    exposed = 0.0
+    if strategy.kind == "gropipe":
+        scaled = replace(result, projected_iteration_ms=iteration)
+        exposed = _allreduce_exposed(ctx.projection(strategy), scaled, ctx.cluster, ctx.collective_link, strategy.dp,
+                                     strategy.delay)
+    compute = m * result.stage_compute_ms[result.stage_cost_ms.index(result.bottleneck_ms)] * k
+    total = iteration + exposed
+    static = max(result.stage_memory_bytes)
+    return _finish(ctx, strategy, total, static, min(compute, iteration), max(0.0, iteration - compute), exposed,
+                   "projected", partition=result.partition)

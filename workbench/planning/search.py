@@ -1,0 +1,252 @@
+"""The planner: which mix of data, pipeline and tensor parallelism is fastest for this model on this cluster.
+
+Problem. A researcher has a profiled model (``ModelCosts``), a cluster and a
+global batch, and asks which strategy to launch, with how many
+micro-batches, and why. The space (:mod:`.space`) holds hundreds of points
+for 64 devices; simulating each is too slow for an interactive answer.
+
+Approach (two passes). Every valid strategy is first *projected* with the
+closed form (:func:`.estimate.project`: AMPA partition under the memory
+cap, ``(m + S - 1) x bottleneck``, exposed gradient all-reduce); strategies
+that cannot fit are kept with the reason. The ``simulate_top`` fastest are
+then *simulated* (:func:`.estimate.estimate`: the runtime's own schedule on
+the cluster's links with the overlap slowdown) and ranked by the simulated
+time; the table says which method produced each row. With ``fine_grained``
+the pipelines that miss the memory cap also get a per-layer recomputation
+choice by dynamic programming over layers (:mod:`.finegrained`).
+
+``plan(...)`` returns a :class:`PlanResult`: a ranked pandas table (name,
+iteration_ms, throughput, memory_gib, compute_ms, bubble_ms,
+exposed_comm_ms, feasible, reason), the :class:`Plan` objects (strategy,
+estimate, simulated timeline, ``to_config()`` for the jobs room) and the
+infeasible strategies with their reasons. When nothing fits, the error names
+the strategy that comes closest and by how much it misses.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from ..core.config import STRATEGY_LAYOUTS, RunConfig
+from ..core.costs import ClusterSpec, LinkSpec, ModelCosts
+from ..core.timeline import Timeline
+from ..scheduling.simulate import SimResult
+from .clusters import load_cluster
+from .estimate import GIB, CostContext, Estimate, estimate, project
+from .space import STRATEGY_KINDS, Strategy, enumerate_strategies
+from .tensor_costs import TransformerShape
+
+__all__ = ["plan", "Plan", "PlanResult", "transformer_shape", "TABLE_COLUMNS"]
+
+TABLE_COLUMNS = ["rank", "name", "iteration_ms", "throughput", "memory_gib", "compute_ms", "bubble_ms",
+                 "exposed_comm_ms", "method", "partition", "feasible", "reason"]
+_RUNTIME_NAMES = {"dp": "ddp", "tp2d": "tensor2d", "tp1d": "tensor1d", "async": "async"}
+_NEEDS = re.compile(r"needs (\d+(?:\.\d+)?) GiB")
+
+
+def transformer_shape(config: dict[str, Any], batch: int) -> TransformerShape:
+    """A GPT-2 / BERT config (transformers key names, plus ``seq_len``) as a :class:`TransformerShape`."""
+    keys = [("hidden", ("n_embd", "hidden_size")), ("heads", ("n_head", "num_attention_heads")),
+            ("layers", ("n_layer", "num_hidden_layers")), ("vocab", ("vocab_size",)),
+            ("positions", ("n_positions", "max_position_embeddings"))]
+    values = {}
+    for name, options in keys:
+        found = [config[k] for k in options if config.get(k) is not None]
+        if not found:
+            raise ValueError(f"transformer config has no {' / '.join(options)}; got keys {sorted(config)}")
+        values[name] = found[0]
+    inner = config.get("n_inner") or config.get("intermediate_size") or 0
+    return TransformerShape(**values, batch=batch, seq=int(config.get("seq_len", 128)), inner=inner)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One ranked strategy: its estimate, its timeline and the launch config that runs it."""
+
+    strategy: Strategy
+    estimate: Estimate
+    model: str
+    global_batch: int
+    rank: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.strategy.name
+
+    @property
+    def sim(self) -> SimResult | None:
+        """The simulated run (None for closed-form estimates: tensor parallelism, unsimulated projections)."""
+        return self.estimate.sim
+
+    def timeline(self) -> Timeline | None:
+        """Predicted events to draw with ``workbench.viz`` (None when only projected)."""
+        return self.estimate.timeline
+
+    def to_config(self, **overrides: Any) -> RunConfig:
+        """The :class:`~workbench.core.config.RunConfig` that launches this strategy (``overrides`` win)."""
+        s = self.strategy
+        runtime = s.schedule if s.kind == "pipeline" else _RUNTIME_NAMES.get(s.kind, s.kind)
+        if runtime not in STRATEGY_LAYOUTS:
+            raise ValueError(f"{s.name}: the runtime has no {runtime!r} strategy; runnable: {sorted(STRATEGY_LAYOUTS)}")
+        data: dict[str, Any] = {"model": self.model, "strategy": runtime, "name": s.name,
+                                "global_batch": self.global_batch, "recompute": s.recompute}
+        if s.kind in ("gropipe", "pipeline", "async"):
+            data.update(stages=s.pp, microbatches=s.microbatches, groups=s.dp)
+            if self.estimate.partition is not None:
+                data["partition"] = str(self.estimate.partition)
+        if s.kind == "gropipe":
+            data.update(inner=s.schedule, delay=s.delay)
+        if s.kind == "pipeline" and s.schedule == "interleaved":
+            data["chunks"] = s.chunks
+        if s.kind == "dp":
+            data.update(groups=s.dp, microbatches=1)
+        if s.kind in ("tp2d", "tp1d"):
+            data.update(groups=s.dp, tp=s.tp, microbatches=1)
+        data.update(overrides)
+        return RunConfig.from_dict(data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, **self.estimate.to_dict(), "strategy": self.strategy.to_dict()}
+
+
+@dataclass
+class PlanResult:
+    """Ranked plans (fastest first), the strategies that cannot run with why, and the search's own cost."""
+
+    plans: list[Plan]
+    infeasible: list[dict[str, Any]]
+    cluster: ClusterSpec
+    global_batch: int
+    searched: int
+    elapsed_s: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def best(self) -> Plan:
+        return self.plans[0]
+
+    def __getitem__(self, name: str) -> Plan:
+        for p in self.plans:
+            if p.name == name:
+                return p
+        raise KeyError(f"no feasible plan named {name!r}; feasible: {[p.name for p in self.plans[:10]]} ...")
+
+    def rows(self) -> list[dict[str, Any]]:
+        out = [{**{k: v for k, v in p.estimate.to_dict().items() if k in TABLE_COLUMNS}, "rank": p.rank,
+                "feasible": True, "reason": ""} for p in self.plans]
+        out += [{"rank": None, "name": i["name"], "feasible": False, "reason": i["reason"]} for i in self.infeasible]
+        return out
+
+    @property
+    def table(self):
+        """The ranked pandas DataFrame (feasible rows first, then infeasible ones with the reason)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows(), columns=TABLE_COLUMNS)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cluster": self.cluster.name, "global_batch": self.global_batch, "searched": self.searched,
+                "elapsed_s": self.elapsed_s, "notes": self.notes, "best": self.best.name,
+                "strategies": [p.to_dict() for p in self.plans], "infeasible": self.infeasible}
+
+
+def _closest_miss(infeasible: list[dict[str, Any]], cap: int | None) -> str:
+    needs = [(float(m.group(1)), i["name"]) for i in infeasible if (m := _NEEDS.search(i["reason"]))]
+    if not needs or cap is None:
+        return ""
+    need, name = min(needs)
+    return (f"; closest is {name}, which needs {need:.3f} GiB per device, {need - cap / GIB:.3f} GiB over the "
+            f"{cap / GIB:.3f} GiB budget")
+
+
+def _candidates(costs: ModelCosts, world_size: int, global_batch: int, shape: TransformerShape | None,
+                kinds: Sequence[str], recompute: Iterable[bool], strategies: Sequence[str | Strategy] | None,
+                microbatch_options: Iterable[int] | None) -> list[Strategy]:
+    if strategies is not None:
+        chosen = [s if isinstance(s, Strategy) else Strategy.parse(s) for s in strategies]
+        for s in chosen:
+            if s.world_size != world_size:
+                raise ValueError(f"strategy {s.name} uses {s.world_size} devices, not the world size {world_size}")
+            s.check(num_layers=costs.num_layers, global_batch=global_batch,
+                    num_heads=shape.heads if shape else None, hidden=shape.hidden if shape else None)
+        return chosen
+    return enumerate_strategies(world_size, num_layers=costs.num_layers, global_batch=global_batch,
+                                num_heads=shape.heads if shape else None, hidden=shape.hidden if shape else None,
+                                kinds=kinds, recompute_options=recompute, microbatch_options=microbatch_options)
+
+
+def _load_costs(model: ModelCosts | str | Path) -> ModelCosts:
+    if isinstance(model, ModelCosts):
+        return model
+    if isinstance(model, (str, Path)) and Path(model).is_file():
+        return ModelCosts.load(model)
+    raise ValueError(f"model must be a ModelCosts or a ModelCosts JSON file, got {model!r}; profile a zoo model "
+                     f"first (workbench profile NAME, or `workbench plan NAME` which profiles it)")
+
+
+def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, global_batch: int, *,
+         memory_cap_gib: float | None = None, top: int | None = None, world_size: int | None = None,
+         kinds: Sequence[str] = STRATEGY_KINDS, recompute: Iterable[bool] = (False, True),
+         shape: TransformerShape | None = None, strategies: Sequence[str | Strategy] | None = None,
+         simulate_top: int = 12, microbatch_options: Iterable[int] | None = None, optimizer: str = "adam",
+         collective_link: LinkSpec | None = None, fine_grained: bool = False) -> PlanResult:
+    """Rank the strategies for ``model`` on ``cluster`` at ``global_batch`` (see the module docstring).
+
+    ``cluster``: a preset name (``8xV100-PCIe``, ``local``, ...), a
+    ``ClusterSpec`` JSON file or a ``ClusterSpec``. ``world_size`` defaults to
+    the whole cluster. ``strategies`` evaluates (and simulates) exactly these
+    names instead of searching. ``top`` keeps that many feasible plans.
+    """
+    started = time.perf_counter()
+    costs = _load_costs(model)
+    spec, coll = load_cluster(cluster)
+    coll = collective_link or coll
+    world = spec.world_size if world_size is None else world_size
+    for name, value in (("global_batch", global_batch), ("world_size", world), ("simulate_top", simulate_top + 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if world > spec.world_size:
+        raise ValueError(f"world_size={world} is more devices than cluster {spec.name!r} has ({spec.world_size})")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 1):
+        raise ValueError(f"top must be an int >= 1 or None, got {top!r}")
+    if memory_cap_gib is not None and not (isinstance(memory_cap_gib, (int, float)) and memory_cap_gib > 0):
+        raise ValueError(f"memory_cap_gib must be a number > 0 (GiB per device), got {memory_cap_gib!r}")
+    cap = int(memory_cap_gib * GIB) if memory_cap_gib is not None else None
+    ctx = CostContext(costs, spec, global_batch, coll, cap, shape.with_batch(global_batch) if shape else None,
+                      optimizer, world)
+    candidates = _candidates(costs, world, global_batch, shape, kinds, recompute, strategies, microbatch_options)
+    projected: list[Estimate] = []
+    infeasible: list[dict[str, Any]] = []
+    for s in candidates:
+        try:
+            projected.append(estimate(ctx, s) if strategies is not None else project(ctx, s))
+        except ValueError as exc:
+            infeasible.append({"name": s.name, "reason": " ".join(str(exc).split())})
+    projected.sort(key=lambda e: (e.iteration_ms, e.strategy.world_size, e.strategy.name))
+    final: list[Estimate] = []
+    for i, e in enumerate(projected):
+        if e.method == "projected" and i < simulate_top:
+            try:
+                e = estimate(ctx, e.strategy)
+            except ValueError as exc:
+                infeasible.append({"name": e.strategy.name, "reason": " ".join(str(exc).split())})
+                continue
+        final.append(e)
+    if fine_grained:
+        from .finegrained import selective_recompute_plans
+
+        final += selective_recompute_plans(ctx, [s for s in candidates if not s.recompute], infeasible)
+    if not final:
+        raise ValueError(f"no strategy for {costs.model} on {world} devices of {spec.name} fits"
+                         f"{_closest_miss(infeasible, ctx.cap)}")
+    final.sort(key=lambda e: (e.method == "projected", e.iteration_ms, e.strategy.name))
+    if top is not None:
+        final = final[:top]
+    plans = [Plan(e.strategy, e, costs.model, global_batch, rank=i + 1) for i, e in enumerate(final)]
+    notes = [f"the {min(simulate_top, len(projected))} fastest projections are simulated; the rest are ranked by "
+             f"the closed form"] if strategies is None else []
+    return PlanResult(plans, infeasible, spec, global_batch, len(candidates), time.perf_counter() - started, notes)
