@@ -36,6 +36,7 @@ STRATEGY_LAYOUTS: dict[str, str] = {
     "interleaved": "pipeline",
     "torch-pipelining": "pipeline",
     "gropipe": "grouped",
+    "async": "grouped",
     "ddp": "data",
     "tensor2d": "tensor",
     "tensor1d": "tensor",
@@ -44,6 +45,7 @@ OPTIMIZERS = ("sgd", "adam")
 DATA_KINDS = ("synthetic", "digits", "bytes-lm")
 PRECISIONS = ("auto", "fp32", "bf16")
 INNER_SCHEDULES = ("gpipe", "1f1b")
+ASYNC_MODES = ("stash", "2bw")  # weight versions of strategy "async" (PipeDream stashing, PipeDream-2BW)
 
 
 def _fail(field_name: str, value: Any, valid: str) -> ValueError:
@@ -137,6 +139,11 @@ class RunConfig:
     chunks: int = 1
     inner: str = "1f1b"
     delay: int = 0
+    stash: bool = True
+    vertical_sync: bool = False
+    mode: str = "stash"
+    inflight: str | int = "auto"
+    memory_cap_mb: float = 0.0
     partition: str = "uniform"
     microbatches: int = 4
     global_batch: int = 32
@@ -176,7 +183,7 @@ class RunConfig:
         _check_choice("inner", self.inner, INNER_SCHEDULES)
         _check_choice("precision", self.precision, PRECISIONS)
         _check_number("collective_timeout_s", self.collective_timeout_s, 0.0, strict=True)
-        for name in ("resume", "recompute", "dump_params"):
+        for name in ("resume", "recompute", "dump_params", "stash", "vertical_sync"):
             _check_bool(name, getattr(self, name))
         if not isinstance(self.run_dir, str):
             raise _fail("run_dir", self.run_dir, "expected a directory path string")
@@ -207,6 +214,7 @@ class RunConfig:
                         f"for {self.strategy!r}")
         if self.delay and self.strategy != "gropipe":
             raise _fail("delay", self.delay, f"only strategy 'gropipe' has a delayed update; set delay = 0")
+        self._check_async()
         if self.strategy == "torch-pipelining" and (self.grad_accum != 1 or self.stages < 2):
             bad, value = ("grad_accum", self.grad_accum) if self.grad_accum != 1 else ("stages", self.stages)
             raise _fail(bad, value, "strategy 'torch-pipelining' needs grad_accum = 1 (torch rescales gradients "
@@ -219,6 +227,41 @@ class RunConfig:
                         f"must be divisible by groups x microbatches x grad_accum = {per_round}")
         if self.fail_at_step >= 0 and self.fail_rank >= self.world_size:
             raise _fail("fail_rank", self.fail_rank, f"must be a rank below world size {self.world_size}")
+
+    def _check_async(self) -> None:
+        """Options of strategy 'async': weight versions, micro-batches in flight, memory cap."""
+        _check_choice("mode", self.mode, ASYNC_MODES)
+        if self.inflight != "auto" and (isinstance(self.inflight, bool) or not isinstance(self.inflight, int)
+                                        or self.inflight < 1):
+            raise _fail("inflight", self.inflight, "expected 'auto' or an int >= 1 (micro-batches in flight per stage)")
+        _check_number("memory_cap_mb", self.memory_cap_mb, 0.0)
+        defaults = {"stash": True, "vertical_sync": False, "mode": "stash", "inflight": "auto", "memory_cap_mb": 0.0}
+        if self.strategy != "async":
+            for name, default in defaults.items():
+                if getattr(self, name) != default:
+                    raise _fail(name, getattr(self, name), f"only strategy 'async' uses {name!r}; remove it or set "
+                                f"strategy = 'async'")
+            return
+        if self.mode == "2bw" and not self.stash:
+            raise _fail("stash", self.stash, "mode '2bw' keeps two weight versions; set stash = true (stash = false "
+                        "is the unstashed mode 'stash' shown for comparison)")
+        if self.vertical_sync and not self.stash:
+            raise _fail("vertical_sync", self.vertical_sync, "vertical sync runs later stages on older stashed "
+                        "versions; it needs stash = true")
+        if self.mode == "2bw" and self.vertical_sync:
+            raise _fail("vertical_sync", self.vertical_sync, "mode '2bw' already uses one version per iteration on "
+                        "every stage; vertical_sync applies to mode 'stash'")
+        if self.mode == "2bw" and self.microbatches < self.stages:
+            raise _fail("microbatches", self.microbatches, f"mode '2bw' coalesces gradients over at least the "
+                        f"pipeline depth: use microbatches >= stages ({self.stages})")
+        if self.stages < 2:
+            raise _fail("stages", self.stages, "strategy 'async' pipelines the model: use stages >= 2")
+        if self.grad_accum != 1:
+            raise _fail("grad_accum", self.grad_accum, "strategy 'async' updates after each mini-batch's "
+                        "micro-batches: set grad_accum = 1 (more micro-batches coalesce more)")
+        if self.resume:
+            raise _fail("resume", self.resume, "strategy 'async' keeps micro-batches of the next iteration in flight "
+                        "across steps, which a checkpoint does not hold; set resume = false")
 
     def _check_tensor_layout(self) -> None:
         """tensor2d: tp a square q x q grid, heads divisible by q; both: one step is one batch (no accumulation)."""

@@ -188,7 +188,7 @@ def async_inflight(num_stages: int, inflight: int | Sequence[int] | None = None)
 
 def async_1f1b(num_stages: int, num_microbatches: int, num_iterations: int, *,
                inflight: int | Sequence[int] | None = None, mode: str = "stash",
-               vertical_sync: bool = False) -> Schedule:
+               vertical_sync: bool = False, num_groups: int = 1) -> Schedule:
     """PipeDream-style 1F1B with no flush between iterations, with weight versions.
 
     The micro-batches of all iterations form one stream: stage ``s`` runs the
@@ -209,10 +209,16 @@ def async_1f1b(num_stages: int, num_microbatches: int, num_iterations: int, *,
       versions and ``w(t+1) = w(t) - lr * grad(w(t-1))``; needs
       ``num_microbatches >= num_stages`` (gradients coalesced over at least
       the pipeline depth).
+
+    ``num_groups > 1`` runs that many such pipelines side by side (rank
+    ``g * S + s`` holds stage ``s`` of pipeline ``g``, GroPipe's layout), each
+    on its share of the batch; each stage all-reduces its gradients across the
+    pipelines (``sAR i t``) right before its step.
     """
     _check_positive("num_stages", num_stages)
     _check_positive("num_microbatches", num_microbatches)
     _check_positive("num_iterations", num_iterations)
+    _check_positive("num_groups", num_groups)
     if mode not in ASYNC_MODES:
         raise ValueError(f"mode must be one of {', '.join(ASYNC_MODES)}, got {mode!r}")
     if not isinstance(vertical_sync, bool):
@@ -232,6 +238,8 @@ def async_1f1b(num_stages: int, num_microbatches: int, num_iterations: int, *,
             it, mb = divmod(j, m)
             actions.append(Action(s, Op(kind), mb, iteration=it))
             if kind == "B" and mb == m - 1:
+                if num_groups > 1:
+                    actions.append(Action(s, Op.ALL_REDUCE, iteration=it))
                 actions.append(Action(s, Op.STEP, iteration=it))
         ranks.append(_with_versions(actions))
     if mode == "2bw":
@@ -239,10 +247,14 @@ def async_1f1b(num_stages: int, num_microbatches: int, num_iterations: int, *,
     elif vertical_sync:
         first = {(a.microbatch, a.iteration): a.version for a in ranks[0] if a.op is Op.FORWARD}
         ranks = [[_use_version(a, first.get((a.microbatch, a.iteration))) for a in r] for r in ranks]
-    return Schedule(tuple(tuple(r) for r in ranks), name="async", num_stages=num_stages, num_microbatches=m,
-                    meta={"stage_to_rank": [list(range(num_stages))], "replicas": 1,
-                          "num_iterations": num_iterations, "weight_stashing": True, "inflight": list(caps),
-                          "mode": mode, "vertical_sync": vertical_sync})
+    S = num_stages
+    meta: dict = {"stage_to_rank": [[g * S + s for s in range(S)] for g in range(num_groups)],
+                  "replicas": num_groups, "num_iterations": num_iterations, "weight_stashing": True,
+                  "inflight": list(caps), "mode": mode, "vertical_sync": vertical_sync}
+    if num_groups > 1:
+        meta.update(groups=num_groups, dp_groups=[[g * S + s for g in range(num_groups)] for s in range(S)])
+    return Schedule(tuple(tuple(r) for r in ranks) * num_groups, name="async", num_stages=S, num_microbatches=m,
+                    meta=meta)
 
 
 def _use_version(action: Action, version: int | None) -> Action:

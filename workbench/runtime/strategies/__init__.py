@@ -17,6 +17,7 @@ STRATEGIES: dict[str, str] = {
     "1f1b": "pipeline:ScheduledPipeline",
     "interleaved": "pipeline:ScheduledPipeline",
     "gropipe": "gropipe:GroPipe",
+    "async": "async_pipeline:AsyncPipeline",
     "ddp": "ddp:DataParallel",
     "torch-pipelining": "torch_pipelining:TorchPipelining",
     "tensor2d": "tensor_parallel:TensorParallel2D",

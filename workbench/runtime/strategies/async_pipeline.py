@@ -1,0 +1,415 @@
+"""Asynchronous multi-iteration pipeline: 1F1B with no flush, weight versions per micro-batch.
+
+Problem: a synchronous pipeline drains between optimizer steps, so every
+iteration pays the fill-and-drain bubble. Letting the next iteration's
+micro-batches enter before the current one has finished removes the bubble,
+but then a stage updates its weights while micro-batches that ran their
+forward on the old weights are still in flight; back-propagating them
+through the new weights gives gradients of no function at all.
+
+Approach (PipeDream / PipeDream-2BW): the whole run is one stream of
+micro-batches, ``async_1f1b`` orders it (the same value the simulator times)
+and ``Action.version`` says which weight version each forward uses. Each
+stage keeps the versions still needed (:class:`StageWeights`):
+
+* the live parameters are the newest version; a forward binds the version it
+  is told to use as fresh leaf tensors over that version's storage
+  (``torch.func.functional_call``), so its autograd graph holds exactly
+  those weights;
+* at a step, if any in-flight or future micro-batch still uses the current
+  version, its storage is kept (the parameters move to a copy and the
+  optimizer updates the copy in place), so the backward of every micro-batch
+  reads the weights its forward read. A version is freed after its last use;
+* with ``stash = false`` (the demonstration of what goes wrong) nothing is
+  kept: forwards bind the live storage and steps overwrite it, so a backward
+  reads newer weights than its forward did.
+
+The backward's gradients, taken w.r.t. the bound leaves, are added to the
+live parameters' gradients; the step applies them to the newest weights.
+Every recorded event carries the version of the weights it actually used:
+a forward the version it bound, a backward the version its graph reads at
+that moment (the bound one while it is kept, the newest if the live storage
+was overwritten), so "backward used its forward's version" is checked from
+what the runtime did, not from the plan. Sends and receives carry the plan's
+version of their micro-batch, a ``STEP`` the version it creates.
+
+The stream is cut into one segment per training step: segment ``t`` ends
+with the stage's ``STEP`` of iteration ``t``, and holds the forwards of
+iteration ``t + 1`` that 1F1B starts before it (the strategy reads that
+batch ahead from the same deterministic data source). Every receive in
+segment ``t`` is fed by a send in the neighbour's segments ``<= t``, so the
+per-step loss all-reduce never waits on a blocked peer. Micro-batches are
+numbered across the stream (``iteration * m + microbatch``) so activations,
+messages and stashed versions of different iterations never collide.
+
+With ``groups > 1`` the pipelines run side by side on their share of the
+batch and each stage all-reduces its gradients across them (``AR``, started
+without blocking) before its step. ``inflight = "auto"`` profiles the model
+and lets :func:`workbench.scheduling.adaptive.choose_inflight` pick how many
+micro-batches each stage keeps in flight under ``memory_cap_mb``.
+
+Measured memory: each forward counts the bytes autograd saves for the
+micro-batch (weights excluded); ``memory/rank{r}.json`` in the run directory
+holds the peaks of saved activations, stashed versions and their sum.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.func import functional_call
+
+from ...core.ir import Action, Op, Schedule
+from ...core.timeline import Event
+from ...core.topology import Topology
+from ..batches import global_batches, split_rounds
+from ..groups import build_groups
+from ..interpreter import Interpreter, MicrobatchData
+from ..stage import Stage, output_shapes
+from .base import RunContext, Strategy, global_mean_loss, make_optimizer
+
+__all__ = ["AsyncPipeline", "async_schedule", "StageWeights", "VersionedBlock"]
+
+
+def async_schedule(config, inflight: tuple[int, ...] | int | None = None) -> Schedule:
+    """The lowered stream of the whole run (``config.steps`` iterations) that every rank executes."""
+    from ...scheduling.generators import async_1f1b
+    from ...scheduling.passes import add_p2p
+
+    schedule = async_1f1b(config.stages, config.microbatches, config.steps, inflight=inflight, mode=config.mode,
+                          vertical_sync=config.vertical_sync, num_groups=config.groups)
+    return add_p2p(schedule)
+
+
+def _stream_index(actions: tuple[Action, ...], num_microbatches: int) -> list[Action]:
+    """Actions with ``microbatch`` numbered across the stream: ``iteration * m + microbatch``."""
+    return [a if a.microbatch is None else replace(a, microbatch=a.iteration * num_microbatches + a.microbatch)
+            for a in actions]
+
+
+class VersionedBlock(nn.Module):
+    """A stage's layers; runs with the weight version bound for the current micro-batch, if any."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.bound: dict[str, torch.Tensor] | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.bound is None:
+            return self.inner(x)
+        return functional_call(self.inner, self.bound, (x,))
+
+
+@dataclass
+class StageWeights:
+    """The weight versions one stage keeps, and which micro-batch is bound to which.
+
+    ``uses[v]`` counts the forwards and backwards of the stream that still
+    name version ``v``; a version's storage is kept past a step while that
+    count is positive (when stashing) and dropped after its last use.
+    """
+
+    block: VersionedBlock
+    stash: bool
+    uses: dict[int, int]
+    current: int = 0
+    kept: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+    bound: dict[int, tuple[int, list[torch.Tensor]]] = field(default_factory=dict)  # micro-batch -> (version, leaves)
+    activation_bytes: dict[int, int] = field(default_factory=dict)  # micro-batch -> saved bytes
+    peaks: dict[str, int] = field(default_factory=lambda: {"activations": 0, "stashed_weights": 0, "total": 0,
+                                                           "versions": 1})
+
+    def __post_init__(self) -> None:
+        self.names = [n for n, p in self.block.inner.named_parameters() if p.requires_grad]
+        self.params = [p for p in self.block.inner.parameters() if p.requires_grad]
+
+    def storage(self, version: int) -> list[torch.Tensor]:
+        if version == self.current or not self.stash:
+            return [p.data for p in self.params]
+        if version not in self.kept:
+            raise RuntimeError(f"weight version {version} is not kept (kept: {sorted(self.kept)}, newest "
+                               f"{self.current}): the schedule uses a version after its last planned use")
+        return self.kept[version]
+
+    @contextmanager
+    def bind(self, microbatch: int, version: int) -> Iterator[int]:
+        """Run the enclosed forward on ``version``; yields the version actually bound."""
+        used = version if self.stash else self.current
+        leaves = [t.detach().requires_grad_(True) for t in self.storage(used)]
+        weight_ptrs = {t.untyped_storage().data_ptr() for t in leaves}
+        saved: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in weight_ptrs:
+                saved[ptr] = t.untyped_storage().nbytes()
+            return t
+
+        self.block.bound = dict(zip(self.names, leaves))
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                yield used
+        finally:
+            self.block.bound = None
+        self.bound[microbatch] = (used, leaves)
+        self.activation_bytes[microbatch] = sum(saved.values())
+        self._use(version)
+        self._note_peak()
+
+    def read_version(self, microbatch: int) -> int:
+        """The version whose weights the micro-batch's graph reads now."""
+        version, leaves = self.bound[microbatch]
+        if leaves and leaves[0].data_ptr() == self.params[0].data_ptr():
+            return self.current  # the graph holds the live storage, overwritten by every step since
+        return version
+
+    def finish_backward(self, microbatch: int, planned: int) -> None:
+        """Add the bound leaves' gradients to the live parameters; release the micro-batch's version."""
+        _, leaves = self.bound.pop(microbatch)
+        self.activation_bytes.pop(microbatch, None)
+        for p, leaf in zip(self.params, leaves):
+            if leaf.grad is not None:
+                p.grad = leaf.grad if p.grad is None else p.grad.add_(leaf.grad)
+        self._use(planned)
+
+    def before_step(self) -> None:
+        """Keep the current version's storage when a later forward or backward still uses it."""
+        if self.stash and self.uses.get(self.current, 0) > 0 and self.params:
+            self.kept[self.current] = [p.data for p in self.params]
+            for p in self.params:
+                p.data = p.data.clone()
+        self.current += 1
+        self._note_peak()
+
+    def _use(self, version: int) -> None:
+        self.uses[version] -= 1
+        if self.uses[version] == 0:
+            self.kept.pop(version, None)
+
+    def _note_peak(self) -> None:
+        stashed = sum(t.untyped_storage().nbytes() for ts in self.kept.values() for t in ts)
+        acts = sum(self.activation_bytes.values())
+        for key, value in (("activations", acts), ("stashed_weights", stashed), ("total", acts + stashed),
+                           ("versions", 1 + len(self.kept))):
+            self.peaks[key] = max(self.peaks[key], value)
+
+
+@dataclass
+class StreamInterpreter(Interpreter):
+    """The schedule interpreter over a stream whose micro-batches outlive one step.
+
+    State (held activations, received tensors, outstanding sends) persists
+    between segments; forwards and backwards run on the stage's weight
+    versions and record the version they used.
+    """
+
+    weights: dict[int, StageWeights] = field(default_factory=dict)
+    microbatches_per_iteration: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._activations, self._grads, self._received, self._sends = {}, {}, {}, []
+        self._used_version: int | None = None
+        self._planned = {a.microbatch: a.version for a in self.actions if a.op is Op.FORWARD}
+
+    def run_segment(self, actions: list[Action], data: MicrobatchData) -> None:
+        self._data = data
+        for action in actions:
+            start = time.perf_counter()
+            self._used_version = self._planned.get(action.microbatch, self.weights[action.stage].current)
+            nbytes = self._dispatch[action.op](action)
+            if self.record:
+                if action.is_compute and self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                self._record(action, start, time.perf_counter(), nbytes)
+        self._sends = [(work, t) for work, t in self._sends if not work.is_completed()]
+
+    def finish(self) -> None:
+        for work, _ in self._sends:
+            work.wait()
+        self._sends = []
+
+    def _forward(self, a: Action) -> None:
+        with self.weights[a.stage].bind(a.microbatch, a.version) as used:
+            super()._forward(a)
+        self._used_version = used
+
+    def _backward(self, a: Action) -> None:
+        weights = self.weights[a.stage]
+        self._used_version = weights.read_version(a.microbatch)
+        super()._backward(a)
+        weights.finish_backward(a.microbatch, a.version)
+
+    def _record(self, action: Action, start: float, end: float, nbytes: int | None) -> None:
+        m = self.microbatches_per_iteration
+        version = self.weights[action.stage].current if action.op is Op.STEP else self._used_version
+        self.events.append(Event(
+            rank=self.rank, stage=action.stage, op=action.op.value,
+            start=(start - self.t0_perf) * 1e3, end=(end - self.t0_perf) * 1e3,
+            microbatch=None if action.microbatch is None else action.microbatch % m,
+            iteration=action.iteration or 0, version=version, source="measured", peer=action.peer, nbytes=nbytes))
+
+
+class AsyncPipeline(Strategy):
+    """Runs this rank's segment of the asynchronous stream per training step."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
+        config = ctx.config
+        self.groups = build_groups(Topology(dp=config.groups, pp=config.stages))
+        self.group_index = self.groups.coord("dp")
+        if ctx.partition.num_stages != config.stages:
+            raise ValueError(f"partition {ctx.partition} has {ctx.partition.num_stages} stages, strategy 'async' "
+                             f"needs {config.stages}")
+        blocks = [ctx.model.stage(*ctx.partition.bounds[s]) for s in range(config.stages)]
+        self.inflight = self._resolve_inflight(ctx, blocks)
+        schedule = async_schedule(config, self.inflight)
+        m = config.microbatches
+        actions = _stream_index(schedule.actions(ctx.rank), m)
+        shapes = output_shapes(blocks, ctx.example_input, ctx.device, ctx.autocast_dtype)
+        s = self.groups.coord("pp")
+        self.block = VersionedBlock(blocks[s].to(ctx.device))
+        self.stage = Stage(index=s, module=self.block, device=ctx.device, is_first=s == 0,
+                           is_last=s == config.stages - 1, loss_fn=ctx.model.loss_fn, loss_scale=1.0 / m,
+                           autocast_dtype=ctx.autocast_dtype, recompute=config.recompute)
+        uses: dict[int, int] = {}
+        for a in actions:
+            if a.op in (Op.FORWARD, Op.BACKWARD):
+                uses[a.version] = uses.get(a.version, 0) + 1
+        self.weights = StageWeights(self.block, stash=config.stash, uses=uses)
+        self._optimizer = make_optimizer(self.weights.params, config)
+        self._pending: tuple[dist.Work | None, torch.Tensor] | None = None
+        self.segments = self._segments(actions)
+        self.interpreter = StreamInterpreter(
+            rank=ctx.rank, actions=actions, stages={s: self.stage}, num_microbatches=m * config.steps,
+            boundary_shapes={v: shapes[v] for v in range(config.stages)}, device=ctx.device,
+            handlers={Op.STEP: self._on_step, Op.ALL_REDUCE: self._on_all_reduce}, record=ctx.record_events,
+            weights={s: self.weights}, microbatches_per_iteration=m)
+        self._data = MicrobatchData(inputs={}, targets={})
+        self._next_iteration: int | None = None  # the first iteration whose data is not loaded yet
+        self._ahead: Iterator | None = None
+
+    # -- set-up -----------------------------------------------------------------------
+    def _resolve_inflight(self, ctx: RunContext, blocks: list[nn.Module]) -> tuple[int, ...]:
+        """Micro-batches in flight per stage: the config's number, or chosen on rank 0 and shared."""
+        config = ctx.config
+        if config.inflight != "auto":
+            from ...scheduling.generators import async_inflight
+
+            return async_inflight(config.stages, config.inflight)
+        box: list[Any] = [None]
+        if dist.get_rank() == 0:
+            box = [list(self._choose_inflight(ctx))]
+        dist.broadcast_object_list(box, src=0)
+        return tuple(box[0])
+
+    @staticmethod
+    def _choose_inflight(ctx: RunContext) -> tuple[int, ...]:
+        from ...profiling import profile
+        from ...scheduling.adaptive import choose_inflight
+        from ...scheduling.stagecosts import StageCosts
+
+        config = ctx.config
+        microbatch = ctx.example_input.shape[0]
+        costs = profile(copy.deepcopy(ctx.model), microbatch, device=str(ctx.example_input.device), progress=False)
+        optimizer = "adam" if config.optimizer.name == "adam" else (
+            "sgd-momentum" if config.optimizer.momentum else "sgd")
+        stage_costs = StageCosts.from_model(costs, ctx.partition, microbatch, optimizer=optimizer)
+        cap = int(config.memory_cap_mb * 2**20) if config.memory_cap_mb else None
+        return choose_inflight(stage_costs, config.microbatches, memory_cap_bytes=cap, mode=config.mode).inflight
+
+    @staticmethod
+    def _segments(actions: list[Action]) -> list[list[Action]]:
+        """The stream cut after each STEP: segment ``t`` ends with iteration ``t``'s step."""
+        segments, current = [], []
+        for a in actions:
+            current.append(a)
+            if a.op is Op.STEP:
+                segments.append(current)
+                current = []
+        if current:
+            segments[-1].extend(current)
+        return segments
+
+    # -- data -------------------------------------------------------------------------
+    def _add_iteration(self, iteration: int, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+        data = split_rounds(batch, self.config, self.group_index)[0]
+        m = self.config.microbatches
+        for i, (x, y) in enumerate(zip(data.inputs, data.targets)):
+            self._data.inputs[iteration * m + i] = x
+            self._data.targets[iteration * m + i] = y
+
+    def _drop_iteration(self, iteration: int) -> None:
+        m = self.config.microbatches
+        for j in range(iteration * m, (iteration + 1) * m):
+            self._data.inputs.pop(j, None)
+            self._data.targets.pop(j, None)
+
+    # -- handlers ---------------------------------------------------------------------
+    def _on_all_reduce(self, action: Action) -> int:
+        """Start the stage's gradient all-reduce across the pipelines; the step waits for it."""
+        params = self.weights.params
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+        self._pending = (dist.all_reduce(flat, group=self.groups.group("dp"), async_op=True), flat)
+        return flat.numel() * flat.element_size()
+
+    def _on_step(self, action: Action) -> None:
+        if self._pending is not None:
+            work, flat = self._pending
+            work.wait()
+            flat /= self.config.groups
+            for p, g in zip(self.weights.params, flat.split([p.numel() for p in self.weights.params])):
+                p.grad = g.view_as(p).to(p.dtype)
+            self._pending = None
+        self.weights.before_step()
+        self._optimizer.step()
+        self._optimizer.zero_grad(set_to_none=True)
+
+    # -- Strategy ---------------------------------------------------------------------
+    def train_step(self, step: int, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
+        config = self.config
+        segment = self.segments[step]
+        if self.stage.is_first or self.stage.is_last:
+            if self._next_iteration in (None, step):
+                self._add_iteration(step, batch)
+                self._next_iteration = step + 1
+            needed = max((a.iteration for a in segment if a.op is Op.FORWARD), default=step)
+            while self._next_iteration <= needed:  # forwards of later iterations 1F1B starts in this segment
+                if self._ahead is None:
+                    self._ahead = global_batches(config, self.ctx.model, self._next_iteration)
+                self._add_iteration(self._next_iteration, next(self._ahead))
+                self._next_iteration += 1
+        self.interpreter.run_segment(segment, self._data)
+        self._drop_iteration(step)
+        local = sum(self.stage.take_losses())
+        return global_mean_loss(local, config.groups * config.microbatches, self.ctx.device)
+
+    def modules(self) -> dict[str, nn.Module]:
+        return {f"stage{self.stage.index}": self.block.inner}
+
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self._optimizer
+
+    def take_events(self) -> tuple[list[Event], float]:
+        return self.interpreter.take_events(), self.interpreter.t0_unix
+
+    def memory_report(self) -> dict[str, Any]:
+        """Measured peaks of this rank's stage: saved activations, stashed versions, both, versions held."""
+        return {"stage": self.stage.index, "inflight": list(self.inflight), **self.weights.peaks}
+
+    def close(self) -> None:
+        self.interpreter.finish()
+        if self.config.run_dir:
+            folder = Path(self.config.run_dir) / "memory"
+            folder.mkdir(exist_ok=True)
+            (folder / f"rank{self.ctx.rank}.json").write_text(json.dumps(self.memory_report()) + "\n")
