@@ -40,6 +40,9 @@ _LAZY: dict[str, str] = {
     "sample_batch": "workbench.models:sample_batch",
     "profile": "workbench.profiling:profile",
     "project": "workbench.profiling.projection:project",
+    "PartitionEditor": "workbench.widgets.partition_editor:PartitionEditor",
+    "ScheduleExplorer": "workbench.widgets.schedule_explorer:ScheduleExplorer",
+    "PlanExplorer": "workbench.widgets.plan_explorer:PlanExplorer",
 }
 
 
