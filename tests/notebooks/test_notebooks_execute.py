@@ -1,31 +1,41 @@
 """Every notebook runs top to bottom in a fresh kernel, with small (smoke) parameters.
 
-Each notebook asserts its own results in its last cells, so a notebook that
-runs to the end has checked something real. The kernel is this environment's
-``python3`` (jupyter_client resolves the kernelspec's ``python`` to the
-interpreter running the tests), and ``WORKBENCH_SMOKE=1`` asks notebooks for
-their small parameters.
+Each notebook asserts its own results in its last cells (a real run
+finished and its loss fell, a grid equals dense, a formula equals the
+simulation), so a notebook that runs to the end has checked something real.
+The kernel is this environment's ``python3`` (jupyter_client resolves the
+kernelspec's ``python`` to the interpreter running the tests).
+``WORKBENCH_SMOKE=1`` asks notebooks for their small parameters and
+``WORKBENCH_RUN_ROOT`` sends the runs they launch to a temporary folder,
+which is checked afterwards: every run ended and left no process behind.
+Notebooks are found by ``scripts/nbsync.py`` (a notebook whose ``.ipynb``
+is not written yet runs from its py:percent script).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("*.ipynb"))
-NOTEBOOK_TIMEOUT_S = 180
+from notebook_files import notebook_paths, read_notebook
+from workbench.jobs import list_runs, reap
+
+NOTEBOOKS = notebook_paths()
+NOTEBOOK_TIMEOUT_S = 240
 
 
-def _execute(notebook: nbformat.NotebookNode, cwd: Path) -> nbformat.NotebookNode:
+def _execute(notebook: nbformat.NotebookNode, cwd: Path, run_root: Path | None = None) -> nbformat.NotebookNode:
     client = NotebookClient(notebook, timeout=NOTEBOOK_TIMEOUT_S, kernel_name="python3",
                             resources={"metadata": {"path": str(cwd)}}, store_widget_state=False)
     env = {**os.environ, "WORKBENCH_SMOKE": "1", "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+    if run_root is not None:
+        env["WORKBENCH_RUN_ROOT"] = str(run_root)
     return client.execute(env=env)
 
 
@@ -36,23 +46,33 @@ def _stdout(cell: nbformat.NotebookNode) -> str:
 @pytest.mark.notebook
 def test_kernel_is_this_environment_with_smoke_parameters(tmp_path):
     probe = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
-        "import os, sys; print(sys.prefix); print(os.environ.get('WORKBENCH_SMOKE')); print(os.getcwd())")])
-    executed = _execute(probe, tmp_path)
-    prefix, smoke, cwd = _stdout(executed.cells[0]).splitlines()
+        "import os, sys; print(sys.prefix); print(os.environ.get('WORKBENCH_SMOKE')); print(os.getcwd()); "
+        "print(os.environ.get('WORKBENCH_RUN_ROOT'))")])
+    executed = _execute(probe, tmp_path, tmp_path / "runs")
+    prefix, smoke, cwd, run_root = _stdout(executed.cells[0]).splitlines()
     assert Path(prefix).resolve() == Path(sys.prefix).resolve()
     assert smoke == "1"
     assert Path(cwd).resolve() == tmp_path.resolve()
+    assert Path(run_root) == tmp_path / "runs"
 
 
 @pytest.mark.notebook
-@pytest.mark.timeout(NOTEBOOK_TIMEOUT_S + 30)
+@pytest.mark.timeout(NOTEBOOK_TIMEOUT_S + 60)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_runs_to_the_end(path):
-    notebook = nbformat.read(path, as_version=4)
-    executed = _execute(notebook, path.parent)
+def test_notebook_runs_to_the_end(path, tmp_path):
+    run_root = tmp_path / "runs"
+    began = time.monotonic()
+    try:
+        executed = _execute(read_notebook(path), path.parent, run_root)
+    finally:
+        leftovers = reap(run_root, force=True)
+    print(f"{path.name}: {time.monotonic() - began:.0f} s, {len(list_runs(run_root))} run(s) launched")
     code_cells = [cell for cell in executed.cells if cell.cell_type == "code"]
     assert code_cells, f"{path.name} has no code cells"
     assert all(cell.execution_count is not None for cell in code_cells), "some cells did not run"
     errors = [out for cell in code_cells for out in cell.outputs if out.output_type == "error"]
     assert errors == []
-    assert any("assert" in cell.source for cell in code_cells[-2:]), f"{path.name} should check its results at the end"
+    assert any("assert " in cell.source for cell in code_cells[-2:]), f"{path.name} should check its results at the end"
+    assert leftovers == [], f"{path.name} left runs with live processes: {leftovers}"
+    unfinished = [run for run in list_runs(run_root) if run["state"] not in ("SUCCEEDED", "FAILED", "CANCELLED")]
+    assert unfinished == [], f"{path.name} left runs that never ended: {unfinished}"

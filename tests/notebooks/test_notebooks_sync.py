@@ -7,7 +7,6 @@ nothing. A failure names the notebook and the fix (`python scripts/nbsync.py --f
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -15,20 +14,9 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from notebook_files import REPO_ROOT, load_nbsync, read_notebook
 
-
-def _load_nbsync():
-    name = "workbench_scripts_nbsync"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "scripts" / "nbsync.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-nbsync = _load_nbsync()
+nbsync = load_nbsync()
 NOTEBOOKS = nbsync.notebook_paths()
 
 
@@ -50,6 +38,8 @@ def test_notebook_is_stripped_with_a_kernelspec(notebook):
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
 def test_nbstripout_would_change_nothing(notebook):
+    if not notebook.exists():
+        pytest.fail(f"{notebook.name} is missing (run: python scripts/nbsync.py --fix {notebook.with_suffix('.py')})")
     result = subprocess.run([sys.executable, "-m", "nbstripout", "--verify", str(notebook)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, f"{notebook.name} is not stripped: {result.stdout}{result.stderr}"
@@ -106,3 +96,17 @@ def test_fix_creates_the_notebook_of_a_new_script_with_a_kernelspec(tmp_path):
     nbsync.fix(notebook)
     assert nbsync.problems(notebook) == []
     assert json.loads(notebook.read_text())["metadata"]["kernelspec"]["name"] == "python3"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_is_a_lesson_with_parameters_and_final_checks(notebook):
+    cells = read_notebook(notebook).cells
+    assert cells and cells[0].cell_type == "markdown" and cells[0].source.startswith("# "), \
+        f"{notebook.name} should open with a markdown cell holding its title ('# ...')"
+    tagged = [cell for cell in cells if "parameters" in cell.metadata.get("tags", ())]
+    assert len(tagged) == 1 and tagged[0].cell_type == "code", \
+        f"{notebook.name} should have one code cell tagged 'parameters' (small sizes under WORKBENCH_SMOKE=1)"
+    markdown = sum(cell.cell_type == "markdown" for cell in cells)
+    code = [cell for cell in cells if cell.cell_type == "code"]
+    assert markdown >= len(code) // 2, f"{notebook.name}: {markdown} markdown cells for {len(code)} code cells"
+    assert any("assert " in cell.source for cell in code[-2:]), f"{notebook.name} should check its results at the end"
