@@ -38,7 +38,7 @@ __all__ = ["DEVICES", "get_cluster", "cluster_names", "collective_link", "get_de
            "shared_cores", "save_local_calibration", "LOCAL_CALIBRATION", "LOCAL_OVERLAP_SLOWDOWN"]
 
 # Measured on the 2-core project machine (bench/bench_planner.py --overlap-probe, bench/RESULTS.md).
-LOCAL_OVERLAP_SLOWDOWN = 1.6
+LOCAL_OVERLAP_SLOWDOWN = 1.4
 LOCAL_CALIBRATION = Path(os.environ.get("WORKBENCH_LOCAL_CLUSTER", Path.home() / ".cache" / "workbench" /
                                         "local-cluster.json"))
 

@@ -46,7 +46,7 @@ from .clusters import shared_cores
 from .space import Strategy
 from .tensor_costs import TransformerShape, estimate_step, simulate_step, step_flops
 
-__all__ = ["Estimate", "estimate", "project", "CostContext", "DDP_BUCKET_BYTES"]
+__all__ = ["Estimate", "estimate", "project", "simulate_strategy", "CostContext", "DDP_BUCKET_BYTES"]
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket size
 GIB = 2**30
@@ -102,8 +102,10 @@ class CostContext:
 
     def _project(self, strategy: Strategy) -> Projection:
         stages, m, memory_schedule, _, _ = key = self._partition_key(strategy)
+        # interleaved: virtual stage k runs on rank k mod p, so the chain of stages wraps around the same devices
+        cluster = replace(self.cluster, devices_per_node=self.cluster.devices_per_node * strategy.chunks)
         proj = Projection(self.model_costs(strategy.recompute), stages, num_microbatches=m, schedule=memory_schedule,
-                          batch_size=self.global_batch // strategy.dp, cluster=self.cluster, optimizer=self.optimizer)
+                          batch_size=self.global_batch // strategy.dp, cluster=cluster, optimizer=self.optimizer)
         self._projections[key] = proj
         return proj
 
@@ -272,7 +274,16 @@ def estimate(ctx: CostContext, strategy: Strategy) -> Estimate:
     else:
         partition = ctx.partition(strategy).partition
         schedule, iterations = _schedule(strategy)
-    sc = _stage_costs(ctx, strategy, partition, microbatch)
+    return simulate_strategy(ctx, strategy, partition, _stage_costs(ctx, strategy, partition, microbatch), schedule,
+                             iterations)
+
+
+def simulate_strategy(ctx: CostContext, strategy: Strategy, partition: Partition, sc: StageCosts, schedule=None,
+                      iterations: int | None = None, **detail: Any) -> Estimate:
+    """Simulate ``strategy`` with these stage costs (its own schedule unless given) and read off the estimate."""
+    if schedule is None:
+        schedule, iterations = _schedule(strategy)
+    microbatch = ctx.global_batch // strategy.dp // strategy.microbatches
     sim = simulate(schedule, sc, ctx.cluster, collective_link=ctx.collective_link, microbatch_size=microbatch)
     iteration = _steady_iteration_ms(sim, iterations)
     compute, bubble, exposed = _breakdown(sim, iteration, iterations)
@@ -282,7 +293,7 @@ def estimate(ctx: CostContext, strategy: Strategy) -> Estimate:
         iteration, exposed = iteration + extra, exposed + extra
     memory = max(sim.metrics["peak_memory_bytes"])
     return _finish(ctx, strategy, iteration, int(memory), compute, bubble, exposed, "simulated", partition=partition,
-                   sim=sim, timeline=sim.timeline)
+                   sim=sim, timeline=sim.timeline, detail=detail)
 
 
 def project(ctx: CostContext, strategy: Strategy) -> Estimate:

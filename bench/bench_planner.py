@@ -1,0 +1,156 @@
+"""The planner against measurement: overlap slowdown, predicted vs measured strategies, projections, search speed.
+
+Four parts, each printed and written to ``bench/results/planner.json``:
+
+1. ``--overlap-probe`` (run under torchrun with 4 ranks, started by part 1 of
+   ``main``): ranks 0 and 1 all-reduce 8 MB while ranks 2 and 3 multiply
+   through a weight-bound fully connected layer, against each alone; the overlap slowdown is how much slower each
+   runs while the other does (median of repeats).
+2. Strategies on this machine, 4 CPU ranks: the planner predicts each
+   strategy's iteration from a single-process profile and the ``local``
+   cluster; each strategy then runs for real under torchrun (interleaved
+   repeats, median of the steady iterations); predicted vs measured times
+   and the Kendall tau of the two orderings.
+3. The 8 x V100 PCIe preset with costs projected from FLOPs: GroPipe's best
+   predicted gain over data parallelism for VGG-16 and ResNet-50, next to
+   the GroPipe paper's figures.
+4. Search speed: every strategy for 64 devices and a 48-layer transformer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PAPER_GAIN = {"vgg16": 0.79, "resnet50": 0.42}  # GroPipe paper, 8 x V100 PCIe, over data parallel
+
+
+def kendall_tau(a: list[float], b: list[float]) -> float:
+    """Kendall's tau-a of two paired lists (ties count as neither concordant nor discordant)."""
+    if len(a) != len(b) or len(a) < 2:
+        raise ValueError(f"kendall_tau needs two paired lists of >= 2 values, got {len(a)} and {len(b)}")
+    score = 0
+    for i in range(len(a)):
+        for j in range(i + 1, len(a)):
+            x, y = a[i] - a[j], b[i] - b[j]
+            score += (x * y > 0) - (x * y < 0)
+    return score / (len(a) * (len(a) - 1) / 2)
+
+
+# -- 1. overlap probe (torchrun worker) ------------------------------------------------------------------------
+def _probe_worker(out: str, repeats: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    pair = dist.new_group([0, 1])
+    dist.new_group([2, 3])
+    buf = torch.ones(2 * 2**20)  # 8 MB of float32 gradients
+    # a weight-bound fully connected layer (8 rows through a 16 MB weight), like the FC layers the pipelines run
+    x, w = torch.randn(8, 2048), torch.randn(2048, 2048)
+    n_ar = 20
+    clock = torch.zeros(1, dtype=torch.float64)
+
+    def communicate() -> float:
+        start = time.perf_counter()
+        for _ in range(n_ar):
+            dist.all_reduce(buf, group=pair)
+        clock[0] = time.time()
+        return (time.perf_counter() - start) / n_ar
+
+    def compute(window_s: float) -> list[tuple[float, float]]:
+        ends, stop = [], time.time() + window_s
+        while time.time() < stop:
+            t = time.time()
+            x @ w
+            ends.append((t, time.time()))
+        return ends
+
+    def rate(ends: list[tuple[float, float]], until: float) -> float:
+        done = [e - s for s, e in ends if e <= until]
+        return statistics.median(done)
+
+    comm_alone, comm_with, mm_alone, mm_with = [], [], [], []
+    for _ in range(repeats):
+        dist.barrier()
+        if rank < 2:
+            comm_alone.append(communicate())
+        dist.barrier()
+        if rank >= 2:
+            ends = compute(0.3)
+            mm_alone.append(rate(ends, float("inf")))
+        dist.barrier()
+        if rank < 2:
+            comm_with.append(communicate())
+        else:
+            ends = compute(n_ar * 0.05)
+        dist.broadcast(clock, src=0)
+        if rank >= 2:
+            mm_with.append(rate(ends, clock.item()))
+        dist.barrier()
+    rows = [comm_alone, comm_with, mm_alone, mm_with]
+    mine = torch.tensor([statistics.median(r) if r else 0.0 for r in rows], dtype=torch.float64)
+    gathered = [torch.zeros(4, dtype=torch.float64) for _ in range(4)]
+    dist.all_gather(gathered, mine)
+    if rank == 0:
+        comm = gathered[0].tolist()
+        mm = gathered[2].tolist()
+        result = {"allreduce_8mb_ms_alone": comm[0] * 1e3, "allreduce_8mb_ms_with_compute": comm[1] * 1e3,
+                  "matmul_ms_alone": mm[2] * 1e3, "matmul_ms_with_allreduce": mm[3] * 1e3,
+                  "comm_slowdown": comm[1] / comm[0], "compute_slowdown": mm[3] / mm[2]}
+        result["overlap_slowdown"] = (result["comm_slowdown"] * result["compute_slowdown"]) ** 0.5
+        Path(out).write_text(json.dumps(result, indent=1))
+    dist.destroy_process_group()
+
+
+def overlap_probe(repeats: int = 7) -> dict:
+    import subprocess
+    import tempfile
+
+    out = Path(tempfile.mkdtemp(prefix="overlap-probe-")) / "probe.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+                    __file__, "--overlap-probe", str(out), "--repeats", str(repeats)], check=True, env=env,
+                   timeout=300, stdout=subprocess.DEVNULL)
+    result = json.loads(out.read_text())
+    result["load_avg_1m"] = os.getloadavg()[0]
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--overlap-probe", metavar="OUT", help="(under torchrun) run the overlap probe, write OUT")
+    parser.add_argument("--repeats", type=int, default=int(os.environ.get("BENCH_REPEATS", "3")))
+    parser.add_argument("--parts", default="overlap,measured,projection,speed",
+                        help="comma-separated parts to run (overlap, measured, projection, speed)")
+    args = parser.parse_args()
+    if args.overlap_probe:
+        _probe_worker(args.overlap_probe, args.repeats)
+        return 0
+    parts = set(args.parts.split(","))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / "planner.json"
+    result = json.loads(path.read_text()) if path.is_file() else {}
+    if "overlap" in parts:
+        probe = overlap_probe()
+        result["overlap_probe"] = probe
+        print(f"overlap probe (load {probe['load_avg_1m']:.2f}): all-reduce 8 MB {probe['allreduce_8mb_ms_alone']:.2f} "
+              f"ms alone, {probe['allreduce_8mb_ms_with_compute']:.2f} ms with compute "
+              f"(x{probe['comm_slowdown']:.2f}); matmul {probe['matmul_ms_alone']:.3f} ms alone, "
+              f"{probe['matmul_ms_with_allreduce']:.3f} ms with all-reduce (x{probe['compute_slowdown']:.2f}); "
+              f"overlap slowdown {probe['overlap_slowdown']:.2f}", flush=True)
+    path.write_text(json.dumps(result, indent=1))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""The planner: ranked strategies with their breakdown, launch configs, and clear errors for bad input."""
+
+import itertools
+import json
+import random
+from dataclasses import replace
+
+import pytest
+
+from workbench.core.config import RunConfig
+from workbench.core.costs import LayerCost, ModelCosts
+from workbench.planning import Strategy, TransformerShape, plan
+from workbench.planning.clusters import load_cluster
+from workbench.planning.finegrained import choose_per_layer
+
+COSTS = ModelCosts.uniform(16, forward_ms=1.0, backward_ms=2.0, param_bytes=20_000_000, activation_bytes=2_000_000,
+                           batch_size=8)
+GPT = TransformerShape(hidden=256, heads=8, layers=8, vocab=1000, positions=256, batch=8, seq=64)
+
+
+def test_table_is_ranked_with_a_consistent_breakdown():
+    result = plan(COSTS, "8xV100-PCIe", 64)
+    table = result.table
+    assert list(table.columns[:8]) == ["rank", "name", "iteration_ms", "throughput", "memory_gib", "compute_ms",
+                                       "bubble_ms", "exposed_comm_ms"]
+    simulated = table[table.method == "simulated"]
+    assert list(simulated.iteration_ms) == sorted(simulated.iteration_ms)
+    assert result.best.name == table.name[0]
+    for p in result.plans:
+        e = p.estimate
+        assert e.compute_ms + e.bubble_ms + e.exposed_comm_ms == pytest.approx(e.iteration_ms, rel=1e-6)
+        assert e.throughput == pytest.approx(64 / (e.iteration_ms / 1e3))
+        assert e.memory_bytes > 0
+    assert {"dp8", "gropipe-2x4-1f1b-m8-d1"} <= set(table.name)
+
+
+def test_a_pipeline_without_communication_matches_the_bubble_formula():
+    # 1F1B on S stages of identical cost: (m + S - 1) x (f + b) per iteration
+    light = ModelCosts.uniform(16, forward_ms=1.0, backward_ms=2.0, activation_bytes=1000, batch_size=8)
+    result = plan(light, "8xV100-PCIe", 64, world_size=4, strategies=["pp4-1f1b-m8", "pp4-gpipe-m8"])
+    for p in result.plans:
+        stage = 4 * (1.0 + 2.0) * (8 / 8)  # 4 layers per stage, micro-batch 8 = the profile's batch
+        # no weights (no optimizer step); 1 kB boundary transfers cost their latency only
+        assert p.estimate.iteration_ms == pytest.approx((8 + 4 - 1) * stage, rel=0.02)
+        assert p.estimate.bubble_ms == pytest.approx(3 * stage, rel=0.05)
+
+
+def test_delay_one_hides_the_gradient_all_reduce():
+    heavy = ModelCosts.uniform(8, forward_ms=1.0, backward_ms=2.0, param_bytes=400_000_000, batch_size=8)
+    result = plan(heavy, "8xV100-PCIe", 32, world_size=4,
+                  strategies=["gropipe-2x2-1f1b-m4-d0", "gropipe-2x2-1f1b-m4-d1"])
+    d0, d1 = result["gropipe-2x2-1f1b-m4-d0"].estimate, result["gropipe-2x2-1f1b-m4-d1"].estimate
+    assert d1.exposed_comm_ms < d0.exposed_comm_ms
+    assert d1.iteration_ms < d0.iteration_ms
+
+
+def test_plans_turn_into_launch_configs():
+    result = plan(COSTS, "8xV100-PCIe", 64, shape=GPT, strategies=["dp8", "gropipe-2x4-1f1b-m8-d1", "tp2d-2x2-dp2",
+                                                                   "pp8-interleaved-v2-m8"])
+    configs = {p.name: p.to_config(steps=3) for p in result.plans}
+    assert configs["dp8"].strategy == "ddp" and configs["dp8"].world_size == 8
+    g = configs["gropipe-2x4-1f1b-m8-d1"]
+    assert (g.strategy, g.groups, g.stages, g.microbatches, g.delay, g.inner) == ("gropipe", 2, 4, 8, 1, "1f1b")
+    assert g.partition == str(result["gropipe-2x4-1f1b-m8-d1"].estimate.partition) and g.steps == 3
+    t = configs["tp2d-2x2-dp2"]
+    assert (t.strategy, t.tp, t.groups) == ("tensor2d", 4, 2)
+    assert configs["pp8-interleaved-v2-m8"].chunks == 2
+    assert all(isinstance(c, RunConfig) for c in configs.values())
+
+
+def test_tensor_parallel_needs_a_shape_and_saves_memory():
+    result = plan(COSTS, "8xV100-PCIe", 64, shape=GPT, strategies=["dp8", "tp2d-2x2-dp2", "tp1d-4-dp2"])
+    assert result["tp2d-2x2-dp2"].timeline() is not None
+    assert result["tp2d-2x2-dp2"].estimate.detail["collective_calls"] > result["tp1d-4-dp2"].estimate.detail[
+        "collective_calls"]
+    with pytest.raises(ValueError, match="tensor parallelism needs a transformer"):
+        plan(COSTS, "8xV100-PCIe", 64, strategies=["tp2d-2x2-dp2"])
+
+
+def test_a_budget_nothing_fits_names_the_closest():
+    with pytest.raises(ValueError, match=r"fits; closest is \S+, which needs [\d.]+ GiB per device, [\d.]+ GiB over"):
+        plan(COSTS, "8xV100-PCIe", 64, memory_cap_gib=0.01)
+
+
+def test_selective_recomputation_fits_where_keeping_everything_does_not():
+    # each layer saves 5x its output for the backward pass; recomputing it keeps only the output
+    layer = LayerCost("l", 1.0, 2.0, param_bytes=10_000_000, activation_bytes=40_000_000, saved_bytes=200_000_000)
+    big = ModelCosts("big", 8, "synthetic", tuple(replace(layer, name=f"l{i}") for i in range(8)))
+    kinds = ("pipeline",)
+    plain = plan(big, "8xV100-PCIe", 32, world_size=4, memory_cap_gib=1.2, kinds=kinds, recompute=(False,))
+    fine = plan(big, "8xV100-PCIe", 32, world_size=4, memory_cap_gib=1.2, kinds=kinds, recompute=(False,),
+                fine_grained=True)
+    extra = [p for p in fine.plans if "recompute_layers" in p.estimate.detail]
+    assert extra and not any("recompute_layers" in p.estimate.detail for p in plain.plans)
+    for p in extra:
+        assert p.estimate.memory_bytes <= 1.2 * 2**30
+        assert 0 < len(p.estimate.detail["recompute_layers"]) <= big.num_layers
+
+
+def test_choose_per_layer_matches_brute_force():
+    rng = random.Random(3)
+    for _ in range(30):
+        layers = [[(rng.uniform(0, 5), rng.randint(0, 40)) for _ in range(rng.randint(1, 3))]
+                  for _ in range(rng.randint(1, 6))]
+        budget = rng.randint(20, 120)
+        fits = [sum(layers[i][o][0] for i, o in enumerate(c)) for c in itertools.product(*map(range, map(len, layers)))
+                if sum(layers[i][o][1] for i, o in enumerate(c)) <= budget]
+        found = choose_per_layer(layers, budget, resolution=budget)  # integer memory: exact
+        if not fits:
+            assert found is None
+            continue
+        assert found is not None and found[0] == pytest.approx(min(fits))
+        assert sum(layers[i][o][1] for i, o in enumerate(found[1])) <= budget
+    assert choose_per_layer([[(1.0, 10)]], 5) is None
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"intra_node": {"name": "x", "latency_us": 1.0, "bandwidth_gbs": 1e9}}, "intra_node.bandwidth_gbs = 1e\\+09 is "
+                                                                            "beyond any real machine"),
+    ({"intra_node": {"name": "x", "latency_us": 1.0, "bandwidth_gbs": -5}}, "bandwidth_gbs must be > 0"),
+    ({"devices_per_node": 0}, "devices_per_node must be > 0"),
+    ({"num_nodes": 2}, "has 2 nodes but no inter_node link"),
+])
+def test_impossible_cluster_files_are_refused(tmp_path, change, message):
+    spec, _ = load_cluster("8xV100-PCIe")
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps({**spec.to_dict(), **change}))
+    with pytest.raises(ValueError, match=message):
+        plan(COSTS, path, 64)
+
+
+def test_cluster_files_with_a_collective_link(tmp_path):
+    spec, _ = load_cluster("8xV100-PCIe")
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps({"cluster": spec.to_dict(),
+                                "collective_link": {"name": "slow", "latency_us": 50.0, "bandwidth_gbs": 0.5}}))
+    slow = plan(COSTS, path, 64, strategies=["dp8"]).best.estimate
+    fast = plan(COSTS, "8xV100-PCIe", 64, strategies=["dp8"]).best.estimate
+    assert slow.exposed_comm_ms > fast.exposed_comm_ms
+
+
+def test_bad_arguments_fail_before_any_work():
+    with pytest.raises(ValueError, match="global_batch must be an int >= 1"):
+        plan(COSTS, "8xV100-PCIe", 0)
+    with pytest.raises(ValueError, match="world_size=16 is more devices than cluster '8xV100-PCIe' has"):
+        plan(COSTS, "8xV100-PCIe", 64, world_size=16)
+    with pytest.raises(ValueError, match="neither a preset"):
+        plan(COSTS, "9xTPU", 64)
+    with pytest.raises(ValueError, match="memory_cap_gib must be a number > 0"):
+        plan(COSTS, "8xV100-PCIe", 64, memory_cap_gib=-1)
+    with pytest.raises(ValueError, match="no valid strategy for world size 7"):
+        plan(ModelCosts.uniform(4), "8xV100-PCIe", 8, world_size=7)
+    with pytest.raises(ValueError, match="uses 4 devices, not the world size 8"):
+        plan(COSTS, "8xV100-PCIe", 64, strategies=["dp4"])
+    with pytest.raises(ValueError, match="profile a zoo model first"):
+        plan("vgg16", "8xV100-PCIe", 64)
+
+
+def test_strategy_names_in_plans_parse_back():
+    result = plan(COSTS, "2x8xH100-IB", 64, top=20)
+    assert len(result.plans) == 20 and [p.rank for p in result.plans] == list(range(1, 21))
+    for p in result.plans:
+        assert Strategy.parse(p.name) == p.strategy
+    assert json.loads(json.dumps(result.to_dict(), default=str))["best"] == result.best.name

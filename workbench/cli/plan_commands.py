@@ -1,0 +1,83 @@
+"""``workbench plan``: rank hybrid strategies (data, pipeline, GroPipe, async, 2D/1D tensor) for a model on a cluster.
+
+MODEL is a ModelCosts JSON file or a zoo model name; a name is profiled on
+this machine first (cached) and, for a cluster of other devices, projected
+onto them from its FLOPs and bytes. Transformers from the zoo also get their
+shape, so tensor-parallel strategies are considered.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from . import Result
+
+
+def _model_costs(model: str, cluster, profile_batch: int):
+    """(ModelCosts, TransformerShape or None) for a costs file or a zoo model name."""
+    from ..core.costs import ModelCosts
+
+    if Path(model).is_file():
+        return ModelCosts.load(model), None
+    from ..models.zoo import get_entry, list_models
+    from ..planning.search import transformer_shape
+
+    if model not in list_models():
+        raise ValueError(f"MODEL {model!r} is neither a ModelCosts JSON file nor a zoo model; zoo models: "
+                         f"{', '.join(list_models())}")
+    from ..profiling import profile
+    from ..profiling.projection import project
+
+    costs = profile(model, batch=profile_batch, progress=False)
+    if not cluster.shared_compute:
+        costs = project(costs, cluster.device)
+    entry = get_entry(model)
+    shape = transformer_shape(entry.config({}), profile_batch) if entry.family in ("gpt2", "bert") else None
+    return costs, shape
+
+
+def _plan(args: argparse.Namespace) -> Result:
+    from ..planning.clusters import load_cluster
+    from ..planning.search import plan
+
+    if args.batch < 1:
+        raise ValueError(f"--batch must be an int >= 1, got {args.batch}")
+    if args.memory_cap is not None and args.memory_cap <= 0:
+        raise ValueError(f"--memory-cap must be > 0 GiB, got {args.memory_cap}")
+    if args.top is not None and args.top < 1:
+        raise ValueError(f"--top must be >= 1, got {args.top}")
+    cluster, _ = load_cluster(args.cluster)
+    costs, shape = _model_costs(args.model, cluster, args.profile_batch)
+    strategies = args.strategies.split(",") if args.strategies else None
+    result = plan(costs, args.cluster, args.batch, memory_cap_gib=args.memory_cap, top=args.top,
+                  world_size=args.world_size, shape=shape, strategies=strategies, fine_grained=args.fine_grained)
+    lines = [f"{costs.model} on {cluster.name} ({args.world_size or cluster.world_size} devices), global batch "
+             f"{args.batch}: {result.searched} strategies in {result.elapsed_s:.2f} s",
+             f"{'#':>3} {'strategy':<28} {'iter ms':>10} {'samples/s':>10} {'GiB/dev':>8} {'compute':>9} "
+             f"{'bubble':>9} {'exp.comm':>9}  method"]
+    for p in result.plans:
+        e = p.estimate
+        lines.append(f"{p.rank:>3} {p.name:<28} {e.iteration_ms:>10.2f} {e.throughput:>10.1f} {e.memory_gib:>8.3f} "
+                     f"{e.compute_ms:>9.2f} {e.bubble_ms:>9.2f} {e.exposed_comm_ms:>9.2f}  {e.method}")
+    if result.infeasible:
+        lines.append(f"{len(result.infeasible)} infeasible, e.g. {result.infeasible[0]['name']}: "
+                     f"{result.infeasible[0]['reason']}")
+    lines += result.notes
+    return Result("\n".join(lines), result.to_dict())
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("plan", parents=[common], help="rank hybrid-parallel strategies for a model on a cluster")
+    p.add_argument("model", help="ModelCosts JSON file or zoo model name (profiled here, projected to the cluster)")
+    p.add_argument("--cluster", required=True, help="preset (local, local-cpu, 8xV100-PCIe, 8xA100-NVLink, "
+                   "4xV100-NVLink, 2x8xH100-IB) or a ClusterSpec JSON file")
+    p.add_argument("--batch", type=int, required=True, help="global batch (samples per optimizer step)")
+    p.add_argument("--memory-cap", type=float, help="per-device memory budget in GiB (default: the device's memory)")
+    p.add_argument("--top", type=int, help="show the K fastest feasible strategies")
+    p.add_argument("--world-size", type=int, help="devices to use (default: the whole cluster)")
+    p.add_argument("--strategies", help="evaluate only these comma-separated names, e.g. dp4,gropipe-2x2-1f1b-m4-d1")
+    p.add_argument("--profile-batch", type=int, default=8, help="batch a zoo model is profiled at (default 8)")
+    p.add_argument("--fine-grained", action="store_true",
+                   help="also choose activation recomputation per layer (dynamic programming under the memory cap)")
+    p.set_defaults(handler=_plan)

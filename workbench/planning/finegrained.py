@@ -1,0 +1,125 @@
+"""Fine-grained choices per layer by dynamic programming under the per-device memory budget.
+
+Problem. A pipeline whose stages do not fit the memory budget need not
+recompute every activation: Galvatron's observation is that the best plan
+picks, layer by layer, among the options the runtime offers, trading time
+for memory, and that this is a knapsack over layers solvable exactly by
+dynamic programming.
+
+Approach. :func:`choose_per_layer` takes, per layer, a list of options
+``(time_ms, memory_bytes)`` and an optional cost of switching between
+consecutive layers' options; memory is counted in ``resolution`` units of
+the budget (rounded up, so a chosen plan always fits), and
+``best[e][o]`` = least time of the layers so far ending in option ``o``
+with ``e`` units used. O(L x resolution x options²).
+
+:func:`selective_recompute_plans` applies it to the pipelines the search
+found too big: for each stage of the time-optimal partition, each layer
+either keeps its saved activations for every in-flight micro-batch or
+keeps only its output and recomputes its forward in the backward pass. The
+runtime switches recomputation per stage (``recompute`` in the run config),
+so the launch config of such a plan recomputes every layer: it uses less
+memory and a little more time than the per-layer plan predicts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any, Callable, Sequence
+
+from ..scheduling.stagecosts import layer_times_ms
+from .ampa import in_flight, solve
+from .estimate import CostContext, Estimate, _stage_costs, simulate_strategy
+from .space import Strategy
+
+__all__ = ["choose_per_layer", "selective_recompute_plans"]
+
+
+def choose_per_layer(options: Sequence[Sequence[tuple[float, float]]], budget_bytes: float, *,
+                     transition_ms: Callable[[int, int], float] | None = None,
+                     resolution: int = 512) -> tuple[float, list[int]] | None:
+    """Least-time choice of one option per layer with total memory <= ``budget_bytes`` (None if none fits)."""
+    if budget_bytes < 0:
+        return None
+    if not options or any(not o for o in options):
+        raise ValueError("every layer needs at least one (time_ms, memory_bytes) option")
+    unit = max(budget_bytes / resolution, 1e-9)
+    inf = math.inf
+    # best[o][e]: least time with the current layer in option o and e units used; back-pointers per layer
+    best = [[inf] * (resolution + 1) for _ in options[0]]
+    for o, (t, m) in enumerate(options[0]):
+        e = math.ceil(m / unit - 1e-9)
+        if e <= resolution:
+            best[o][e] = t
+    back: list[list[list[int]]] = []
+    for layer in range(1, len(options)):
+        nxt = [[inf] * (resolution + 1) for _ in options[layer]]
+        ptr = [[-1] * (resolution + 1) for _ in options[layer]]
+        for o, (t, m) in enumerate(options[layer]):
+            need = math.ceil(m / unit - 1e-9)
+            for p, row in enumerate(best):
+                switch = transition_ms(p, o) if transition_ms else 0.0
+                for e in range(resolution + 1 - need):
+                    value = row[e] + t + switch
+                    if value < nxt[o][e + need]:
+                        nxt[o][e + need], ptr[o][e + need] = value, p
+        best = nxt
+        back.append(ptr)
+    total, o, e = min((v, o, e) for o, row in enumerate(best) for e, v in enumerate(row))
+    if total == inf:
+        return None
+    chosen = [o]
+    for layer in range(len(options) - 1, 0, -1):
+        prev = back[layer - 1][o][e]
+        e -= math.ceil(options[layer][o][1] / unit - 1e-9)
+        o = prev
+        chosen.append(o)
+    return total, chosen[::-1]
+
+
+def selective_recompute_plans(ctx: CostContext, strategies: Sequence[Strategy],
+                              infeasible: list[dict[str, Any]]) -> list[Estimate]:
+    """Pipelines listed as not fitting, made to fit by recomputing the fewest layers (one plan per strategy)."""
+    cap = ctx.cap
+    missing = {i["name"] for i in infeasible}
+    out = []
+    for strategy in strategies:
+        if strategy.kind not in ("pipeline", "gropipe", "async") or strategy.name not in missing or cap is None:
+            continue
+        proj = ctx.projection(strategy)
+        result = solve(proj, None)
+        microbatch = ctx.global_batch // strategy.dp // strategy.microbatches
+        forward, _ = layer_times_ms(ctx.costs, microbatch, device=ctx.cluster.device)
+        scale = microbatch / ctx.costs.batch_size
+        chosen_layers: list[int] = []
+        extra_ms, kept_bytes = [], []
+        for k, (a, b) in enumerate(result.partition.bounds):
+            in_flight_mb = in_flight(proj.schedule, proj.num_stages, k, proj.num_microbatches)
+            static = proj.pre_static[b + 1] - proj.pre_static[a]
+            options = []
+            for layer in range(a, b + 1):
+                lc = ctx.costs.layers[layer]
+                keep = in_flight_mb * (lc.saved_bytes or lc.activation_bytes) * scale
+                again = in_flight_mb * lc.activation_bytes * scale
+                options.append([(0.0, keep), (forward[layer], again)])
+            found = choose_per_layer(options, cap - static)
+            if found is None:
+                break
+            _, picks = found
+            recomputed = [a + i for i, o in enumerate(picks) if o == 1]
+            chosen_layers += recomputed
+            extra_ms.append(sum(forward[l] for l in recomputed))
+            kept_bytes.append(int(sum(options[i][o][1] for i, o in enumerate(picks)) / in_flight_mb))
+        else:
+            base = _stage_costs(ctx, strategy, result.partition, microbatch)
+            k = ctx.compute_scale(strategy.world_size)
+            sc = replace(base, backward_ms=tuple(bw + x * k for bw, x in zip(base.backward_ms, extra_ms)),
+                         activation_bytes=tuple(kept_bytes))
+            labelled = replace(strategy, recompute=True)
+            try:
+                out.append(simulate_strategy(ctx, labelled, result.partition, sc, recompute_layers=chosen_layers,
+                                             recompute_choice="per layer (dynamic programming)"))
+            except ValueError as exc:
+                infeasible.append({"name": labelled.name + " (selective)", "reason": str(exc)})
+    return out
