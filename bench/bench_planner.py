@@ -125,6 +125,130 @@ def overlap_probe(repeats: int = 7) -> dict:
     return result
 
 
+# -- 2. predicted vs measured on 4 CPU ranks -------------------------------------------------------------------
+MODEL, OVERRIDES, BATCH, SEQ = "gpt2-tiny", {"n_embd": 128, "n_layer": 4, "n_head": 4}, 16, 64
+MEASURED = ["dp4", "pp4-1f1b-m4", "gropipe-2x2-1f1b-m4-d0", "gropipe-2x2-1f1b-m4-d1", "async-2x2-m4",
+            "tp2d-2x2-dp1"]
+
+
+def _profile():
+    import torch
+
+    from workbench.models.zoo import build_model
+    from workbench.profiling import profile
+
+    torch.set_num_threads(1)
+    return profile(build_model(MODEL, **OVERRIDES), batch=BATCH, repeats=5, cache=False, progress=False)
+
+
+def _measured_iteration_ms(job, warmup: int = 3) -> float:
+    """Median time between consecutive steps on rank 0, after ``warmup`` steps."""
+    frame = job.metrics()
+    t = sorted(frame[frame["rank"] == 0].set_index("step")["t"].items())
+    gaps = [(b - a) * 1e3 for (_, a), (_, b) in zip(t, t[1:]) if _ >= warmup]
+    return statistics.median(gaps)
+
+
+def measured_vs_predicted(repeats: int) -> dict:
+    import tempfile
+
+    from workbench.jobs import LaunchSpec, launch
+    from workbench.models.zoo import get_entry
+    from workbench.planning import plan, transformer_shape
+
+    shape = transformer_shape({**get_entry(MODEL).config(OVERRIDES), "seq_len": SEQ}, BATCH)
+    root = tempfile.mkdtemp(prefix="bench-planner-")
+    rows: dict[str, list[dict]] = {name: [] for name in MEASURED}
+    for rep in range(repeats):
+        costs = _profile()  # this round's machine speed
+        predicted = plan(costs, "local", BATCH, world_size=4, shape=shape, strategies=MEASURED)
+        for name in MEASURED:
+            config = predicted[name].to_config(steps=12, model_overrides=OVERRIDES, data={"kind": "bytes-lm",
+                                                                                         "seq_len": SEQ})
+            load = os.getloadavg()[0]
+            job = launch(LaunchSpec(config=config.to_dict(), name=name, run_root=root))
+            state = job.wait(timeout=400).state
+            if state != "SUCCEEDED":
+                raise RuntimeError(f"{name}: run {rep} ended {state}")
+            measured = _measured_iteration_ms(job)
+            row = {"measured_ms": measured, "predicted_ms": predicted[name].estimate.iteration_ms, "load_avg_1m": load}
+            rows[name].append(row)
+            print(f"rep {rep} {name:<24} measured {measured:8.1f} ms  predicted {row['predicted_ms']:8.1f} ms  "
+                  f"load {load:.2f}", flush=True)
+    out: dict = {"model": MODEL, "overrides": OVERRIDES, "global_batch": BATCH, "seq_len": SEQ, "repeats": repeats,
+                 "strategies": {}}
+    for name, runs in rows.items():
+        out["strategies"][name] = {
+            "measured_ms": statistics.median(r["measured_ms"] for r in runs),
+            "predicted_ms": statistics.median(r["predicted_ms"] for r in runs),
+            "ratio": statistics.median(r["predicted_ms"] / r["measured_ms"] for r in runs),
+            "load_avg_1m": statistics.median(r["load_avg_1m"] for r in runs), "runs": runs}
+    names = list(out["strategies"])
+    out["kendall_tau"] = kendall_tau([out["strategies"][n]["measured_ms"] for n in names],
+                                     [out["strategies"][n]["predicted_ms"] for n in names])
+    print(f"\n{'strategy':<24} {'measured ms':>12} {'predicted ms':>13} {'pred/meas':>10} {'load':>6}")
+    for n in names:
+        r = out["strategies"][n]
+        print(f"{n:<24} {r['measured_ms']:12.1f} {r['predicted_ms']:13.1f} {r['ratio']:10.3f} {r['load_avg_1m']:6.2f}")
+    print(f"Kendall tau of the orderings: {out['kendall_tau']:.3f}", flush=True)
+    return out
+
+
+# -- 3. GroPipe's gain over data parallel on 8 x V100 PCIe, projected ---------------------------------------------
+def gropipe_gain_projection(batch: int = 256) -> dict:
+    import torch
+
+    from workbench.profiling import profile
+    from workbench.profiling.projection import project
+    from workbench.planning import plan
+
+    torch.set_num_threads(2)
+    out = {"cluster": "8xV100-PCIe", "global_batch": batch, "models": {}}
+    for model in ("vgg16", "resnet50"):
+        costs = project(profile(model, batch=8, repeats=1, warmup=1, progress=False), "V100")
+        result = plan(costs, "8xV100-PCIe", batch, kinds=("dp", "gropipe"), recompute=(False,), simulate_top=40)
+        dp = result["dp8"].estimate
+        gro = min((p for p in result.plans if p.strategy.kind == "gropipe" and p.estimate.method == "simulated"),
+                  key=lambda p: p.estimate.iteration_ms)
+        gain = dp.iteration_ms / gro.estimate.iteration_ms - 1
+        out["models"][model] = {"dp_ms": dp.iteration_ms, "dp_exposed_comm_ms": dp.exposed_comm_ms,
+                                "gropipe": gro.name, "gropipe_ms": gro.estimate.iteration_ms,
+                                "predicted_gain": gain, "paper_gain": PAPER_GAIN[model]}
+        print(f"{model:<9} dp8 {dp.iteration_ms:8.1f} ms (exposed all-reduce {dp.exposed_comm_ms:6.1f} ms)  best "
+              f"GroPipe {gro.name} {gro.estimate.iteration_ms:8.1f} ms  predicted gain {gain:+.0%}  "
+              f"(paper {PAPER_GAIN[model]:+.0%})", flush=True)
+    return out
+
+
+# -- 4. search speed ---------------------------------------------------------------------------------------------
+def search_speed(repeats: int = 3) -> dict:
+    from workbench.core.costs import ModelCosts
+    from workbench.planning import plan, transformer_shape
+
+    config = {"n_embd": 2048, "n_head": 16, "n_layer": 48, "vocab_size": 50257, "n_positions": 2048, "seq_len": 1024}
+    shape = transformer_shape(config, 8)
+    costs = ModelCosts.uniform(48, forward_ms=4.0, backward_ms=8.0, param_bytes=4 * 12 * 2048**2,
+                               activation_bytes=8 * 1024 * 2048 * 4, batch_size=8, model="transformer-48")
+    times, searched = [], 0
+    for _ in range(repeats):
+        result = plan(costs, _cluster_64(), 512, shape=shape)
+        times.append(result.elapsed_s)
+        searched = result.searched
+    out = {"devices": 64, "layers": 48, "strategies": searched, "seconds": statistics.median(times),
+           "load_avg_1m": os.getloadavg()[0], "best": result.best.name}
+    print(f"search: {searched} strategies for 64 devices and 48 layers in {out['seconds']:.2f} s (median of "
+          f"{repeats}, load {out['load_avg_1m']:.2f}); best {out['best']}", flush=True)
+    return out
+
+
+def _cluster_64():
+    from workbench.core.costs import ClusterSpec
+    from workbench.planning.clusters import get_cluster
+
+    h100 = get_cluster("2x8xH100-IB")
+    return ClusterSpec("8x8xH100-IB", 8, 8, h100.device, h100.intra_node, h100.inter_node)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--overlap-probe", metavar="OUT", help="(under torchrun) run the overlap probe, write OUT")
@@ -147,6 +271,12 @@ def main() -> int:
               f"(x{probe['comm_slowdown']:.2f}); matmul {probe['matmul_ms_alone']:.3f} ms alone, "
               f"{probe['matmul_ms_with_allreduce']:.3f} ms with all-reduce (x{probe['compute_slowdown']:.2f}); "
               f"overlap slowdown {probe['overlap_slowdown']:.2f}", flush=True)
+    if "measured" in parts:
+        result["measured"] = measured_vs_predicted(args.repeats)
+    if "projection" in parts:
+        result["projection"] = gropipe_gain_projection()
+    if "speed" in parts:
+        result["search_speed"] = search_speed()
     path.write_text(json.dumps(result, indent=1))
     print(f"wrote {path}")
     return 0

@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any
+from functools import partial
+from typing import Any, Callable
 
 from ..core.costs import ClusterSpec, DeviceSpec, LinkSpec, ModelCosts
 from ..core.partition import Partition
@@ -143,6 +144,7 @@ class Estimate:
     sim: SimResult | None = field(default=None, compare=False, repr=False)
     timeline: Timeline | None = field(default=None, compare=False, repr=False)
     detail: dict[str, Any] = field(default_factory=dict, compare=False)
+    make_timeline: Callable[[], Timeline] | None = field(default=None, compare=False, repr=False)
 
     @property
     def memory_gib(self) -> float:
@@ -255,9 +257,9 @@ def _estimate_tensor(ctx: CostContext, strategy: Strategy) -> Estimate:
     if strategy.recompute:
         memory -= step["activation_bytes"] - step["activation_bytes"] // max(1, shape.layers)
         iteration += compute_ms / 3
-    timeline = simulate_step(sized, mode, degree, device, link)
     return _finish(ctx, strategy, iteration, int(memory), compute_ms * (1 + strategy.recompute / 3), 0.0,
-                   iteration - compute_ms * (1 + strategy.recompute / 3), "closed form", timeline=timeline,
+                   iteration - compute_ms * (1 + strategy.recompute / 3), "closed form",
+                   make_timeline=partial(simulate_step, sized, mode, degree, device, link),
                    detail={"collective_calls": step["collective_calls"], "comm_bytes": step["comm_bytes"]})
 
 

@@ -84,7 +84,8 @@ class Plan:
 
     def timeline(self) -> Timeline | None:
         """Predicted events to draw with ``workbench.viz`` (None when only projected)."""
-        return self.estimate.timeline
+        e = self.estimate
+        return e.timeline if e.timeline is not None or e.make_timeline is None else e.make_timeline()
 
     def to_config(self, **overrides: Any) -> RunConfig:
         """The :class:`~workbench.core.config.RunConfig` that launches this strategy (``overrides`` win)."""
