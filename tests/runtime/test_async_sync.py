@@ -1,0 +1,38 @@
+"""Strategy ``async`` with one micro-batch in flight per stage is the synchronous pipeline (real torchrun, gloo).
+
+With one micro-batch in flight no forward of iteration ``t + 1`` can start
+before iteration ``t``'s step, so every micro-batch runs on the newest
+weights and the asynchronous strategy must compute exactly what one process
+computes: the parameters saved after every step equal the single-process
+reference's after the same number of steps, and so do the losses.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runtime_launch import run_ok, step_losses
+from workbench.runtime.checkpoint import checkpoint_dir
+from workbench.runtime.events import load_measured_timeline
+from workbench.runtime.reference import reference_train
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
+
+
+def test_one_in_flight_equals_synchronous_after_every_step(tmp_path):
+    config = run_ok(tmp_path, 4, strategy="async", stages=4, inflight=1, steps=3, checkpoint_every=1,
+                    optimizer={"name": "sgd", "lr": 0.1, "momentum": 0.9})
+    reference = reference_train(config)
+    torch.testing.assert_close(step_losses(tmp_path), reference.losses, rtol=1e-6, atol=1e-6)
+    for step in range(1, config.steps + 1):
+        expected = reference_train(config, steps=step).params
+        saved: dict[str, torch.Tensor] = {}
+        for rank in range(4):
+            state = torch.load(checkpoint_dir(tmp_path, step) / f"rank{rank}.pt", weights_only=True)
+            saved.update({name: t for module in state["modules"].values() for name, t in module.items()})
+        assert sorted(saved) == sorted(expected)
+        for name, value in expected.items():
+            torch.testing.assert_close(saved[name], value, rtol=0, atol=1e-5, msg=f"step {step} parameter {name}")
+    forwards = [e for e in load_measured_timeline(tmp_path).events if e.op == "F"]
+    assert all(e.version == e.iteration for e in forwards)  # always the newest weights: one version per iteration

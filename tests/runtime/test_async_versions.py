@@ -1,0 +1,114 @@
+"""Strategy ``async`` under real torchrun (gloo, 4 ranks): the weight versions each micro-batch used.
+
+The versions come from the events every rank recorded: a forward records the
+version it bound, a backward the version whose weights its autograd graph
+reads at that moment. With weight stashing every backward reads its
+forward's version on every stage (and with vertical sync, or PipeDream-2BW,
+one version per micro-batch across all stages); without stashing the check
+fails, which is what stashing is for. The stage keeps as many versions as
+its in-flight micro-batches span (the memory model's count), measured from
+the run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+import pytest
+import torch
+
+from runtime_launch import dumped_params, run_ok
+from workbench.runtime.events import load_measured_timeline
+from workbench.scheduling.generators import async_1f1b
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
+
+ASYNC = {"strategy": "async", "stages": 4, "steps": 4, "microbatches": 4, "global_batch": 16, "inflight": 4}
+
+
+def versions_by_microbatch(run_dir):
+    """(rank, stage, iteration, micro-batch) -> {op: version} from the measured F and B events."""
+    out: dict[tuple, dict[str, int]] = defaultdict(dict)
+    for e in load_measured_timeline(run_dir).events:
+        if e.op in ("F", "B"):
+            out[(e.rank, e.stage, e.iteration, e.microbatch)][e.op] = e.version
+    return out
+
+
+def versions_in_flight(schedule, rank):
+    """The most distinct versions a rank holds at once: the newest plus those of its in-flight micro-batches."""
+    steps, live, most = 0, {}, 1
+    for a in schedule.actions(rank):
+        if a.op.value == "F":
+            live[(a.iteration, a.microbatch)] = a.version
+        elif a.op.value == "B":
+            live.pop((a.iteration, a.microbatch))
+        elif a.op.value == "STEP":
+            steps += 1
+        most = max(most, len(set(live.values()) | {steps}))
+    return most
+
+
+@pytest.fixture(scope="module")
+def stashed(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("async-stash")
+    return run_dir, run_ok(run_dir, 4, **ASYNC)
+
+
+def test_every_backward_reads_its_forwards_version_on_every_stage(stashed):
+    run_dir, config = stashed
+    versions = versions_by_microbatch(run_dir)
+    assert len(versions) == config.steps * config.microbatches * config.stages
+    assert all(v["B"] == v["F"] for v in versions.values())
+    assert {v["F"] for v in versions.values()} == set(range(config.steps))  # several versions really in use
+    plan = async_1f1b(4, 4, config.steps)
+    for rank in range(4):  # the runtime bound exactly the planned versions, in the schedule's order
+        planned = [(a.iteration, a.microbatch, a.version) for a in plan.actions(rank) if a.op.value == "F"]
+        recorded = [(e.iteration, e.microbatch, e.version) for e in sorted(
+            (e for e in load_measured_timeline(run_dir).events if e.rank == rank and e.op == "F"),
+            key=lambda e: e.start)]
+        assert recorded == planned
+
+
+def test_versions_kept_match_the_microbatches_in_flight(stashed):
+    run_dir, config = stashed
+    plan = async_1f1b(4, 4, config.steps)
+    for rank in range(4):
+        report = json.loads((run_dir / "memory" / f"rank{rank}.json").read_text())
+        assert report["versions"] == versions_in_flight(plan, rank)
+        assert (report["stashed_weights"] > 0) == (report["versions"] > 1)
+    assert json.loads((run_dir / "memory" / "rank0.json").read_text())["versions"] == 2
+
+
+@pytest.mark.parametrize("options", [{"vertical_sync": True}, {"mode": "2bw"}], ids=["vertical-sync", "2bw"])
+def test_one_version_per_microbatch_on_all_stages(tmp_path, options):
+    config = run_ok(tmp_path, 4, **ASYNC, **options)
+    versions = versions_by_microbatch(tmp_path)
+    assert all(v["B"] == v["F"] for v in versions.values())
+    per_microbatch: dict[tuple, set] = defaultdict(set)
+    for (rank, stage, iteration, mb), v in versions.items():
+        per_microbatch[(iteration, mb)].add(v["F"])
+    assert all(len(used) == 1 for used in per_microbatch.values())
+    if options.get("mode") == "2bw":
+        assert all(used == {max(0, it - 1)} for (it, _), used in per_microbatch.items())
+    else:
+        stage0 = {(it, mb): v["F"] for (rank, s, it, mb), v in versions.items() if s == 0}
+        assert any(stage0[k] < stage0[(k[0], config.microbatches - 1)] for k in stage0)
+
+
+def test_without_stashing_backward_reads_newer_weights(tmp_path):
+    run_ok(tmp_path, 4, **ASYNC, stash=False)
+    versions = versions_by_microbatch(tmp_path)
+    stale = [k for k, v in versions.items() if v["B"] != v["F"]]
+    assert stale and all(versions[k]["B"] > versions[k]["F"] for k in stale)
+    assert {k[1] for k in stale} == {0, 1, 2}  # the last stage runs each backward right after its forward
+
+
+def test_async_pipelines_in_groups_stay_identical(tmp_path):
+    config = run_ok(tmp_path, 4, strategy="async", groups=2, stages=2, steps=4, microbatches=2, global_batch=16,
+                    optimizer={"name": "sgd", "lr": 0.1, "momentum": 0.9})
+    versions = versions_by_microbatch(tmp_path)
+    assert len(versions) == 2 * config.steps * config.microbatches * config.stages
+    assert all(v["B"] == v["F"] for v in versions.values())
+    torch.testing.assert_close(dumped_params(tmp_path, [2, 3]), dumped_params(tmp_path, [0, 1]), rtol=0, atol=0)
