@@ -34,6 +34,8 @@ _LAZY: dict[str, str] = {
     "simulate": "workbench.scheduling:simulate",
     "GENERATORS": "workbench.scheduling:GENERATORS",
     "partition": "workbench.planning:partition",
+    "plan": "workbench.planning:plan",
+    "Strategy": "workbench.planning:Strategy",
     "build_model": "workbench.models:build_model",
     "list_models": "workbench.models:list_models",
     "LayerSequence": "workbench.models:LayerSequence",

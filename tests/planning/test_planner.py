@@ -162,3 +162,21 @@ def test_strategy_names_in_plans_parse_back():
     for p in result.plans:
         assert Strategy.parse(p.name) == p.strategy
     assert json.loads(json.dumps(result.to_dict(), default=str))["best"] == result.best.name
+
+
+def test_cli_ranks_strategies_as_json(tmp_path, capsys):
+    from workbench.cli import main
+
+    path = COSTS.save(tmp_path / "costs.json")
+    assert main(["plan", str(path), "--cluster", "8xV100-PCIe", "--batch", "64", "--top", "3", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [s["rank"] for s in data["strategies"]] == [1, 2, 3] and data["best"] == data["strategies"][0]["name"]
+    for s in data["strategies"]:
+        assert Strategy.parse(s["name"]).world_size == 8
+        assert s["compute_ms"] + s["bubble_ms"] + s["exposed_comm_ms"] == pytest.approx(s["iteration_ms"])
+    assert main(["plan", str(path), "--cluster", "8xV100-PCIe", "--batch", "64", "--memory-cap", "0.001"]) == 2
+    assert "closest is" in capsys.readouterr().err
+    assert main(["plan", str(path), "--cluster", "8xV100-PCIe", "--batch", "0"]) == 2
+    assert "--batch must be an int >= 1" in capsys.readouterr().err
+    assert main(["plan", "no-such-model", "--cluster", "8xV100-PCIe", "--batch", "8"]) == 2
+    assert "neither a ModelCosts JSON file nor a zoo model" in capsys.readouterr().err
