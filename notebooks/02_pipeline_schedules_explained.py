@@ -178,6 +178,32 @@ for name, result, formula, schedule in rows:
           f"{max(in_flight_microbatches(schedule)):>15}")
 
 # %% [markdown]
+# ## 6. Play with it
+#
+# The schedule explorer puts every knob of this lesson on a control: the
+# schedule, stages, micro-batches, chunks, the backward/forward cost ratio
+# and a transfer cost. It shows the formula beside the simulated bubble, lets
+# you step through the run one time slot at a time (or press play), and draws
+# a second schedule beside the first. With a transfer cost above zero, watch
+# the formula stop being exact.
+
+# %%
+from workbench.widgets.schedule_explorer import ScheduleExplorer
+
+explorer = ScheduleExplorer("1f1b", stages=S, microbatches=M, compare="gpipe")
+explorer
+
+# %% [markdown]
+# Stepping in code does what the slot slider does: here is what every rank
+# runs at the start of the third time slot, while the pipeline is still
+# filling and the last rank waits for its first micro-batch.
+
+# %%
+explorer.step(2)
+third_slot = explorer.slot_actions()
+print({f"rank {rank}": action for rank, action in sorted(third_slot.items())})
+
+# %% [markdown]
 # ## Exercises
 #
 # 1. **How many micro-batches** does GPipe need on 4 stages to push the bubble
@@ -217,5 +243,8 @@ forward_versions = {(a.stage, a.microbatch, a.iteration): a.version for a in asy
 assert all(forward_versions[(a.stage, a.microbatch, a.iteration)] == a.version
            for a in async_schedule.actions(0) if a.op.value == "B")
 assert smallest_m == on_paper
+explorer_formula, _ = explorer.formula_value()
+assert abs(explorer.simulated_bubble_fraction(explorer.result) - explorer_formula) < 1e-9
+assert third_slot[S - 1] == "idle" and third_slot[0] == "0F2"  # still filling: the last rank waits
 print(f"lesson OK: GPipe/1F1B {gpipe_formula:.3f}, interleaved {interleaved_formula:.3f}, "
       f"asynchronous {async_formula:.3f}; GPipe needs M = {smallest_m} for a bubble under 10%")
