@@ -36,7 +36,13 @@ def test_shows_the_ranking_with_a_breakdown_that_adds_up(costs, result):
         assert memory.x[i] == pytest.approx(p.estimate.memory_gib)
     assert list(compute.marker.line.width) == [3] + [0] * (len(names) - 1)
     assert f"#1 {result.best.name}" in explorer.detail.value
-    assert f"{len(result.infeasible)} strategies cannot run" in explorer.infeasible.value
+    if result.infeasible:
+        assert f"{len(result.infeasible)} strategies cannot run" in explorer.infeasible.value
+        assert result.infeasible[0]["name"] in explorer.infeasible.value
+    else:
+        assert explorer.infeasible.value == "every strategy searched fits"
+    listed = PlanExplorer._infeasible_html([{"name": f"s{i}", "reason": "too big"} for i in range(14)])
+    assert "14 strategies cannot run" in listed and listed.count("too big") == 12 and "and 2 more" in listed
 
 
 def test_clicking_a_bar_selects_its_plan_and_draws_its_timeline(costs, result):

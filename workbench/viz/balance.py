@@ -83,12 +83,17 @@ def update_balance_figure(fig: go.Figure, result: Any, *, title: str | None = No
     names = [name for _, name, _ in _TIME_BARS] + (["memory"] if "memory_gib" in values else [])
     if [t.name for t in fig.data] != names or len(fig.data[0].x) != len(values["labels"]):
         return False
-    for trace, (key, _, _) in zip(fig.data, _TIME_BARS):
-        trace.update(x=values["labels"], y=data[key], marker={"line": {"width": values["outline"]}})
+    for trace, (key, _, _) in zip(fig.data, _TIME_BARS):  # plain property sets: the cheapest path in plotly
+        trace.x = values["labels"]
+        trace.y = data[key]
+        trace.marker.line.width = values["outline"]
     if "memory_gib" in values:
-        fig.data[3].update(x=values["labels"], y=values["memory_gib"], marker={"color": values["memory_colors"]})
-    mark = next(a for a in fig.layout.annotations if (a.text or "").startswith("bottleneck"))
-    mark.update(x=values["labels"][values["worst"]], y=values["worst_ms"], text=f"bottleneck {values['worst_ms']:.3g} ms")
+        fig.data[3].x = values["labels"]
+        fig.data[3].y = values["memory_gib"]
+        fig.data[3].marker.color = values["memory_colors"]
+    mark = fig.layout.annotations[fig.layout.meta["bottleneck_annotation"]]
+    mark.x, mark.y = values["labels"][values["worst"]], values["worst_ms"]
+    mark.text = f"bottleneck {values['worst_ms']:.3g} ms"
     fig.layout.title.text = _title(data, title)
     return True
 
@@ -106,6 +111,7 @@ def balance_figure(result: Any, *, title: str | None = None) -> go.Figure:
                              "line": {"width": values["outline"], "color": "black"}}), row=1, col=1)
     fig.add_annotation(x=labels[worst], y=values["worst_ms"], text=f"bottleneck {values['worst_ms']:.3g} ms",
                        showarrow=True, arrowhead=2, yshift=4, row=1, col=1)
+    fig.update_layout(meta={"bottleneck_annotation": len(fig.layout.annotations) - 1})
     if has_memory:
         fig.add_trace(go.Bar(x=labels, y=values["memory_gib"], name="memory",
                              marker={"color": values["memory_colors"]}), row=1, col=2)

@@ -28,6 +28,7 @@ __all__ = ["timeline_figure", "idle_gaps", "timeline_rows", "update_timeline_fig
 
 _COMPUTE = {"F", "B", "I", "W"}
 _MAX_LABELS = 800
+_HOVER = "%{hovertext}<br>%{customdata:.3f} ms + %{x:.3f} ms<extra></extra>"  # customdata: the start
 
 
 def _as_timelines(value: Any) -> list[Timeline]:
@@ -44,17 +45,21 @@ def _as_timelines(value: Any) -> list[Timeline]:
     return out
 
 
-def idle_gaps(timeline: Timeline, rank: int) -> list[tuple[float, float]]:
-    """Intervals in ``[timeline.start, timeline.end]`` when ``rank`` runs no compute."""
-    spans = sorted((e.start, e.end) for e in timeline.on_rank(rank) if e.op in _COMPUTE)
-    gaps, cursor = [], timeline.start
-    for start, end in spans:
+def _gaps(spans: list[tuple[float, float]], first: float, last: float) -> list[tuple[float, float]]:
+    gaps, cursor = [], first
+    for start, end in sorted(spans):
         if start > cursor + 1e-9:
             gaps.append((cursor, start))
         cursor = max(cursor, end)
-    if timeline.end > cursor + 1e-9:
-        gaps.append((cursor, timeline.end))
+    if last > cursor + 1e-9:
+        gaps.append((cursor, last))
     return gaps
+
+
+def idle_gaps(timeline: Timeline, rank: int) -> list[tuple[float, float]]:
+    """Intervals in ``[timeline.start, timeline.end]`` when ``rank`` runs no compute."""
+    spans = [(e.start, e.end) for e in timeline.on_rank(rank) if e.op in _COMPUTE]
+    return _gaps(spans, timeline.start, timeline.end)
 
 
 def _label(e) -> str:
@@ -74,12 +79,18 @@ def timeline_rows(timeline: Timeline, name: str = "simulated", *, show_idle: boo
     """The bars of one timeline grouped by colour category, in :data:`CATEGORY_ORDER`.
 
     Per category: ``y`` (lane), ``base`` (start), ``x`` (duration), ``text``
-    (label) and ``hover``: the data one bar trace draws.
+    (label) and ``hover`` (what the bar is; the hover template adds its
+    times): the data one bar trace draws. One pass over the events; the
+    hover text does not hold times, so the same schedule timed differently
+    changes only ``base`` and ``x``.
     """
     rows: dict[str, dict[str, list]] = {}
+    compute_spans: dict[int, list[tuple[float, float]]] = {}
 
     def add(category: str, lane: str, start: float, end: float, text: str, hover: str) -> None:
-        row = rows.setdefault(category, {"y": [], "base": [], "x": [], "text": [], "hover": []})
+        row = rows.get(category)
+        if row is None:
+            row = rows[category] = {"y": [], "base": [], "x": [], "text": [], "hover": []}
         row["y"].append(lane)
         row["base"].append(start)
         row["x"].append(end - start)
@@ -87,17 +98,20 @@ def timeline_rows(timeline: Timeline, name: str = "simulated", *, show_idle: boo
         row["hover"].append(hover)
 
     for e in timeline.events:
+        if e.op in _COMPUTE:
+            compute_spans.setdefault(e.rank, []).append((e.start, e.end))
         if e.end <= e.start:
             continue
         category = category_of(e.op)
         lane = f"rank {e.rank}" if e.op in _COMPUTE or category == "step" else f"rank {e.rank} comm"
-        hover = (f"{name}: rank {e.rank} {e.label} ({e.op}) stage {e.stage}<br>{e.start:.3f} - {e.end:.3f} ms "
-                 f"({e.duration:.3f} ms)" + (f"<br>{e.nbytes} bytes" if e.nbytes else ""))
+        hover = (f"{name}: rank {e.rank} {e.label} ({e.op}) stage {e.stage}" +
+                 (f"<br>{e.nbytes} bytes" if e.nbytes else ""))
         add(category, lane, e.start, e.end, _label(e), hover)
-    if show_idle:
+    if show_idle and timeline.events:
+        first, last = timeline.start, timeline.end
         for r in timeline.ranks:
-            for start, end in idle_gaps(timeline, r):
-                add("idle", f"rank {r}", start, end, "", f"{name}: rank {r} idle {end - start:.3f} ms")
+            for start, end in _gaps(compute_spans.get(r, []), first, last):
+                add("idle", f"rank {r}", start, end, "", f"{name}: rank {r} idle")
     return {category: rows[category] for category in CATEGORY_ORDER if category in rows}
 
 
@@ -116,8 +130,15 @@ def update_timeline_figure(fig: go.Figure, timeline: Timeline, *, name: str = "s
         return False
     show_labels = len(timeline) <= _MAX_LABELS
     for trace, row in zip(fig.data, rows.values()):
-        trace.update(y=row["y"], base=np.asarray(row["base"]), x=np.asarray(row["x"]), hovertext=row["hover"],
-                     text=row["text"] if show_labels else None)
+        base = np.asarray(row["base"])
+        changes: dict[str, Any] = {"base": base, "customdata": base, "x": np.asarray(row["x"])}
+        text = row["text"] if show_labels else None
+        for key, value in (("y", row["y"]), ("hovertext", row["hover"]), ("text", text)):
+            current = getattr(trace, key)
+            if value is None or current is None or tuple(current) != tuple(value):  # unchanged strings stay unsent
+                changes[key] = value if value is None else np.array(value, dtype=object)
+        for key, value in changes.items():  # plain property sets: the cheapest path in plotly
+            setattr(trace, key, value)
     return True
 
 
@@ -133,7 +154,7 @@ def _bars(timeline: Timeline, name: str, *, width: float, opacity: float, show_l
             legendgroup=f"{category}-{name}", showlegend=key not in legend_seen,
             marker={"color": CATEGORY_COLORS[category], "line": {"width": 0.5, "color": "white"}}, opacity=opacity,
             text=row["text"] if show_labels else None, textposition="inside", insidetextanchor="middle",
-            hovertext=row["hover"], hoverinfo="text"))
+            hovertext=row["hover"], customdata=row["base"], hovertemplate=_HOVER))
         legend_seen.add(key)
     return traces
 
