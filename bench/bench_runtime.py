@@ -8,7 +8,8 @@ a shared machine hits both sides, median over ``--reps`` pairs:
    ``Schedule1F1B`` on the same model, partition and micro-batches, on 2
    and 4 CPU ranks (ratio >= 1.0 means ours is at least as fast);
 2. GroPipe (2 groups x 2 stages, delay 0 and 1) vs torch DDP on 4 ranks,
-   on the small VGG with big FC layers and on ResNet-18 (32x32 inputs),
+   on the small VGG with big FC layers, on the same VGG with 4096-wide FC
+   layers (communication-heavy) and on ResNet-18 (32x32 inputs),
    and GroPipe delay 1 vs delay 0 (what hiding the all-reduce buys).
 
 Every run is a real ``torchrun`` launch of ``workbench.runtime.entry``;
@@ -38,6 +39,9 @@ from workbench.runtime.events import read_events
 RESULTS = Path(__file__).resolve().parent / "results" / "runtime.json"
 
 VGG = {"model": "vgg-tiny", "global_batch": 64, "data": {"kind": "digits"}}
+# the same network with 4096-wide fully connected layers (~25 M parameters, ~100 MB of gradients per
+# step): the communication-heavy regime of VGG-16, whose classifier holds 120 M of its 138 M parameters
+VGG_WIDE = {**VGG, "model_overrides": {"fc_width": 4096}}
 RESNET = {"model": "resnet18", "model_overrides": {"image_size": 32, "num_classes": 10}, "global_batch": 32,
           "data": {"kind": "synthetic"}}
 
@@ -87,7 +91,7 @@ def main() -> None:
         pipe = {**VGG, "stages": ranks, "microbatches": 8, "inner": "1f1b"}
         comparisons.append((f"1f1b ours vs torch Schedule1F1B, {ranks} ranks",
                             {**pipe, "strategy": "1f1b"}, {**pipe, "strategy": "torch-pipelining"}))
-    models = [("vgg-tiny", VGG)] + ([] if args.quick else [("resnet18", RESNET)])
+    models = [("vgg-tiny", VGG)] + ([] if args.quick else [("vgg-fc4096", VGG_WIDE), ("resnet18", RESNET)])
     for model_name, model in models:
         ddp = {**model, "strategy": "ddp", "groups": 4, "microbatches": 2}
         gro = {**model, "strategy": "gropipe", "groups": 2, "stages": 2, "microbatches": 4}
