@@ -2,28 +2,14 @@
 
 ``PartitionEditor`` (move stage boundaries, see the pipeline change),
 ``ScheduleExplorer`` (bubbles for teaching), ``PlanExplorer`` (the
-planner's ranking), ``TopologyView`` and ``JobMonitor``. Each is imported
-when first used, so ``import workbench.widgets`` stays cheap.
+planner's ranking), ``TopologyView`` (the rank grid) and ``JobMonitor``
+(a live run). None of them imports torch.
 """
 
-from importlib import import_module as _import_module
+from .job_monitor import JobMonitor
+from .partition_editor import PartitionEditor
+from .plan_explorer import PlanExplorer
+from .schedule_explorer import ScheduleExplorer
+from .topology_view import TopologyView
 
-_LAZY = {
-    "PartitionEditor": "partition_editor",
-    "ScheduleExplorer": "schedule_explorer",
-    "PlanExplorer": "plan_explorer",
-    "TopologyView": "topology_view",
-    "JobMonitor": "job_monitor",
-}
-
-
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'workbench.widgets' has no attribute {name!r}")
-    value = getattr(_import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-__all__ = list(_LAZY)
+__all__ = ["PartitionEditor", "ScheduleExplorer", "PlanExplorer", "TopologyView", "JobMonitor"]
