@@ -97,10 +97,12 @@ def test_changing_stages_schedule_and_chunks_rebuilds_the_controls(editor):
     editor.stages.value = 4
     assert editor.error.value == ""
     assert len(editor.boundaries) == 7 and editor.state.sim.schedule.name == "interleaved"
+    assert not editor.chunks.disabled and editor.groups.disabled
     assert len(editor.state.peak_memory_bytes) == 4
     editor.schedule.value = "gpipe"
     assert len(editor.boundaries) == 3
     assert editor.state.sim.schedule.name == "gpipe"
+    assert editor.chunks.disabled and editor.groups.disabled and editor.delay.disabled
 
 
 def test_gropipe_on_a_cluster_too_small_reports_the_error_without_raising():

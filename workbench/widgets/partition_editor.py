@@ -252,6 +252,8 @@ class PartitionEditor:
         """Prepare everything that does not depend on the cut, then cut with the chosen algorithm."""
         fields = self._run_config_fields()
         V, m, cluster = self.num_virtual_stages, fields.microbatches, self.cluster_spec
+        self.groups.disabled = self.delay.disabled = fields.strategy != "gropipe"
+        self.chunks.disabled = fields.strategy != "interleaved"
         try:
             if V > self.costs.num_layers:
                 raise ValueError(f"{V} stages for {self.costs.num_layers} layers: use at most "
