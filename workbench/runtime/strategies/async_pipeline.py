@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -409,7 +410,8 @@ class AsyncPipeline(Strategy):
 
     def close(self) -> None:
         self.interpreter.finish()
-        if self.config.run_dir:
-            folder = Path(self.config.run_dir) / "memory"
+        run_dir = self.config.run_dir or os.environ.get("WORKBENCH_RUN_DIR", "")  # the launcher names it
+        if run_dir:
+            folder = Path(run_dir) / "memory"
             folder.mkdir(exist_ok=True)
             (folder / f"rank{self.ctx.rank}.json").write_text(json.dumps(self.memory_report()) + "\n")

@@ -1,0 +1,168 @@
+"""Async pipeline vs 1F1B vs GPipe vs naive model parallelism, measured and simulated, on 4 CPU ranks.
+
+Each case runs for real under torchrun (4 stages, 4 ranks, gloo), tiny GPT-2
+on byte-LM data and the VGG-style model on digits: ``async`` (1F1B with no
+flush, weight stashing), ``1f1b`` and ``gpipe`` (4 micro-batches, flush per
+step) and ``naive`` (the same global batch as one micro-batch: plain model
+parallelism, one stage busy at a time). Cases are interleaved within each
+repeat (A B C D A B C D ...), and each repeat's throughput ratios are taken
+between runs of that repeat; medians over repeats are reported with the
+load average at the time.
+
+Per run: throughput over the steps after ``WARMUP`` (samples / sum of step
+times), the steady-state bubble from the measured events (1 - F/B time /
+window, per rank, mean over ranks, window = from the first event of
+iteration ``WARMUP`` to the last event), and the simulator's prediction of
+both from the run's own measured per-stage times on the ``local-cpu`` links.
+For ``async``, peak memory per stage (saved activations + stashed weight
+versions, measured by the runtime) next to the memory model's prediction
+from a profile at the micro-batch size.
+
+Writes ``bench/results/async.json``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from workbench.core.config import RunConfig
+from workbench.core.partition import Partition
+from workbench.core.timeline import Timeline
+from workbench.jobs import LaunchSpec, launch
+from workbench.planning.clusters import collective_link, get_cluster
+from workbench.runtime.events import read_events
+from workbench.scheduling import generators
+from workbench.scheduling.from_config import stage_costs_from_timeline
+from workbench.scheduling.memory import memory_breakdown
+from workbench.scheduling.simulate import simulate
+
+REPEATS = int(os.environ.get("BENCH_REPEATS", "3"))
+STEPS, WARMUP = 8, 2
+MODELS = {
+    "gpt2-tiny": {"model": "gpt2-tiny", "data": {"kind": "bytes-lm", "seq_len": 32}, "global_batch": 16,
+                  "optimizer": {"name": "adam", "lr": 0.003}},
+    "vgg-tiny": {"model": "vgg-tiny", "data": {"kind": "digits"}, "global_batch": 32,
+                 "optimizer": {"name": "sgd", "lr": 0.02, "momentum": 0.9}},
+}
+CASES = {
+    "async": {"strategy": "async", "microbatches": 4, "inflight": 4},
+    "1f1b": {"strategy": "1f1b", "microbatches": 4},
+    "gpipe": {"strategy": "gpipe", "microbatches": 4},
+    "naive": {"strategy": "gpipe", "microbatches": 1},
+}
+
+
+def schedule_of(config: RunConfig):
+    """The whole run's schedule: the async stream, or the flushed pipeline once per step (one group)."""
+    if config.strategy == "async":
+        return generators.async_1f1b(config.stages, config.microbatches, config.steps, inflight=config.inflight)
+    return generators.gropipe(1, config.stages, config.microbatches, inner=config.strategy, num_iterations=config.steps)
+
+
+def steady_bubble(timeline: Timeline, first_iteration: int) -> float:
+    """Mean over ranks of 1 - F/B time / window, the window from iteration ``first_iteration``'s first event."""
+    events = [e for e in timeline.events if e.iteration >= first_iteration]
+    start, end = min(e.start for e in events), max(e.end for e in events)
+    bubbles = []
+    for rank in sorted({e.rank for e in events}):
+        busy = sum(min(e.end, end) - max(e.start, start) for e in events if e.rank == rank and e.op in ("F", "B"))
+        bubbles.append(1 - busy / (end - start))
+    return statistics.mean(bubbles)
+
+
+def throughput(run_dir: Path, config: RunConfig) -> float:
+    steps = [e for e in read_events(run_dir, 0) if e["kind"] == "step" and e["step"] > WARMUP]
+    return len(steps) * config.global_batch / (sum(e["step_ms"] for e in steps) / 1e3)
+
+
+def predicted_memory(config: RunConfig) -> list[dict[str, int]]:
+    """The memory model's per-stage peak for the run's schedule, activations and weights from a profile."""
+    from workbench.models import build_model, sample_batch
+    from workbench.profiling import profile
+    from workbench.scheduling.stagecosts import StageCosts
+
+    model = build_model(config.model, seed=config.seed, **config.model_overrides)
+    microbatch = config.global_batch // config.microbatches
+    if config.data.kind == "bytes-lm":
+        from workbench.models.data import bytes_lm_batches
+
+        batch = next(bytes_lm_batches(microbatch, config.data.seq_len, seed=0))
+    else:
+        batch = sample_batch(model, microbatch, seed=0)
+    costs = profile(copy.deepcopy(model), batch, device="cpu", progress=False, cache=False)
+    optimizer = "adam" if config.optimizer.name == "adam" else "sgd-momentum"
+    stage_costs = StageCosts.from_model(costs, Partition.uniform(len(model), config.stages), microbatch,
+                                        optimizer=optimizer)
+    return memory_breakdown(schedule_of(config), stage_costs)
+
+
+def run_case(root: str, model: str, case: str) -> dict:
+    fields = {"name": f"{model}-{case}", "stages": 4, "steps": STEPS, "seed": 0, **MODELS[model], **CASES[case]}
+    job = launch(LaunchSpec(config=fields, name=f"{model}-{case}", run_root=root))
+    state = job.wait(timeout=600).state
+    if state != "SUCCEEDED":
+        raise RuntimeError(f"{model} {case}: run ended {state}; see {job.run_dir}")
+    config = RunConfig.from_json(job.run_dir / "config.json")
+    measured = job.timeline()
+    costs = stage_costs_from_timeline(measured, config.stages)
+    cluster = get_cluster("local-cpu")
+    predicted = simulate(schedule_of(config), costs, cluster, collective_link=collective_link("local-cpu"))
+    measured_step_ms = config.global_batch / throughput(job.run_dir, config) * 1e3
+    row = {"samples_per_s": throughput(job.run_dir, config), "step_ms": measured_step_ms,
+           "predicted_step_ms": predicted.metrics["iteration_ms"],
+           "bubble": steady_bubble(measured, WARMUP), "predicted_bubble": steady_bubble(predicted.timeline, WARMUP),
+           "load_avg_1m": os.getloadavg()[0], "run_dir": str(job.run_dir)}
+    if case == "async":
+        reports = [json.loads((job.run_dir / "memory" / f"rank{r}.json").read_text()) for r in range(4)]
+        model_rows = predicted_memory(config)
+        row["memory"] = [{"stage": r["stage"], "measured_activations": r["activations"],
+                          "measured_stashed": r["stashed_weights"], "measured_versions": r["versions"],
+                          "predicted_activations": p["activations"], "predicted_stashed": p["stashed_weights"]}
+                         for r, p in zip(reports, model_rows)]
+    return row
+
+
+def main() -> int:
+    root = tempfile.mkdtemp(prefix="bench-async-")
+    runs: dict[str, dict[str, list[dict]]] = {m: {c: [] for c in CASES} for m in MODELS}
+    for rep in range(REPEATS):
+        for model in MODELS:
+            for case in CASES:
+                row = run_case(root, model, case)
+                runs[model][case].append(row)
+                print(f"rep {rep} {model:<9} {case:<6} {row['samples_per_s']:8.1f} samples/s  bubble "
+                      f"{row['bubble']:.3f} (sim {row['predicted_bubble']:.3f})  step {row['step_ms']:.1f} ms "
+                      f"(sim {row['predicted_step_ms']:.1f})  load {row['load_avg_1m']:.1f}", flush=True)
+    result = {"repeats": REPEATS, "steps": STEPS, "warmup": WARMUP, "models": {}}
+    for model, cases in runs.items():
+        summary = {}
+        for case, rows in cases.items():
+            summary[case] = {key: statistics.median(r[key] for r in rows) for key in
+                             ("samples_per_s", "step_ms", "predicted_step_ms", "bubble", "predicted_bubble",
+                              "load_avg_1m")}
+        for peer in ("1f1b", "gpipe", "naive"):
+            summary[f"async_over_{peer}"] = statistics.median(
+                a["samples_per_s"] / b["samples_per_s"] for a, b in zip(cases["async"], cases[peer]))
+        summary["async_memory"] = cases["async"][-1]["memory"]
+        summary["runs"] = cases
+        result["models"][model] = summary
+        print(f"\n{model}: async / 1f1b {summary['async_over_1f1b']:.2f}, async / gpipe "
+              f"{summary['async_over_gpipe']:.2f}, async / naive {summary['async_over_naive']:.2f}")
+        for row in summary["async_memory"]:
+            print(f"  stage {row['stage']}: activations {row['measured_activations'] / 1e3:.1f} kB (model "
+                  f"{row['predicted_activations'] / 1e3:.1f}), stashed {row['measured_stashed'] / 1e3:.1f} kB (model "
+                  f"{row['predicted_stashed'] / 1e3:.1f}), versions {row['measured_versions']}")
+    out = Path(__file__).resolve().parent / "results" / "async.json"
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
