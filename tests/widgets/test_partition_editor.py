@@ -79,6 +79,7 @@ def test_a_boundary_pushes_its_neighbours_instead_of_crossing_them(editor):
 def test_baseline_algorithms_and_reset(editor):
     editor.algorithm.value = "uniform"
     assert editor.state.partition == Partition.uniform(editor.costs.num_layers, 4)
+    assert "(uniform)" in editor.labels["partition"].value
     assert editor.state.gap >= 0
     editor.algorithm.value = "time"
     expected = run_partitioner(editor.costs, 4, "time", num_microbatches=8, cluster=editor.cluster_spec).partition
@@ -134,6 +135,8 @@ def test_bad_arguments_name_the_field():
         PartitionEditor(costs, schedule="zb")
     with pytest.raises(ValueError, match="cluster must be one of"):
         PartitionEditor(costs, cluster="moon")
+    with pytest.raises(ValueError, match="launch_backend must be one of local, dryrun; got 'slurm'"):
+        PartitionEditor(costs, launch_backend="slurm")
     editor = PartitionEditor(costs, num_stages=2, num_microbatches=2, cluster=None)
     with pytest.raises(ValueError, match="set_cuts needs 1 cuts"):
         editor.set_cuts([1, 2])

@@ -140,6 +140,7 @@ class PartitionEditor:
         _check_choice("schedule", schedule, EDITOR_SCHEDULES)
         _check_choice("algorithm", algorithm, EDITOR_ALGORITHMS)
         _check_choice("delay", delay, (0, 1))
+        _check_choice("launch_backend", launch_backend, ("local", "dryrun"))
         self._clusters: dict[str, ClusterSpec | None] = {NO_CLUSTER: None}
         self._clusters.update({name: None for name in cluster_names()})
         if isinstance(cluster, ClusterSpec):
@@ -160,6 +161,7 @@ class PartitionEditor:
         self.job = None
         self.monitor = None
         self.state: EditorState | None = None
+        self.algorithm_partition: Partition | None = None  # what the chosen algorithm cut, before any edit
         self._syncing = False
         if models is None:
             models = self._zoo_names() if isinstance(model, str) else []
@@ -300,6 +302,7 @@ class PartitionEditor:
         except ValueError as error:
             self._show_error(error)
             return
+        self.algorithm_partition = chosen
         self.set_cuts(chosen.cuts)
 
     # -- boundaries ---------------------------------------------------------------------------
@@ -373,11 +376,8 @@ class PartitionEditor:
         self.labels["memory"].value = f"peak memory <b>{peak / GIB:.3f} GiB</b>{over}"
         self.labels["gap"].value = (f"gap to AMPA <b>{100 * state.gap:+.1f}%</b> "
                                     f"(optimum {self.optimum.bottleneck_ms:.3f} ms)")
-        self.labels["partition"].value = (f"partition <code>{state.partition}</code> "
-                                          f"({self.algorithm.value if self._is_algorithm_cut(state) else 'edited'})")
-
-    def _is_algorithm_cut(self, state: EditorState) -> bool:
-        return self.algorithm.value == "ampa" and state.partition == self.optimum.partition
+        origin = self.algorithm.value if state.partition == self.algorithm_partition else "edited"
+        self.labels["partition"].value = f"partition <code>{state.partition}</code> ({origin})"
 
     def _balance_data(self, state: EditorState) -> dict[str, Any]:
         r = state.result
