@@ -92,3 +92,22 @@ def test_helpers_and_bad_input():
     explorer = ScheduleExplorer("interleaved", stages=4, microbatches=8)
     explorer.microbatches.value = 6
     assert "multiple of num_ranks=4" in explorer.error.value
+
+
+def test_without_a_widget_frontend_it_shows_the_summary_and_a_static_figure(monkeypatch):
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+
+    monkeypatch.setenv("WORKBENCH_STATIC", "1")
+    monkeypatch.setenv("WORKBENCH_PLOTLY_RENDERER", "plotly_mimetype")
+    explorer = ScheduleExplorer("gpipe", stages=2, microbatches=2)
+    InteractiveShell.instance()  # an IPython shell with no kernel: display works, no widget frontend
+    try:
+        with capture_output() as captured:
+            explorer._ipython_display_()
+    finally:
+        InteractiveShell.clear_instance()
+    bundles = [output.data for output in captured.outputs]
+    assert "33.3%" in bundles[0]["text/html"] and "formula" in bundles[0]["text/html"]
+    figure = bundles[1]["application/vnd.plotly.v1+json"]
+    assert {trace["name"] for trace in figure["data"]} >= {"forward (simulated)", "backward (simulated)"}
