@@ -8,12 +8,16 @@ Four parts, each printed and written to ``bench/results/planner.json``:
    runs while the other does (median of repeats).
 2. Strategies on this machine, 4 CPU ranks: the planner predicts each
    strategy's iteration from a single-process profile and the ``local``
-   cluster; each strategy then runs for real under torchrun (interleaved
-   repeats, median of the steady iterations); predicted vs measured times
-   and the Kendall tau of the two orderings.
+   cluster, with compute slowed by the factor measured in the same round
+   (one training step in 4 concurrent processes vs in one: the machine is
+   shared, so ranks / cores does not hold); each strategy then runs for real
+   under torchrun (interleaved repeats, median of the steady iterations);
+   predicted vs measured times and the Kendall tau of the two orderings.
 3. The 8 x V100 PCIe preset with costs projected from FLOPs: GroPipe's best
    predicted gain over data parallelism for VGG-16 and ResNet-50, next to
-   the GroPipe paper's figures.
+   the GroPipe paper's figures, at the preset's all-reduce bandwidth and at
+   lower ones (the gain depends on how much data-parallel communication is
+   left exposed).
 4. Search speed: every strategy for 64 devices and a 48-layer transformer.
 """
 
@@ -141,6 +145,45 @@ def _profile():
     return profile(build_model(MODEL, **OVERRIDES), batch=BATCH, repeats=5, cache=False, progress=False)
 
 
+def _timed_steps(seq, batch: int, barrier, results) -> None:
+    from workbench.profiling import measure_step_ms
+
+    barrier.wait()
+    results.put(statistics.median(measure_step_ms(seq, batch=batch, warmup=0, repeats=6)))
+
+
+def _sharing_factor(ranks: int = 4) -> float:
+    """How much slower one training step runs when ``ranks`` processes run it at once than when one does.
+
+    The processes are forked from this one (torch already imported, the model built and warmed up), start
+    together at a barrier and each report their median step.
+    """
+    import multiprocessing
+
+    import torch
+
+    from workbench.models.zoo import build_model
+    from workbench.profiling import measure_step_ms
+
+    torch.set_num_threads(1)
+    seq = build_model(MODEL, **OVERRIDES)
+    measure_step_ms(seq, batch=BATCH // ranks, warmup=1, repeats=1)
+    ctx = multiprocessing.get_context("fork")
+
+    def run(copies: int) -> float:
+        barrier, results = ctx.Barrier(copies), ctx.Queue()
+        procs = [ctx.Process(target=_timed_steps, args=(seq, BATCH // ranks, barrier, results)) for _ in range(copies)]
+        for proc in procs:
+            proc.start()
+        times = [results.get(timeout=300) for _ in procs]
+        for proc in procs:
+            proc.join(timeout=30)
+        return statistics.median(times)
+
+    alone = run(1)
+    return run(ranks) / alone
+
+
 def _measured_iteration_ms(job, warmup: int = 3) -> float:
     """Median time between consecutive steps on rank 0, after ``warmup`` steps."""
     frame = job.metrics()
@@ -161,9 +204,13 @@ def measured_vs_predicted(repeats: int) -> dict:
     rows: dict[str, list[dict]] = {name: [] for name in MEASURED}
     for rep in range(repeats):
         costs = _profile()  # this round's machine speed
-        predicted = plan(costs, "local", BATCH, world_size=4, shape=shape, strategies=MEASURED)
+        sharing = _sharing_factor()  # and how much 4 processes slow each other down on it now
+        predicted = plan(costs, "local", BATCH, world_size=4, shape=shape, strategies=MEASURED,
+                         compute_scale=sharing)
+        print(f"rep {rep}: 4 processes run {sharing:.2f}x slower than one (load {os.getloadavg()[0]:.2f})",
+              flush=True)
         for name in MEASURED:
-            config = predicted[name].to_config(steps=12, model_overrides=OVERRIDES, data={"kind": "bytes-lm",
+            config = predicted[name].to_config(steps=9, model_overrides=OVERRIDES, data={"kind": "bytes-lm",
                                                                                          "seq_len": SEQ})
             load = os.getloadavg()[0]
             job = launch(LaunchSpec(config=config.to_dict(), name=name, run_root=root))
@@ -171,7 +218,8 @@ def measured_vs_predicted(repeats: int) -> dict:
             if state != "SUCCEEDED":
                 raise RuntimeError(f"{name}: run {rep} ended {state}")
             measured = _measured_iteration_ms(job)
-            row = {"measured_ms": measured, "predicted_ms": predicted[name].estimate.iteration_ms, "load_avg_1m": load}
+            row = {"measured_ms": measured, "predicted_ms": predicted[name].estimate.iteration_ms, "load_avg_1m": load,
+                   "compute_scale": sharing}
             rows[name].append(row)
             print(f"rep {rep} {name:<24} measured {measured:8.1f} ms  predicted {row['predicted_ms']:8.1f} ms  "
                   f"load {load:.2f}", flush=True)
@@ -195,28 +243,37 @@ def measured_vs_predicted(repeats: int) -> dict:
 
 
 # -- 3. GroPipe's gain over data parallel on 8 x V100 PCIe, projected ---------------------------------------------
+ALLREDUCE_GBS = (None, 5.0, 2.5)  # the preset's PCIe link, then slower all-reduces (8 GPUs through host bridges)
+
+
 def gropipe_gain_projection(batch: int = 256) -> dict:
+    """Best GroPipe vs dp8, per model, at the preset's all-reduce bandwidth and at lower ones."""
     import torch
 
+    from workbench.core.costs import LinkSpec
+    from workbench.planning import plan
     from workbench.profiling import profile
     from workbench.profiling.projection import project
-    from workbench.planning import plan
 
     torch.set_num_threads(2)
-    out = {"cluster": "8xV100-PCIe", "global_batch": batch, "models": {}}
-    for model in ("vgg16", "resnet50"):
-        costs = project(profile(model, batch=8, repeats=1, warmup=1, progress=False), "V100")
-        result = plan(costs, "8xV100-PCIe", batch, kinds=("dp", "gropipe"), recompute=(False,), simulate_top=40)
-        dp = result["dp8"].estimate
-        gro = min((p for p in result.plans if p.strategy.kind == "gropipe" and p.estimate.method == "simulated"),
-                  key=lambda p: p.estimate.iteration_ms)
-        gain = dp.iteration_ms / gro.estimate.iteration_ms - 1
-        out["models"][model] = {"dp_ms": dp.iteration_ms, "dp_exposed_comm_ms": dp.exposed_comm_ms,
-                                "gropipe": gro.name, "gropipe_ms": gro.estimate.iteration_ms,
-                                "predicted_gain": gain, "paper_gain": PAPER_GAIN[model]}
-        print(f"{model:<9} dp8 {dp.iteration_ms:8.1f} ms (exposed all-reduce {dp.exposed_comm_ms:6.1f} ms)  best "
-              f"GroPipe {gro.name} {gro.estimate.iteration_ms:8.1f} ms  predicted gain {gain:+.0%}  "
-              f"(paper {PAPER_GAIN[model]:+.0%})", flush=True)
+    costs = {m: project(profile(m, batch=8, repeats=1, warmup=1, progress=False), "V100") for m in PAPER_GAIN}
+    out = {"cluster": "8xV100-PCIe", "global_batch": batch, "rows": []}
+    for gbs in ALLREDUCE_GBS:
+        link = LinkSpec("pcie-allreduce", 10.0, gbs) if gbs else None
+        for model, model_costs in costs.items():
+            result = plan(model_costs, "8xV100-PCIe", batch, kinds=("dp", "gropipe"), recompute=(False,),
+                          simulate_top=40, collective_link=link)
+            dp = result["dp8"].estimate
+            gro = min((p for p in result.plans if p.strategy.kind == "gropipe" and p.estimate.method == "simulated"),
+                      key=lambda p: p.estimate.iteration_ms)
+            gain = dp.iteration_ms / gro.estimate.iteration_ms - 1
+            out["rows"].append({"model": model, "allreduce_gbs": gbs or 10.0, "dp_ms": dp.iteration_ms,
+                                "dp_exposed_comm_ms": dp.exposed_comm_ms, "gropipe": gro.name,
+                                "gropipe_ms": gro.estimate.iteration_ms, "predicted_gain": gain,
+                                "paper_gain": PAPER_GAIN[model]})
+            print(f"all-reduce {gbs or 10.0:4.1f} GB/s {model:<9} dp8 {dp.iteration_ms:7.1f} ms (exposed "
+                  f"{dp.exposed_comm_ms:6.1f} ms)  best {gro.name:<26} {gro.estimate.iteration_ms:7.1f} ms  "
+                  f"predicted gain {gain:+.0%} (paper {PAPER_GAIN[model]:+.0%})", flush=True)
     return out
 
 

@@ -65,6 +65,7 @@ class CostContext:
     shape: TransformerShape | None = None
     optimizer: str = "adam"
     world_size: int | None = None
+    measured_compute_scale: float | None = None
     _partitions: dict[tuple, PartitionResult | ValueError] = field(default_factory=dict, repr=False)
     _projections: dict[tuple, Projection] = field(default_factory=dict, repr=False)
     _scaled: dict[bool, ModelCosts] = field(default_factory=dict, repr=False)
@@ -74,7 +75,9 @@ class CostContext:
         return self.memory_cap_bytes if self.memory_cap_bytes is not None else self.cluster.device.memory_bytes
 
     def compute_scale(self, ranks: int) -> float:
-        """How much slower compute runs when ``ranks`` processes share the node's cores."""
+        """How much slower compute runs when ``ranks`` processes share the node's cores (or as measured)."""
+        if self.measured_compute_scale is not None:
+            return self.measured_compute_scale
         cores = shared_cores(self.cluster)
         on_node = min(ranks, self.cluster.devices_per_node)
         return max(1.0, on_node / cores) if cores else 1.0
