@@ -181,3 +181,24 @@ def test_launching_a_model_outside_the_zoo_is_refused(editor):
         editor.launch()
     editor.launch_button.click()
     assert "not in the zoo" in editor.error.value
+
+
+@pytest.mark.multiproc
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_launch_trains_the_edited_partition_under_torchrun(tmp_path):
+    editor = PartitionEditor("mlp", num_stages=2, num_microbatches=4, schedule="1f1b", profile_batch=16,
+                             launch_steps=3, run_root=str(tmp_path), models=[])
+    edited = [editor.cuts[0] + 1] if editor.cuts[0] + 1 < editor.costs.num_layers else [editor.cuts[0] - 1]
+    editor.set_cuts(edited)
+    editor.launch_button.click()
+    assert editor.error.value == "" and editor.job is not None and editor.monitor is not None
+    try:
+        status = editor.job.wait(timeout=240)
+    finally:
+        editor.monitor.stop()
+    assert status.state == "SUCCEEDED", status.text()
+    written = json.loads((Path(editor.job.run_dir) / "config.json").read_text())
+    assert written["partition"] == str(editor.state.partition) and written["strategy"] == "1f1b"
+    metrics = editor.job.metrics()
+    assert sorted(metrics["step"].unique().tolist()) == [1, 2, 3]
