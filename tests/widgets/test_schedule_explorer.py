@@ -34,8 +34,9 @@ def test_changing_controls_updates_the_model_and_the_figure():
     explorer.microbatches.value = 12
     assert explorer.simulated_bubble_fraction(explorer.result) == pytest.approx(3 / 15)
     assert "3/(12+3)" in explorer.formula.value
+    assert explorer.chunks.disabled and explorer.groups.disabled and explorer.iterations.disabled
     explorer.schedule.value = "interleaved"
-    assert explorer.result.schedule.name == "interleaved"
+    assert explorer.result.schedule.name == "interleaved" and not explorer.chunks.disabled
     assert explorer.simulated_bubble_fraction(explorer.result) == pytest.approx(3 / (2 * 12 + 3))
 
 

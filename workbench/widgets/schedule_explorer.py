@@ -237,6 +237,10 @@ class ScheduleExplorer:
 
     def refresh(self) -> None:
         """Rebuild, re-simulate and redraw from the controls."""
+        kinds = {self.schedule.value, self.compare.value}
+        self.chunks.disabled = "interleaved" not in kinds
+        self.groups.disabled = self.delay.disabled = "gropipe" not in kinds
+        self.iterations.disabled = "async" not in kinds
         try:
             self.result = self._simulate(self.schedule.value)
             self.other = None if self.compare.value == "none" else self._simulate(self.compare.value)
