@@ -47,7 +47,8 @@ def test_moving_a_boundary_changes_costs_bottleneck_bubble_and_figures(editor):
     after = editor.state
     assert after.partition != before.partition
     assert after.partition.cuts[k] == before.partition.cuts[k] + 4
-    assert after.stage_cost_ms[k] > before.stage_cost_ms[k] and after.stage_cost_ms[k + 1] < before.stage_cost_ms[k + 1]
+    assert after.result.stage_cost_ms[k] > before.result.stage_cost_ms[k]
+    assert after.result.stage_cost_ms[k + 1] < before.result.stage_cost_ms[k + 1]
     assert after.bottleneck_ms > before.bottleneck_ms and after.gap > 0
     assert after.bubble_fraction != pytest.approx(before.bubble_fraction)
     assert after.iteration_ms > before.iteration_ms
@@ -94,6 +95,9 @@ def test_changing_stages_schedule_and_chunks_rebuilds_the_controls(editor):
     editor.stages.value = 6
     assert len(editor.boundaries) == 5 and editor.state.partition.num_stages == 6
     editor.schedule.value = "interleaved"  # 6 ranks x 2 chunks = 12 virtual stages; 8 micro-batches not multiple
+    assert "multiple" in editor.error.value
+    editor.boundaries[0].value += 1  # the last valid configuration (1f1b, 6 stages) stays in force meanwhile
+    assert editor.state.sim.schedule.name == "1f1b" and editor.state.partition.num_stages == 6
     assert "multiple" in editor.error.value
     editor.stages.value = 4
     assert editor.error.value == ""

@@ -80,10 +80,6 @@ class EditorState:
         return self.result.bottleneck_stage
 
     @property
-    def stage_cost_ms(self) -> list[float]:
-        return self.result.stage_cost_ms
-
-    @property
     def bubble_fraction(self) -> float:
         """Mean over ranks of the simulated idle share of the iteration."""
         values = self.sim.metrics["bubble_fraction"]
@@ -116,6 +112,12 @@ def _check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _zoo_names() -> list[str]:
+    from ..models import list_models  # torch: imported only when a zoo model is asked for
+
+    return list_models()
 
 
 class PartitionEditor:
@@ -162,9 +164,10 @@ class PartitionEditor:
         self.monitor = None
         self.state: EditorState | None = None
         self.algorithm_partition: Partition | None = None  # what the chosen algorithm cut, before any edit
+        self.config_error = ""  # why the controls' configuration cannot be shown ("" when it can)
         self._syncing = False
         if models is None:
-            models = self._zoo_names() if isinstance(model, str) else []
+            models = _zoo_names() if isinstance(model, str) else []
         style = {"description_width": "initial"}
         self.model = W.Dropdown(options=list(dict.fromkeys([self.costs.model, *models])), value=self.costs.model,
                                 description="model", style=style)
@@ -197,10 +200,10 @@ class PartitionEditor:
         for control in (self.stages, self.microbatches, self.schedule, self.cluster, self.groups, self.chunks,
                         self.delay):
             control.observe(self._on_config, names="value")
-        self.algorithm.observe(self._on_algorithm, names="value")
+        self.algorithm.observe(lambda _change: self._apply_algorithm(), names="value")
         self.model.observe(self._on_model, names="value")
         self.profile_path.observe(self._on_profile_path, names="value")
-        self.reset_button.on_click(lambda _b: self._on_algorithm())
+        self.reset_button.on_click(lambda _b: self._apply_algorithm())
         self.launch_button.on_click(lambda _b: self._on_launch())
         self.widget = W.VBox([
             W.HBox([self.model, self.profile_path]),
@@ -224,12 +227,6 @@ class PartitionEditor:
         from ..profiling import profile
 
         return profile(model, batch=self.profile_batch, progress=False)
-
-    @staticmethod
-    def _zoo_names() -> list[str]:
-        from ..models import list_models
-
-        return list_models()
 
     @property
     def num_virtual_stages(self) -> int:
@@ -263,14 +260,17 @@ class PartitionEditor:
             if cluster is not None and cluster.world_size < fields.groups * fields.stages:
                 raise ValueError(f"cluster {cluster.name!r} has {cluster.world_size} devices, fewer than "
                                  f"{fields.groups} groups x {fields.stages} stages")
-            self.schedule_value = schedule_for_config(fields)
-            self.projection = Projection(self.costs, V, num_microbatches=m, cluster=cluster,
-                                         schedule="gpipe" if fields.strategy == "gpipe" else "1f1b")
-            self.memory_cap = cluster.device.memory_bytes if cluster else None
-            self.optimum = solve(self.projection, self.memory_cap)
-        except ValueError as error:
+            schedule = schedule_for_config(fields)
+            projection = Projection(self.costs, V, num_microbatches=m, cluster=cluster,
+                                    schedule="gpipe" if fields.strategy == "gpipe" else "1f1b")
+            cap = cluster.device.memory_bytes if cluster else None
+            optimum = solve(projection, cap)
+        except ValueError as error:  # the previous configuration stays in force, and the error stays shown
+            self.config_error = str(error)
             self._show_error(error)
             return
+        self.config_error = ""
+        self.schedule_value, self.projection, self.memory_cap, self.optimum = schedule, projection, cap, optimum
         self._set_boundary_count(V - 1)
         self._apply_algorithm()
 
@@ -360,7 +360,7 @@ class PartitionEditor:
         except ValueError as error:
             self._show_error(error)
             return None
-        self.error.value = ""
+        self.error.value = "" if not self.config_error else self.error.value
         self._update_labels(self.state)
         self._update_figures(self.state)
         return self.state
@@ -407,9 +407,6 @@ class PartitionEditor:
         if self._syncing:
             return
         self._configure()
-
-    def _on_algorithm(self, _change=None) -> None:
-        self._apply_algorithm()
 
     def _on_model(self, change) -> None:
         if change["new"] == self.costs.model:
@@ -462,9 +459,9 @@ class PartitionEditor:
 
         from ..jobs import LaunchSpec, launch
 
-        if self.costs.model not in self._zoo_names():
+        if self.costs.model not in _zoo_names():
             raise ValueError(f"model {self.costs.model!r} is not in the zoo, so no job can build it; "
-                             f"launch a zoo model ({', '.join(self._zoo_names())})")
+                             f"launch a zoo model ({', '.join(_zoo_names())})")
         config = self.run_config(**overrides)
         self.job = launch(LaunchSpec(config=config, run_root=self.run_root, name=config.name),
                           backend=self.launch_backend)
