@@ -8,9 +8,9 @@ Four parts, each printed and written to ``bench/results/planner.json``:
    runs while the other does (median of repeats).
 2. Strategies on this machine, 4 CPU ranks: the planner predicts each
    strategy's iteration from a single-process profile and the ``local``
-   cluster, with compute slowed by the factor measured in the same round
-   (one training step in 4 concurrent processes vs in one: the machine is
-   shared, so ranks / cores does not hold); each strategy then runs for real
+   cluster, the machine's load average at planning time as the background
+   work the 4 ranks share the cores with (processor sharing: ranks / cores
+   on an idle machine, less on a crowded one); each strategy then runs for real
    under torchrun (interleaved repeats, median of the steady iterations);
    predicted vs measured times and the Kendall tau of the two orderings.
 3. The 8 x V100 PCIe preset with costs projected from FLOPs: GroPipe's best
@@ -145,45 +145,6 @@ def _profile():
     return profile(build_model(MODEL, **OVERRIDES), batch=BATCH, repeats=5, cache=False, progress=False)
 
 
-def _timed_steps(seq, batch: int, barrier, results) -> None:
-    from workbench.profiling import measure_step_ms
-
-    barrier.wait()
-    results.put(statistics.median(measure_step_ms(seq, batch=batch, warmup=0, repeats=6)))
-
-
-def _sharing_factor(ranks: int = 4) -> float:
-    """How much slower one training step runs when ``ranks`` processes run it at once than when one does.
-
-    The processes are forked from this one (torch already imported, the model built and warmed up), start
-    together at a barrier and each report their median step.
-    """
-    import multiprocessing
-
-    import torch
-
-    from workbench.models.zoo import build_model
-    from workbench.profiling import measure_step_ms
-
-    torch.set_num_threads(1)
-    seq = build_model(MODEL, **OVERRIDES)
-    measure_step_ms(seq, batch=BATCH // ranks, warmup=1, repeats=1)
-    ctx = multiprocessing.get_context("fork")
-
-    def run(copies: int) -> float:
-        barrier, results = ctx.Barrier(copies), ctx.Queue()
-        procs = [ctx.Process(target=_timed_steps, args=(seq, BATCH // ranks, barrier, results)) for _ in range(copies)]
-        for proc in procs:
-            proc.start()
-        times = [results.get(timeout=300) for _ in procs]
-        for proc in procs:
-            proc.join(timeout=30)
-        return statistics.median(times)
-
-    alone = run(1)
-    return run(ranks) / alone
-
-
 def _measured_iteration_ms(job, warmup: int = 3) -> float:
     """Median time between consecutive steps on rank 0, after ``warmup`` steps."""
     frame = job.metrics()
@@ -204,11 +165,10 @@ def measured_vs_predicted(repeats: int) -> dict:
     rows: dict[str, list[dict]] = {name: [] for name in MEASURED}
     for rep in range(repeats):
         costs = _profile()  # this round's machine speed
-        sharing = _sharing_factor()  # and how much 4 processes slow each other down on it now
+        background = os.getloadavg()[0]  # the other work sharing the cores now
         predicted = plan(costs, "local", BATCH, world_size=4, shape=shape, strategies=MEASURED,
-                         compute_scale=sharing)
-        print(f"rep {rep}: 4 processes run {sharing:.2f}x slower than one (load {os.getloadavg()[0]:.2f})",
-              flush=True)
+                         background_load=background)
+        print(f"rep {rep}: profiled at load {background:.2f}", flush=True)
         for name in MEASURED:
             config = predicted[name].to_config(steps=9, model_overrides=OVERRIDES, data={"kind": "bytes-lm",
                                                                                          "seq_len": SEQ})
@@ -219,7 +179,7 @@ def measured_vs_predicted(repeats: int) -> dict:
                 raise RuntimeError(f"{name}: run {rep} ended {state}")
             measured = _measured_iteration_ms(job)
             row = {"measured_ms": measured, "predicted_ms": predicted[name].estimate.iteration_ms, "load_avg_1m": load,
-                   "compute_scale": sharing}
+                   "background_load": background}
             rows[name].append(row)
             print(f"rep {rep} {name:<24} measured {measured:8.1f} ms  predicted {row['predicted_ms']:8.1f} ms  "
                   f"load {load:.2f}", flush=True)

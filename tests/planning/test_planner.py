@@ -180,3 +180,16 @@ def test_cli_ranks_strategies_as_json(tmp_path, capsys):
     assert "--batch must be an int >= 1" in capsys.readouterr().err
     assert main(["plan", "no-such-model", "--cluster", "8xV100-PCIe", "--batch", "8"]) == 2
     assert "neither a ModelCosts JSON file nor a zoo model" in capsys.readouterr().err
+
+
+def test_time_sharing_on_a_shared_cpu_node():
+    from workbench.planning.clusters import time_sharing_slowdown
+
+    assert time_sharing_slowdown(4, 2) == pytest.approx(2.0)  # idle machine: 4 processes on 2 cores
+    assert time_sharing_slowdown(2, 2) == pytest.approx(1.0)
+    assert time_sharing_slowdown(4, 2, background_load=14) == pytest.approx(18 / 15)  # a crowded machine
+    idle = plan(COSTS, "local-cpu", 16, world_size=4, strategies=["dp4"]).best.estimate
+    crowded = plan(COSTS, "local-cpu", 16, world_size=4, strategies=["dp4"], background_load=14).best.estimate
+    assert crowded.compute_ms < idle.compute_ms
+    with pytest.raises(ValueError, match="background_load must be a number >= 0"):
+        plan(COSTS, "local-cpu", 16, world_size=4, background_load=-1)

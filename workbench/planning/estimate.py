@@ -23,7 +23,9 @@ second formula for the same thing:
   communication and memory, with the profile's compute split over the grid.
 
 On a node whose ranks time-share fewer cores than there are ranks
-(``local``), every compute time is stretched by ranks / cores.
+(``local``), every compute time is stretched by processor sharing: ranks /
+cores on an idle machine, less when other work already crowds the cores
+(``background_load``).
 ``project`` is the cheap closed form (AMPA's ``(m + S - 1) x bottleneck``
 plus the exposed all-reduce) the search uses to rank many candidates before
 simulating the best ones.
@@ -43,7 +45,7 @@ from ..scheduling import generators
 from ..scheduling.simulate import SimResult, simulate
 from ..scheduling.stagecosts import StageCosts
 from .ampa import PartitionResult, Projection, _allreduce_exposed, solve
-from .clusters import shared_cores
+from .clusters import shared_cores, time_sharing_slowdown
 from .space import Strategy
 from .tensor_costs import TransformerShape, estimate_step, simulate_step, step_flops
 
@@ -65,7 +67,7 @@ class CostContext:
     shape: TransformerShape | None = None
     optimizer: str = "adam"
     world_size: int | None = None
-    measured_compute_scale: float | None = None
+    background_load: float = 0.0
     _partitions: dict[tuple, PartitionResult | ValueError] = field(default_factory=dict, repr=False)
     _projections: dict[tuple, Projection] = field(default_factory=dict, repr=False)
     _scaled: dict[bool, ModelCosts] = field(default_factory=dict, repr=False)
@@ -75,12 +77,10 @@ class CostContext:
         return self.memory_cap_bytes if self.memory_cap_bytes is not None else self.cluster.device.memory_bytes
 
     def compute_scale(self, ranks: int) -> float:
-        """How much slower compute runs when ``ranks`` processes share the node's cores (or as measured)."""
-        if self.measured_compute_scale is not None:
-            return self.measured_compute_scale
+        """How much slower compute runs when ``ranks`` processes share the node's cores with other work."""
         cores = shared_cores(self.cluster)
         on_node = min(ranks, self.cluster.devices_per_node)
-        return max(1.0, on_node / cores) if cores else 1.0
+        return time_sharing_slowdown(on_node, cores, self.background_load) if cores else 1.0
 
     def model_costs(self, recompute: bool) -> ModelCosts:
         """The profile with recomputation folded in: backward re-runs the forward.

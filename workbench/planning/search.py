@@ -195,16 +195,16 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
          shape: TransformerShape | None = None, strategies: Sequence[str | Strategy] | None = None,
          simulate_top: int = 12, microbatch_options: Iterable[int] | None = None, optimizer: str = "adam",
          collective_link: LinkSpec | None = None, fine_grained: bool = False,
-         compute_scale: float | None = None) -> PlanResult:
+         background_load: float = 0.0) -> PlanResult:
     """Rank the strategies for ``model`` on ``cluster`` at ``global_batch`` (see the module docstring).
 
     ``cluster``: a preset name (``8xV100-PCIe``, ``local``, ...), a
     ``ClusterSpec`` JSON file or a ``ClusterSpec``. ``world_size`` defaults to
     the whole cluster. ``strategies`` evaluates (and simulates) exactly these
     names instead of searching. ``top`` keeps that many feasible plans.
-    ``compute_scale``: how much slower each rank computes than the profile
-    when all ranks run at once, when measured (default: ranks / cores on
-    nodes whose ranks share cores, else 1).
+    ``background_load``: on clusters whose ranks share the node's cores
+    (``local``), the other runnable work there (e.g. ``os.getloadavg()[0]``
+    before launching), which changes how much the ranks slow each other.
     """
     started = time.perf_counter()
     costs = _load_costs(model)
@@ -220,11 +220,11 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
         raise ValueError(f"top must be an int >= 1 or None, got {top!r}")
     if memory_cap_gib is not None and not (isinstance(memory_cap_gib, (int, float)) and memory_cap_gib > 0):
         raise ValueError(f"memory_cap_gib must be a number > 0 (GiB per device), got {memory_cap_gib!r}")
-    if compute_scale is not None and not (isinstance(compute_scale, (int, float)) and compute_scale > 0):
-        raise ValueError(f"compute_scale must be a number > 0, got {compute_scale!r}")
+    if isinstance(background_load, bool) or not isinstance(background_load, (int, float)) or background_load < 0:
+        raise ValueError(f"background_load must be a number >= 0 (runnable processes), got {background_load!r}")
     cap = int(memory_cap_gib * GIB) if memory_cap_gib is not None else None
     ctx = CostContext(costs, spec, global_batch, coll, cap, shape.with_batch(global_batch) if shape else None,
-                      optimizer, world, compute_scale)
+                      optimizer, world, background_load)
     candidates = _candidates(costs, world, global_batch, shape, kinds, recompute, strategies, microbatch_options)
     projected: list[Estimate] = []
     infeasible: list[dict[str, Any]] = []
