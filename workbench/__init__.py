@@ -35,6 +35,8 @@ _LAZY: dict[str, str] = {
     "GENERATORS": "workbench.scheduling:GENERATORS",
     "partition": "workbench.planning:partition",
     "plan": "workbench.planning:plan",
+    "place": "workbench.planning.placement:place",
+    "choose_inflight": "workbench.scheduling.adaptive:choose_inflight",
     "Strategy": "workbench.planning:Strategy",
     "build_model": "workbench.models:build_model",
     "list_models": "workbench.models:list_models",
