@@ -282,16 +282,15 @@ def main() -> int:
         result["browser"] = browser_round_trip(costs)
     except Exception as error:  # the kernel-side numbers stand without the browser
         result["browser"] = {"failed": f"{type(error).__name__}: {error}"}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=1))
     b = result["browser"]
     if "label_round_trip_median_ms" in b:
         print(f"browser round trip (JupyterLab + Chromium, {b['moves']} moves, load average "
               f"{statistics.median(b['load_average_1min']):.1f}): label {b['label_round_trip_median_ms']:.0f} ms, "
-              f"figures redrawn {b['figures_round_trip_median_ms']:.0f} ms (medians)")
+              f"figures redrawn {b['figures_round_trip_median_ms']:.0f} ms (medians); results in {RESULTS}")
     else:
-        print(f"browser round trip not measured: {b}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=1))
-    print(f"wrote {RESULTS}")
+        print(f"browser round trip not measured: {b}; results in {RESULTS}")
     return 0
 
 
