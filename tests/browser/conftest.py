@@ -2,7 +2,9 @@
 
 ``lab_server`` (session): scripts/lab.sh on a free port with a known token,
 throw-away settings (autosave off, so nothing a test runs is written into
-the committed notebooks) and ``WORKBENCH_SMOKE=1`` for its kernels.
+the committed notebooks), ``WORKBENCH_SMOKE=1`` for its kernels and a run root
+of its own (under the ignored ``runs/``, removed afterwards) for the jobs they
+launch.
 ``chromium`` (session): a headless Chromium launched by Python Playwright.
 ``lab_page`` (per test): a :class:`LabPage` that opens a notebook, runs all
 cells, waits for the kernel, reads outputs and keeps screenshots under
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -137,11 +140,14 @@ def chromium():
 def lab_server(tmp_path_factory):
     """scripts/lab.sh serving the repository, with the app exposed to page scripts for kernel-state polling."""
     lab_server_module = _load_lab_server()
+    run_root = REPO_ROOT / "runs" / f"browser-test-{os.getpid()}"  # ignored by git; not /tmp (see 07_scale_out)
     server = lab_server_module.start_lab(tmp_path_factory.mktemp("lab"),
                                          extra_args=("--LabApp.expose_app_in_browser=True",),
-                                         env={"WORKBENCH_SMOKE": "1", "OMP_NUM_THREADS": "1"})
+                                         env={"WORKBENCH_SMOKE": "1", "OMP_NUM_THREADS": "1",
+                                              "WORKBENCH_RUN_ROOT": str(run_root)})
     yield server
     leftovers = server.stop()
+    shutil.rmtree(run_root, ignore_errors=True)
     assert leftovers == [], f"JupyterLab left processes behind: {leftovers}"
 
 
