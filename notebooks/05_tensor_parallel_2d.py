@@ -201,17 +201,11 @@ job = launch(LaunchSpec(config=config, run_root=run_root, name="tensor2d-lesson"
 print(job)
 job.monitor()
 
-# %%
-status = job.wait(timeout=300)
-print(status.text())
-metrics = job.metrics()
-grid_losses = metrics[metrics["rank"] == 0].sort_values("step")["loss"].tolist()
-
 # %% [markdown]
-# Now the same training in this kernel, on one process, with the dense model
-# the grid was cut from: the same seed, the same batches, the same loss and
-# optimizer. If the grid multiplies its blocks correctly, every step's loss
-# agrees to rounding.
+# While the grid trains, we run the same training in this kernel, on one
+# process, with the dense model the grid was cut from: the same seed, the same
+# batches, the same loss and optimizer. If the grid multiplies its blocks
+# correctly, every step's loss agrees to rounding.
 
 # %%
 import torch
@@ -235,6 +229,13 @@ for _, (token_ids, _targets) in zip(range(config.steps), global_batches(config, 
     optimizer.step()
     dense_losses.append(loss.item())
 
+# %% [markdown]
+# Now wait for the grid and set the two side by side.
+
+# %%
+status = job.wait(timeout=300)
+print(status.text())
+grid_losses = job.metrics().query("rank == 0").sort_values("step")["loss"].tolist()
 largest_gap = max(abs(a - b) for a, b in zip(grid_losses, dense_losses))
 print(f"{'step':>4}{'2x2 grid':>12}{'dense':>12}")
 for step, (a, b) in enumerate(zip(grid_losses, dense_losses), start=1):
