@@ -193,10 +193,19 @@ print(f"Chrome trace: {trace_path} ({len(slices)} slices)")
 # %% [markdown]
 # ## Where next
 #
-# The next notebooks profile a real model, let you drag stage boundaries and
-# watch the bubble move, compare schedules and strategies, and launch real
-# `torchrun` jobs. The last cell below checks that everything this tour showed
-# actually holds.
+# The lessons that follow put these values to work, each with real runs:
+#
+# | notebook | what it teaches |
+# |---|---|
+# | `01_profile_and_partition` | profile a model layer by layer, cut it with AMPA, drag the boundaries yourself |
+# | `02_pipeline_schedules_explained` | GPipe, 1F1B, interleaved, asynchronous: bubbles, memory, exercises |
+# | `03_gropipe` | grouped pipelines with a delayed all-reduce, measured against the simulator and against DDP |
+# | `04_async_pipeline` | weight stashing and staleness in the asynchronous pipeline |
+# | `05_tensor_parallel_2d` | SUMMA on a q x q grid, and a real 2 x 2 run equal to dense |
+# | `06_planner` | which mix of strategies is fastest for this machine and for an 8-GPU server |
+# | `07_scale_out` | several nodes with torchrun, and Slurm |
+#
+# The last cell below checks that everything this tour showed actually holds.
 
 # %%
 grid_rows = grid.splitlines()[2:]  # below the header and its rule
