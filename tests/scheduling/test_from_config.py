@@ -65,3 +65,17 @@ def test_recorded_bytes_drive_the_communication_of_the_prediction():
                                    collective_link=collective_link("local-cpu"))
     # a 12 MB ring all-reduce over 2 ranks at 1.2 GB/s takes ~10 ms, and delay 0 waits for it
     assert linked.metrics["iteration_ms"] > free.metrics["iteration_ms"] + 9
+
+
+def test_async_config_maps_to_one_stream_and_its_prediction_has_no_flush():
+    a = config(strategy="async", stages=2, microbatches=4, steps=3, inflight=2, mode="stash")
+    assert schedule_for_config(a) == generators.async_1f1b(2, 4, 3, inflight=2)
+    two_bw = config(strategy="async", stages=2, microbatches=4, steps=3, mode="2bw")
+    assert schedule_for_config(two_bw) == generators.async_1f1b(2, 4, 3, mode="2bw")
+    costs = StageCosts.uniform(2, forward_ms=1.0, backward_ms=2.0)
+    truth = simulate(schedule_for_config(a), costs)
+    measured = type(truth.timeline)(tuple(replace(e, source="measured") for e in truth.timeline), {})
+    predicted = predict_from_measured(a, measured)
+    assert predicted.metrics["iteration_ms"] == pytest.approx(truth.metrics["iteration_ms"])
+    flushed = simulate(generators.one_f_one_b(2, 4), costs).metrics["iteration_ms"]
+    assert predicted.metrics["iteration_ms"] < flushed  # the stream removes the per-iteration fill and drain

@@ -26,7 +26,7 @@ from .stagecosts import StageCosts
 
 __all__ = ["PIPELINE_STRATEGIES", "schedule_for_config", "stage_costs_from_timeline", "predict_from_measured"]
 
-PIPELINE_STRATEGIES = ("gpipe", "1f1b", "interleaved", "gropipe")
+PIPELINE_STRATEGIES = ("gpipe", "1f1b", "interleaved", "gropipe", "async")
 
 
 def schedule_for_config(config: Any, iteration: int = 0) -> Schedule:
@@ -36,6 +36,9 @@ def schedule_for_config(config: Any, iteration: int = 0) -> Schedule:
     ``stages``, ``microbatches``, ``chunks``, ``groups``, ``inner`` and
     ``delay`` attributes). GroPipe numbers its iterations (the delayed step
     of iteration ``t`` applies ``t - 1``), so it is built per ``iteration``.
+    ``async`` is one stream over all ``steps`` iterations; with ``inflight =
+    "auto"`` (chosen by the runtime from a profile) the generator's default
+    depth stands in.
     """
     from . import generators
 
@@ -50,6 +53,11 @@ def schedule_for_config(config: Any, iteration: int = 0) -> Schedule:
     if strategy == "gropipe":
         return generators.gropipe(config.groups, s, m, inner=config.inner, delay=config.delay,
                                   first_iteration=iteration)
+    if strategy == "async":
+        inflight = getattr(config, "inflight", "auto")
+        return generators.async_1f1b(s, m, config.steps, inflight=None if inflight == "auto" else inflight,
+                                     mode=getattr(config, "mode", "stash"),
+                                     vertical_sync=getattr(config, "vertical_sync", False), num_groups=config.groups)
     raise ValueError(f"strategy {strategy!r} is not a scheduled pipeline; valid: {', '.join(PIPELINE_STRATEGIES)}")
 
 
