@@ -30,7 +30,7 @@ from notebook_files import REPO_ROOT, notebook_paths, read_notebook
 from workbench.jobs import list_runs, reap
 
 NOTEBOOKS = notebook_paths()
-NOTEBOOK_TIMEOUT_S = 240
+NOTEBOOK_TIMEOUT_S = 300
 
 
 def _execute(notebook: nbformat.NotebookNode, cwd: Path, run_root: Path | None = None) -> nbformat.NotebookNode:
@@ -60,7 +60,7 @@ def test_kernel_is_this_environment_with_smoke_parameters(tmp_path):
 
 
 @pytest.mark.notebook
-@pytest.mark.timeout(NOTEBOOK_TIMEOUT_S + 60)
+@pytest.mark.timeout(NOTEBOOK_TIMEOUT_S + 120)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_runs_to_the_end(path):
     run_root = REPO_ROOT / "runs" / f"notebook-test-{os.getpid()}-{path.stem}"
