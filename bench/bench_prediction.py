@@ -3,9 +3,11 @@
 Each strategy runs for real under torchrun (vgg-tiny, 2 stages, 4
 micro-batches; GroPipe 2 groups x 2 stages). The simulator then predicts
 the same iteration from the run's own schedule, its measured per-stage
-compute times and the ``local-cpu`` link preset (gloo loopback: 4.4 GB/s
-point-to-point, 1.2 GB/s all-reduce, 70 us latency), so the error measures
-the schedule and communication model, not the profiler. Strategies are
+compute times and the ``local-cpu`` cluster preset (gloo loopback: 4.4 GB/s
+point-to-point, 1.2 GB/s all-reduce, 70 us latency; its processes share the
+machine's cores, and compute and communication that overlap there slow each
+other by the measured overlap slowdown), so the error measures the schedule
+and communication model, not the profiler. Strategies are
 interleaved over repeats; the median ratio predicted / measured is reported.
 Writes ``bench/results/prediction.json``.
 """
@@ -33,7 +35,7 @@ BASE = {"name": "predict", "model": "vgg-tiny", "stages": 2, "microbatches": 4, 
 
 
 def main() -> int:
-    rows: dict[str, list[tuple[float, float]]] = {name: [] for name in CASES}
+    rows: dict[str, list[tuple[float, float, float]]] = {name: [] for name in CASES}
     root = tempfile.mkdtemp(prefix="bench-prediction-")
     for rep in range(REPEATS):
         for name, extra in CASES.items():
@@ -44,17 +46,20 @@ def main() -> int:
                 return 1
             measured = job.timeline()
             predicted = job.predicted_timeline(measured)
-            rows[name].append((measured.makespan, predicted.makespan))
-            print(f"rep {rep} {name:<11} measured {measured.makespan:7.1f} ms  predicted {predicted.makespan:7.1f} ms",
-                  flush=True)
+            load = os.getloadavg()[0]
+            rows[name].append((measured.makespan, predicted.makespan, load))
+            print(f"rep {rep} {name:<11} measured {measured.makespan:7.1f} ms  predicted {predicted.makespan:7.1f} ms  "
+                  f"load {load:.2f}", flush=True)
     result = {"repeats": REPEATS, "load_avg_1m": os.getloadavg()[0], "cases": {}}
-    print(f"\n{'strategy':<11} {'measured ms':>12} {'predicted ms':>13} {'pred/meas':>10}")
+    print(f"\n{'strategy':<11} {'measured ms':>12} {'predicted ms':>13} {'pred/meas':>10} {'load':>6}")
     for name, pairs in rows.items():
-        ratio = statistics.median(p / m for m, p in pairs)
-        meas = statistics.median(m for m, _ in pairs)
-        pred = statistics.median(p for _, p in pairs)
-        result["cases"][name] = {"measured_ms": meas, "predicted_ms": pred, "ratio": ratio, "pairs": pairs}
-        print(f"{name:<11} {meas:12.1f} {pred:13.1f} {ratio:10.3f}")
+        ratio = statistics.median(p / m for m, p, _ in pairs)
+        meas = statistics.median(m for m, _, _ in pairs)
+        pred = statistics.median(p for _, p, _ in pairs)
+        load = statistics.median(l for _, _, l in pairs)
+        result["cases"][name] = {"measured_ms": meas, "predicted_ms": pred, "ratio": ratio, "load_avg_1m": load,
+                                 "pairs": pairs}
+        print(f"{name:<11} {meas:12.1f} {pred:13.1f} {ratio:10.3f} {load:6.2f}")
     out = Path(__file__).resolve().parent / "results" / "prediction.json"
     out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out}")
