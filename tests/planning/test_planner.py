@@ -193,3 +193,18 @@ def test_time_sharing_on_a_shared_cpu_node():
     assert crowded.compute_ms < idle.compute_ms
     with pytest.raises(ValueError, match="background_load must be a number >= 0"):
         plan(COSTS, "local-cpu", 16, world_size=4, background_load=-1)
+
+
+def test_local_cluster_reads_its_calibration(tmp_path, monkeypatch):
+    from workbench.core.costs import LinkSpec
+    from workbench.planning import clusters
+
+    monkeypatch.setattr(clusters, "LOCAL_CALIBRATION", tmp_path / "local.json")
+    default, _ = clusters.load_cluster("local")
+    assert default.shared_compute and default.overlap_slowdown == clusters.LOCAL_OVERLAP_SLOWDOWN
+    clusters.save_local_calibration(LinkSpec("measured-p2p", 50.0, 3.0), LinkSpec("measured-ar", 80.0, 0.9), 1.2)
+    cluster, coll = clusters.load_cluster("local")
+    assert cluster.intra_node.bandwidth_gbs == 3.0 and coll.bandwidth_gbs == 0.9 and cluster.overlap_slowdown == 1.2
+    (tmp_path / "local.json").write_text("{")
+    with pytest.raises(ValueError, match="local cluster calibration .* is unreadable"):
+        clusters.load_cluster("local")
