@@ -50,7 +50,7 @@ num_microbatches = 4        # micro-batches per pipeline per iteration
 global_batch = 64           # samples per optimizer step, over all groups
 delay = 1                   # 0: exact synchronous all-reduce; 1: applied one iteration late
 train_steps = 12 if smoke else 40
-editor_launch_steps = 40    # steps of a run started with the editor's Launch button
+editor_launch_steps = 200   # steps of a run started with the editor's Launch button (about a minute)
 optimizer = {"name": "adam", "lr": 0.001}
 run_root = os.environ.get("WORKBENCH_RUN_ROOT", "runs")
 

@@ -89,9 +89,21 @@ class LabPage:
         """Run > Run All Cells from the menu bar, then wait until every code cell has run."""
         self.page.click(".lm-MenuBar-item:has-text('Run')")
         self.page.click(".lm-Menu-item:has-text('Run All Cells')")
-        self.page.wait_for_function(_ALL_CELLS_RAN_JS, timeout=timeout_s * 1000)
+        self.wait_for_cells(_ALL_CELLS_RAN_JS, timeout_s)
         self.wait_for_kernel_idle(timeout_s)
         return self
+
+    def wait_for_cells(self, predicate_js: str, timeout_s: float, arg=None) -> None:
+        """Wait until ``predicate_js`` holds; on a timeout keep a screenshot and report the notebook's errors."""
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+        try:
+            self.page.wait_for_function(predicate_js, arg=arg, timeout=timeout_s * 1000)
+        except PlaywrightTimeout:
+            shot = self.screenshot("timeout")
+            errors = self.page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.error']")
+            raise AssertionError(f"cells did not finish within {timeout_s:.0f} s (screenshot {shot}); error outputs: "
+                                 f"{errors.all_inner_texts()!r}; last output: {self.output_text()[-1500:]!r}") from None
 
     def count(self, selector: str) -> int:
         return self.page.locator(selector).count()
