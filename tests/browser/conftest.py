@@ -73,7 +73,7 @@ class LabPage:
 
     def open(self, notebook: str, timeout_s: float = 90.0) -> "LabPage":
         """Open ``notebook`` (path from the repository root) and wait for its kernel to be idle."""
-        self.page.goto(self.server.notebook_url(notebook))
+        self.page.goto(self.server.notebook_url(notebook) + "&reset")  # not the tabs an earlier test left open
         self.opened.append(notebook)
         self.page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=timeout_s * 1000)
         self.wait_for_kernel_idle(timeout_s)
@@ -121,7 +121,7 @@ class LabPage:
         """Save a PNG of the page under test-artifacts/ and return its path."""
         ARTIFACTS_DIR.mkdir(exist_ok=True)
         path = ARTIFACTS_DIR / f"{self.name}-{label}.png"
-        self.page.screenshot(path=str(path))
+        self.page.screenshot(path=str(path), timeout=120_000)  # a loaded machine repaints a busy page slowly
         return path
 
     def close(self) -> None:

@@ -141,7 +141,7 @@ def test_launch_from_the_editor_shows_a_rising_step_counter(lab_page, lab_server
     if cancel.is_enabled():  # still training: stop it from the page
         cancel.click()
     lab_page.page.wait_for_function(
-        "() => /CANCELLED|SUCCEEDED/.test(document.querySelector('.wb-launch-output').innerText)", timeout=60_000)
+        "() => /CANCELLED|SUCCEEDED/.test(document.querySelector('.wb-launch-output').innerText)", timeout=180_000)
     assert _error_outputs(lab_page) == []
     assert shot.stat().st_size > 10_000
 
