@@ -29,6 +29,16 @@ def test_sbatch_script_matches_golden():
     assert text == (GOLDEN / "slurm_2x4_nccl.sbatch").read_text()
 
 
+def test_dry_run_gives_back_the_whole_batch_script(tmp_path):
+    spec = golden_spec(run_root=str(tmp_path), name="dry", nnodes=1, dist_backend="gloo",
+                       slurm=SlurmOptions(partition="cpu", setup=("module load python",)))
+    job = launch(spec, backend="dryrun", check_entry=False)
+    assert len(job.commands) == 1
+    script = job.commands[0]
+    assert script.startswith("#!") and "\n\n" in script  # blank lines inside the script keep it whole
+    assert "#SBATCH" in script and "srun" in script and "torchrun" in script
+
+
 @pytest.mark.parametrize("changes, fragment", [
     ({"slurm": SlurmOptions(gpus_per_node=2)}, "SlurmOptions.gpus_per_node is 2 but NCCL needs one GPU per process"),
     ({"dist_backend": "gloo", "slurm": SlurmOptions(cpus_per_task=2)}, "SlurmOptions.cpus_per_task is 2"),

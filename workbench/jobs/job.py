@@ -105,7 +105,11 @@ class Job:
 
     @property
     def commands(self) -> list[str]:
-        path = self.run_dir / COMMAND_FILE
+        """The command(s) launched, one per node or one batch script (``command.txt`` has them for people)."""
+        recorded = self.launch_info.get("commands")
+        if recorded is not None:
+            return list(recorded)
+        path = self.run_dir / COMMAND_FILE  # run directories written before launch.json kept the list
         return path.read_text().split("\n\n") if path.is_file() else []
 
     def __repr__(self) -> str:
@@ -391,7 +395,7 @@ def launch(spec: LaunchSpec, backend: str = "local", *, check_entry: bool = True
         shutil.rmtree(run_dir, ignore_errors=True)
         raise
     info = {"backend": runner.name, "run_id": run_id, "host": socket.gethostname(), "start_time": time.time(),
-            "world_size": spec.world_size, **started.launch}
+            "world_size": spec.world_size, "commands": list(started.commands), **started.launch}
     _write_json_atomic(run_dir / LAUNCH_FILE, info)
     (run_dir / COMMAND_FILE).write_text("\n\n".join(started.commands) + "\n")
     job = Job(run_dir, processes=started.processes)
