@@ -316,13 +316,15 @@ class Job:
 
         Compute comes from the run's own stage events; sends and gradient
         all-reduces are timed on the links of the ``cluster`` preset (default:
-        this machine's gloo loopback; None: free communication). ``None`` when
+        this machine's gloo loopback, whose ranks share the machine's cores;
+        None: free communication). ``None`` when
         the strategy is not a scheduled pipeline or no full iteration has been
         measured yet (see ``scheduling.from_config``).
         """
         from ..core.config import RunConfig
-        from ..planning.clusters import collective_link, get_cluster
+        from ..planning.clusters import collective_link, get_cluster, shared_cores
         from ..scheduling.from_config import PIPELINE_STRATEGIES, predict_from_measured
+        from ..scheduling.sharing import CoreSharing
 
         try:
             config = RunConfig.from_dict(json.loads((Path(self.run_dir) / CONFIG_FILE).read_text()))
@@ -338,8 +340,11 @@ class Job:
             raise ValueError(f"cluster preset {cluster!r} has {spec.world_size} devices but the run uses "
                              f"{config.world_size}; pass a larger preset or cluster=None")
         link = collective_link(cluster) if cluster is not None else None
+        cores = shared_cores(spec) if spec is not None else None
+        sharing = CoreSharing(cores, ranks_per_node=spec.devices_per_node) if cores else None
         try:
-            return predict_from_measured(config, measured, cluster=spec, collective_link=link).timeline
+            return predict_from_measured(config, measured, cluster=spec, collective_link=link,
+                                         sharing=sharing).timeline
         except ValueError:
             return None
 

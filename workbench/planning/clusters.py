@@ -33,6 +33,7 @@ from pathlib import Path
 
 from ..core.costs import ClusterSpec, DeviceSpec, LinkSpec
 from ..core.devices import DATASHEET_DEVICES, GIB
+from ..scheduling.sharing import sharing_slowdown
 
 __all__ = ["DEVICES", "get_cluster", "cluster_names", "collective_link", "get_device", "load_cluster",
            "shared_cores", "time_sharing_slowdown", "save_local_calibration", "LOCAL_CALIBRATION", "LOCAL_OVERLAP_SLOWDOWN"]
@@ -107,15 +108,10 @@ def shared_cores(cluster: ClusterSpec) -> int | None:
 def time_sharing_slowdown(ranks: int, cores: int, background_load: float = 0.0) -> float:
     """How much slower each of ``ranks`` busy processes computes than one process alone did.
 
-    Processor sharing: ``n`` runnable processes next to ``background_load``
-    others get ``min(1, cores / (background_load + n))`` of a core each, so
-    the slowdown is that share for one process over the share for ``ranks``
-    (``ranks / cores`` on an idle machine; close to 1 on one already crowded).
+    Processor sharing (:func:`workbench.scheduling.sharing.sharing_slowdown`):
+    ``ranks / cores`` on an idle machine, close to 1 on one already crowded.
     """
-    def share(n: int) -> float:
-        return min(1.0, cores / (background_load + n))
-
-    return share(1) / share(ranks)
+    return sharing_slowdown(ranks, cores, background_load)
 
 
 def save_local_calibration(p2p: LinkSpec, allreduce: LinkSpec | None = None,

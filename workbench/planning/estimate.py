@@ -23,9 +23,14 @@ second formula for the same thing:
   communication and memory, with the profile's compute split over the grid.
 
 On a node whose ranks time-share fewer cores than there are ranks
-(``local``), every compute time is stretched by processor sharing: ranks /
-cores on an idle machine, less when other work already crowds the cores
-(``background_load``).
+(``local``), compute is stretched by processor sharing. Simulated pipelines
+and data parallelism share the cores inside the simulator
+(:mod:`~workbench.scheduling.sharing`): a rank is slowed by the threads of
+its node runnable while it computes (compute, all-reduces, sends), so a
+pipeline's bubble relieves its neighbours and a gradient all-reduce takes
+cores from the backward beside it. Closed forms (tensor parallelism, the
+projection) stretch every compute time by ranks / cores, all ranks busy.
+Other work already crowding the cores (``background_load``) lowers both.
 ``project`` is the cheap closed form (AMPA's ``(m + S - 1) x bottleneck``
 plus the exposed all-reduce) the search uses to rank many candidates before
 simulating the best ones.
@@ -42,6 +47,7 @@ from ..core.costs import ClusterSpec, DeviceSpec, LinkSpec, ModelCosts
 from ..core.partition import Partition
 from ..core.timeline import Timeline
 from ..scheduling import generators
+from ..scheduling.sharing import CoreSharing
 from ..scheduling.simulate import SimResult, simulate
 from ..scheduling.stagecosts import StageCosts
 from .ampa import PartitionResult, Projection, _allreduce_exposed, solve
@@ -81,6 +87,13 @@ class CostContext:
         cores = shared_cores(self.cluster)
         on_node = min(ranks, self.cluster.devices_per_node)
         return time_sharing_slowdown(on_node, cores, self.background_load) if cores else 1.0
+
+    def sharing(self) -> CoreSharing | None:
+        """The cores the ranks of a node time-share, for the simulator (None: a device per rank)."""
+        cores = shared_cores(self.cluster)
+        if not cores:
+            return None
+        return CoreSharing(cores, self.background_load, self.cluster.devices_per_node)
 
     def model_costs(self, recompute: bool) -> ModelCosts:
         """The profile with recomputation folded in: backward re-runs the forward.
@@ -166,11 +179,7 @@ def _stage_costs(ctx: CostContext, strategy: Strategy, partition: Partition, mic
     if strategy.recompute:  # a stage keeps only its input per micro-batch in flight
         sc = replace(sc, activation_bytes=(int(ctx.costs.input_bytes * microbatch / ctx.costs.batch_size),
                                            *sc.send_bytes[:-1]))
-    k = ctx.compute_scale(strategy.world_size)
-    if k == 1.0:
-        return sc
-    return replace(sc, forward_ms=tuple(f * k for f in sc.forward_ms), backward_ms=tuple(b * k for b in sc.backward_ms),
-                   step_ms=tuple(s * k for s in sc.step_ms))
+    return sc  # solo times: the simulator shares the cores (CostContext.sharing)
 
 
 def _schedule(strategy: Strategy, num_buckets: int = 1):
@@ -289,7 +298,8 @@ def simulate_strategy(ctx: CostContext, strategy: Strategy, partition: Partition
     if schedule is None:
         schedule, iterations = _schedule(strategy)
     microbatch = ctx.global_batch // strategy.dp // strategy.microbatches
-    sim = simulate(schedule, sc, ctx.cluster, collective_link=ctx.collective_link, microbatch_size=microbatch)
+    sim = simulate(schedule, sc, ctx.cluster, collective_link=ctx.collective_link, microbatch_size=microbatch,
+                   sharing=ctx.sharing())
     iteration = _steady_iteration_ms(sim, iterations)
     compute, bubble, exposed = _breakdown(sim, iteration, iterations)
     if strategy.kind == "async" and strategy.dp > 1:  # replicas average gradients off the critical path

@@ -112,9 +112,8 @@ def selective_recompute_plans(ctx: CostContext, strategies: Sequence[Strategy],
             extra_ms.append(sum(forward[l] for l in recomputed))
             kept_bytes.append(int(sum(options[i][o][1] for i, o in enumerate(picks)) / in_flight_mb))
         else:
-            base = _stage_costs(ctx, strategy, result.partition, microbatch)
-            k = ctx.compute_scale(strategy.world_size)
-            sc = replace(base, backward_ms=tuple(bw + x * k for bw, x in zip(base.backward_ms, extra_ms)),
+            base = _stage_costs(ctx, strategy, result.partition, microbatch)  # solo times, like extra_ms
+            sc = replace(base, backward_ms=tuple(bw + x for bw, x in zip(base.backward_ms, extra_ms)),
                          activation_bytes=tuple(kept_bytes))
             labelled = replace(strategy, recompute=True)
             try:

@@ -10,7 +10,10 @@ live job: it takes the per-stage forward / backward durations the job has
 measured, feeds them to the simulator with the job's own schedule, and
 returns the predicted timeline and metrics. Compute is therefore calibrated
 by the run itself; what the prediction tests is the schedule and the
-communication model (idle time, waits, exposed all-reduce).
+communication model (idle time, waits, exposed all-reduce). On CPU ranks
+that time-share cores (``sharing``), the measured durations are first
+turned back into solo times, then the simulator shares the cores again for
+the schedule's own overlap (:mod:`~workbench.scheduling.sharing`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 from ..core.costs import ClusterSpec, LinkSpec
 from ..core.ir import Schedule
 from ..core.timeline import Timeline
+from .sharing import CoreSharing, solo_durations
 from .simulate import SimResult, simulate
 from .stagecosts import StageCosts
 
@@ -61,20 +65,24 @@ def schedule_for_config(config: Any, iteration: int = 0) -> Schedule:
     raise ValueError(f"strategy {strategy!r} is not a scheduled pipeline; valid: {', '.join(PIPELINE_STRATEGIES)}")
 
 
-def stage_costs_from_timeline(timeline: Timeline, num_stages: int) -> StageCosts:
+def stage_costs_from_timeline(timeline: Timeline, num_stages: int, sharing: CoreSharing | None = None) -> StageCosts:
     """Per-stage costs from measured events.
 
-    Forward / backward / step times are the medians of the stage's events;
+    Forward / backward / step times are the medians of the stage's events
+    (with ``sharing``: of their solo durations, each event's duration over
+    the processor-sharing slowdown of the threads runnable beside it);
     the bytes a stage sends downstream and the gradient bytes it all-reduces
     are read from the ``nbytes`` its SEND_F and AR events recorded (0 when
     the run did not record them).
     """
     if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
         raise ValueError(f"num_stages must be an int >= 1, got {num_stages!r}")
+    events = list(timeline)
+    solo = solo_durations(events, sharing) if sharing is not None else {}
     samples: dict[tuple[int, str], list[float]] = {}
-    for e in timeline:
+    for i, e in enumerate(events):
         if e.op in ("F", "B", "STEP") and e.stage < num_stages:
-            samples.setdefault((e.stage, e.op), []).append(e.duration)
+            samples.setdefault((e.stage, e.op), []).append(solo.get(i, e.duration))
     missing = [s for s in range(num_stages) if (s, "F") not in samples or (s, "B") not in samples]
     if missing:
         raise ValueError(f"the measured timeline has no forward/backward events for stages {missing}")
@@ -102,9 +110,10 @@ def stage_costs_from_timeline(timeline: Timeline, num_stages: int) -> StageCosts
 
 
 def predict_from_measured(config: Any, measured: Timeline, *, cluster: ClusterSpec | None = None,
-                          collective_link: LinkSpec | None = None, iteration: int = 0) -> SimResult:
-    """Simulate the config's schedule with the stage times the run measured."""
+                          collective_link: LinkSpec | None = None, iteration: int = 0,
+                          sharing: CoreSharing | None = None) -> SimResult:
+    """Simulate the config's schedule with the stage times the run measured (see the module docstring)."""
     schedule = schedule_for_config(config, iteration)
     num_stages = max(a.stage for r in range(schedule.num_ranks) for a in schedule.actions(r)) + 1
-    costs = stage_costs_from_timeline(measured, num_stages)
-    return simulate(schedule, costs, cluster, collective_link=collective_link)
+    costs = stage_costs_from_timeline(measured, num_stages, sharing)
+    return simulate(schedule, costs, cluster, collective_link=collective_link, sharing=sharing)

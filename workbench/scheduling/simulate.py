@@ -31,6 +31,12 @@ places them, so an overlap with work a slower rank places later is not seen;
 ``f = 1`` leaves every time unchanged. Without a cluster, communication is
 free (zero time) but its bytes are still counted.
 
+Processor sharing (``sharing=``, for CPU ranks time-sharing a node's cores):
+instead of the pairwise overlap slowdown, each rank's compute is stretched by
+how many threads of its node are runnable while it computes, settled by a
+fixed point (see :mod:`workbench.scheduling.sharing`); ``stage_costs`` are
+then solo times (one process alone on the node).
+
 Metric definitions: ``iteration_ms`` is the makespan divided by the number
 of iterations; ``bubble_fraction[r]`` is ``1 - compute busy time of rank r /
 makespan`` (compute = F, B, I, W); ``exposed_comm_ms[r]`` is the time rank
@@ -52,6 +58,7 @@ from ..core.ir import Op, Schedule
 from ..core.timeline import Event, Timeline
 from .memory import memory_breakdown
 from .passes import lower
+from .sharing import CoreSharing, activity
 from .stagecosts import StageCosts
 
 __all__ = ["simulate", "SimResult", "BUBBLE_DEFINITION"]
@@ -211,14 +218,21 @@ def _default_costs(schedule: Schedule) -> StageCosts:
     return StageCosts.uniform(schedule.num_stages or 1, forward_ms=1.0 / chunks, backward_ms=2.0 / chunks)
 
 
+SHARING_ROUNDS = 12  # fixed-point rounds at most; the stretch settles to 1% in 3-6 on the schedules here
+
+
 def simulate(schedule: Schedule, stage_costs: StageCosts | None = None, cluster: ClusterSpec | None = None, *,
-             collective_link: LinkSpec | None = None, microbatch_size: int | None = None) -> SimResult:
+             collective_link: LinkSpec | None = None, microbatch_size: int | None = None,
+             sharing: CoreSharing | None = None) -> SimResult:
     """Time ``schedule`` with ``stage_costs`` on ``cluster`` (see the module docstring).
 
     ``stage_costs=None`` gives every (virtual) stage forward 1 and backward
     2 time units in total per rank (split over interleaved chunks);
     ``collective_link`` overrides the link all-reduces use (clusters whose
     collectives reach a different bandwidth than point-to-point).
+    ``sharing``: the ranks time-share their node's cores (processor
+    sharing replaces the overlap slowdown); the result's metrics carry the
+    per-rank compute ``sharing_slowdown`` it settled on.
     """
     costs = stage_costs if stage_costs is not None else _default_costs(schedule)
     lowered = _lowered(schedule)
@@ -226,7 +240,28 @@ def simulate(schedule: Schedule, stage_costs: StageCosts | None = None, cluster:
     stages_used = {a.stage for r in range(n) for a in lowered.actions(r)}
     if max(stages_used, default=0) >= costs.num_stages:
         raise ValueError(f"schedule uses stages up to {max(stages_used)} but stage_costs has {costs.num_stages}")
+    if sharing is None:
+        return _simulate(lowered, costs, cluster, collective_link, microbatch_size, None)
+    if cluster is not None and sharing.ranks_per_node is None:
+        sharing = CoreSharing(sharing.cores, sharing.background, cluster.devices_per_node)
+    scale = [1.0] * n
+    for _ in range(SHARING_ROUNDS):
+        result = _simulate(lowered, costs, cluster, collective_link, microbatch_size, scale)
+        result.metrics["sharing_slowdown"] = scale
+        wanted = [sharing.slowdown(a) for a in activity(result.timeline.events, n, sharing)]
+        if all(abs(w - s) <= 0.01 * s for w, s in zip(wanted, scale)):
+            break
+        scale = [(w + s) / 2 for w, s in zip(wanted, scale)]  # damped: stretching compute changes the overlap
+    return result
+
+
+def _simulate(lowered: Schedule, costs: StageCosts, cluster: ClusterSpec | None, collective_link: LinkSpec | None,
+              microbatch_size: int | None, scale: list[float] | None) -> SimResult:
+    """One timed pass; ``scale[r]`` stretches rank r's compute (processor sharing, interference then off)."""
+    n = lowered.num_ranks
     links = _Links(cluster, collective_link, n)
+    if scale is not None:
+        links.interference = None
     meta = lowered.meta
     groups = meta.get("dp_groups") or []
     num_buckets = meta.get("num_buckets", 1)
@@ -326,7 +361,7 @@ def simulate(schedule: Schedule, stage_costs: StageCosts | None = None, cluster:
                     if end > now:
                         exposed[r] += end - max(now, start)
                         now = end
-            dur = compute_ms(a)
+            dur = compute_ms(a) * scale[r] if scale is not None else compute_ms(a)
             if links.interference is not None and dur > 0:
                 dur = links.interference.place("compute", [r], now, dur) - now
             if dur > 0 or op is Op.STEP:

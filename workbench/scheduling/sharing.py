@@ -1,0 +1,147 @@
+"""Processor sharing: ranks that time-share a node's cores run slower the more of them are busy at once.
+
+Problem. On a CPU node every rank is a process on the same few cores. A
+rank computes at full speed only while fewer processes are runnable than
+there are cores; a pipeline whose ranks sit idle in the bubble therefore
+slows its neighbours less than data parallelism, whose ranks all compute at
+once, and a gloo all-reduce running beside a backward takes a core from it.
+One constant factor (``ranks / cores``) misses all of that: it charges the
+idle pipeline as much as the busy replicas, and charges nothing for a
+collective that "overlaps" compute.
+
+Approach (a mean-field fixed point). A process that is runnable next to
+``n - 1`` others and ``background`` foreign processes gets
+``min(1, cores / (n + background))`` of a core; relative to running alone
+(:func:`sharing_slowdown`) it is that many times slower. The activity of a
+timeline is, for each rank, the average number of processes of its node
+runnable while the rank computes: compute events (F, B, I, W, STEP) and the
+communication that works the CPU (all-reduce and send events, each its own
+thread) count; receives are waits and do not. The simulator
+(:func:`workbench.scheduling.simulate.simulate` with ``sharing=``) times
+the schedule, reads each rank's activity, stretches that rank's compute by
+the slowdown it implies and times it again, until the stretch settles.
+The same activity read from a *measured* timeline turns its durations, which
+were taken under contention, back into solo durations
+(:func:`solo_durations`), so a prediction from measured stage times does not
+count the contention twice.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Iterable
+
+from ..core.timeline import Event
+
+__all__ = ["CoreSharing", "sharing_slowdown", "activity", "solo_durations", "COMPUTE_OPS", "CPU_COMM_OPS"]
+
+COMPUTE_OPS = frozenset({"F", "B", "I", "W", "STEP"})
+CPU_COMM_OPS = frozenset({"AR", "SEND_F", "SEND_B"})
+
+
+def sharing_slowdown(runnable: float, cores: float, background: float = 0.0) -> float:
+    """How much slower a process runs among ``runnable`` busy ones (itself included) than alone.
+
+    Processor sharing: ``n`` runnable processes next to ``background`` others
+    get ``min(1, cores / (background + n))`` of a core each; the slowdown is
+    the share of one process alone over the share among ``runnable``.
+    """
+    if cores <= 0:
+        raise ValueError(f"cores must be > 0, got {cores!r}")
+    if runnable < 0 or background < 0:
+        raise ValueError(f"runnable and background must be >= 0, got {runnable!r} and {background!r}")
+
+    def share(n: float) -> float:
+        return min(1.0, cores / (background + n)) if background + n > 0 else 1.0
+
+    return share(1.0) / share(max(1.0, runnable))
+
+
+@dataclass(frozen=True)
+class CoreSharing:
+    """The cores one node's ranks share and the foreign work already on them (runnable processes)."""
+
+    cores: float
+    background: float = 0.0
+    ranks_per_node: int | None = None  # None: every rank of the timeline shares one node
+
+    def __post_init__(self) -> None:
+        if isinstance(self.cores, bool) or not isinstance(self.cores, (int, float)) or self.cores <= 0:
+            raise ValueError(f"CoreSharing.cores must be a number > 0, got {self.cores!r}")
+        if isinstance(self.background, bool) or not isinstance(self.background, (int, float)) or self.background < 0:
+            raise ValueError(f"CoreSharing.background must be a number >= 0, got {self.background!r}")
+
+    def node(self, rank: int) -> int:
+        return rank // self.ranks_per_node if self.ranks_per_node else 0
+
+    def slowdown(self, runnable: float) -> float:
+        return sharing_slowdown(runnable, self.cores, self.background)
+
+
+def _counts(events: Iterable[Event], sharing: CoreSharing) -> dict[int, tuple[list[float], list[int]]]:
+    """Per node: the times where the number of runnable threads changes, and the count from each on."""
+    deltas: dict[int, dict[float, int]] = defaultdict(lambda: defaultdict(int))
+    for e in events:
+        if (e.op in COMPUTE_OPS or e.op in CPU_COMM_OPS) and e.end > e.start:
+            d = deltas[sharing.node(e.rank)]
+            d[e.start] += 1
+            d[e.end] -= 1
+    out = {}
+    for node, d in deltas.items():
+        times = sorted(d)
+        running, counts = 0, []
+        for t in times:
+            running += d[t]
+            counts.append(running)
+        out[node] = (times, counts)
+    return out
+
+
+def _mean_count(times: list[float], counts: list[int], start: float, end: float) -> float:
+    """Time-average of the step function over [start, end)."""
+    from bisect import bisect_right
+
+    i = max(0, bisect_right(times, start) - 1)
+    total, t = 0.0, start
+    while t < end and i < len(times):
+        nxt = times[i + 1] if i + 1 < len(times) else end
+        upto = min(end, nxt)
+        if upto > t:
+            total += counts[i] * (upto - t)
+            t = upto
+        i += 1
+    return total / (end - start) if end > start else float(counts[i - 1] if i else 1)
+
+
+def activity(events: Iterable[Event], num_ranks: int, sharing: CoreSharing) -> list[float]:
+    """Per rank: the average number of runnable threads on its node while the rank computes (>= 1).
+
+    A rank with no compute events gets 1.0 (it would run alone).
+    """
+    events = list(events)
+    counts = _counts(events, sharing)
+    weighted = [0.0] * num_ranks
+    busy = [0.0] * num_ranks
+    for e in events:
+        if e.op in COMPUTE_OPS and e.end > e.start and e.rank < num_ranks:
+            times, c = counts[sharing.node(e.rank)]
+            weighted[e.rank] += _mean_count(times, c, e.start, e.end) * (e.end - e.start)
+            busy[e.rank] += e.end - e.start
+    return [max(1.0, weighted[r] / busy[r]) if busy[r] > 0 else 1.0 for r in range(num_ranks)]
+
+
+def solo_durations(events: Iterable[Event], sharing: CoreSharing) -> dict[int, float]:
+    """For each compute event (by its index in ``events``): its duration had it run alone on the node.
+
+    The measured duration divided by the processor-sharing slowdown of the
+    threads runnable beside it during that event.
+    """
+    events = list(events)
+    counts = _counts(events, sharing)
+    out = {}
+    for i, e in enumerate(events):
+        if e.op in COMPUTE_OPS and e.end > e.start:
+            times, c = counts[sharing.node(e.rank)]
+            out[i] = (e.end - e.start) / sharing.slowdown(_mean_count(times, c, e.start, e.end))
+    return out
