@@ -154,14 +154,12 @@ def _measured_iteration_ms(job, warmup: int = 3) -> float:
 
 
 def measured_vs_predicted(repeats: int) -> dict:
-    import tempfile
-
     from workbench.jobs import LaunchSpec, launch
     from workbench.models.zoo import get_entry
     from workbench.planning import plan, transformer_shape
 
     shape = transformer_shape({**get_entry(MODEL).config(OVERRIDES), "seq_len": SEQ}, BATCH)
-    root = tempfile.mkdtemp(prefix="bench-planner-")
+    root = Path(__file__).resolve().parents[1] / "runs" / "bench-planner" / time.strftime("%Y%m%d-%H%M%S")
     rows: dict[str, list[dict]] = {name: [] for name in MEASURED}
     for rep in range(repeats):
         costs = _profile()  # this round's machine speed
@@ -179,18 +177,23 @@ def measured_vs_predicted(repeats: int) -> dict:
                 raise RuntimeError(f"{name}: run {rep} ended {state}")
             measured = _measured_iteration_ms(job)
             row = {"measured_ms": measured, "predicted_ms": predicted[name].estimate.iteration_ms, "load_avg_1m": load,
-                   "background_load": background}
+                   "background_load": background, "run_dir": str(job.run_dir)}
             rows[name].append(row)
             print(f"rep {rep} {name:<24} measured {measured:8.1f} ms  predicted {row['predicted_ms']:8.1f} ms  "
                   f"load {load:.2f}", flush=True)
     out: dict = {"model": MODEL, "overrides": OVERRIDES, "global_batch": BATCH, "seq_len": SEQ, "repeats": repeats,
-                 "strategies": {}}
-    for name, runs in rows.items():
-        out["strategies"][name] = {
-            "measured_ms": statistics.median(r["measured_ms"] for r in runs),
-            "predicted_ms": statistics.median(r["predicted_ms"] for r in runs),
-            "ratio": statistics.median(r["predicted_ms"] / r["measured_ms"] for r in runs),
-            "load_avg_1m": statistics.median(r["load_avg_1m"] for r in runs), "runs": runs}
+                 "strategies": {name: {"runs": runs} for name, runs in rows.items()}}
+    return summarize(out)
+
+
+def summarize(out: dict) -> dict:
+    """Medians per strategy, the Kendall tau of the two orderings, printed as a table."""
+    for r in out["strategies"].values():
+        runs = r["runs"]
+        r.update({"measured_ms": statistics.median(x["measured_ms"] for x in runs),
+                  "predicted_ms": statistics.median(x["predicted_ms"] for x in runs),
+                  "ratio": statistics.median(x["predicted_ms"] / x["measured_ms"] for x in runs),
+                  "load_avg_1m": statistics.median(x["load_avg_1m"] for x in runs)})
     names = list(out["strategies"])
     out["kendall_tau"] = kendall_tau([out["strategies"][n]["measured_ms"] for n in names],
                                      [out["strategies"][n]["predicted_ms"] for n in names])
@@ -200,6 +203,22 @@ def measured_vs_predicted(repeats: int) -> dict:
         print(f"{n:<24} {r['measured_ms']:12.1f} {r['predicted_ms']:13.1f} {r['ratio']:10.3f} {r['load_avg_1m']:6.2f}")
     print(f"Kendall tau of the orderings: {out['kendall_tau']:.3f}", flush=True)
     return out
+
+
+def repredict(previous: dict) -> dict:
+    """Plan the measured runs of ``previous`` again (a fresh profile, each run's recorded background load)."""
+    from workbench.models.zoo import get_entry
+    from workbench.planning import plan, transformer_shape
+
+    shape = transformer_shape({**get_entry(MODEL).config(OVERRIDES), "seq_len": SEQ}, BATCH)
+    costs = _profile()
+    for name, r in previous["strategies"].items():
+        for run in r["runs"]:
+            result = plan(costs, "local", BATCH, world_size=4, shape=shape, strategies=[name],
+                          background_load=run["background_load"])
+            run["predicted_ms"] = result[name].estimate.iteration_ms
+    previous["repredicted_at"] = time.strftime("%Y-%m-%d %H:%M")
+    return summarize(previous)
 
 
 # -- 3. GroPipe's gain over data parallel on 8 x V100 PCIe, projected ---------------------------------------------
@@ -271,7 +290,8 @@ def main() -> int:
     parser.add_argument("--overlap-probe", metavar="OUT", help="(under torchrun) run the overlap probe, write OUT")
     parser.add_argument("--repeats", type=int, default=int(os.environ.get("BENCH_REPEATS", "3")))
     parser.add_argument("--parts", default="overlap,measured,projection,speed",
-                        help="comma-separated parts to run (overlap, measured, projection, speed)")
+                        help="comma-separated parts to run (overlap, measured, projection, speed; repredict: plan the "
+                             "runs recorded by the last measured part again, without running them)")
     args = parser.parse_args()
     if args.overlap_probe:
         _probe_worker(args.overlap_probe, args.repeats)
@@ -290,6 +310,8 @@ def main() -> int:
               f"overlap slowdown {probe['overlap_slowdown']:.2f}", flush=True)
     if "measured" in parts:
         result["measured"] = measured_vs_predicted(args.repeats)
+    if "repredict" in parts:  # the recorded runs of the last "measured" part, predicted again
+        result["measured"] = repredict(result["measured"])
     if "projection" in parts:
         result["projection"] = gropipe_gain_projection()
     if "speed" in parts:

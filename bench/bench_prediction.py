@@ -9,7 +9,9 @@ machine's cores, and compute and communication that overlap there slow each
 other by the measured overlap slowdown), so the error measures the schedule
 and communication model, not the profiler. Strategies are
 interleaved over repeats; the median ratio predicted / measured is reported.
-Writes ``bench/results/prediction.json``.
+Writes ``bench/results/prediction.json`` with each run's directory (kept
+under ``runs/bench-prediction``), so ``--repredict`` can predict the same
+measured runs again after a change to the simulator without running them.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import json
 import os
 import statistics
 import sys
-import tempfile
+import time
 from pathlib import Path
 
 from workbench.jobs import LaunchSpec, launch
@@ -34,9 +36,46 @@ BASE = {"name": "predict", "model": "vgg-tiny", "stages": 2, "microbatches": 4, 
         "data": {"kind": "synthetic"}}
 
 
+OUT = Path(__file__).resolve().parent / "results" / "prediction.json"
+
+
+def repredict() -> int:
+    """Predict the runs recorded in prediction.json again (measured times unchanged)."""
+    from workbench.jobs import attach
+
+    result = json.loads(OUT.read_text())
+    for name, case in result["cases"].items():
+        pairs = []
+        for measured_ms, _, load, run_dir in case["pairs"]:
+            job = attach(run_dir)
+            measured = job.timeline()
+            pairs.append((measured_ms, job.predicted_timeline(measured).makespan, load, run_dir))
+        case["pairs"] = pairs
+    result["repredicted_at"] = time.strftime("%Y-%m-%d %H:%M")
+    return report(result, {name: case["pairs"] for name, case in result["cases"].items()})
+
+
+def report(result: dict, rows: dict) -> int:
+    print(f"\n{'strategy':<11} {'measured ms':>12} {'predicted ms':>13} {'pred/meas':>10} {'load':>6}")
+    for name, pairs in rows.items():
+        ratio = statistics.median(p / m for m, p, *_ in pairs)
+        meas = statistics.median(m for m, *_ in pairs)
+        pred = statistics.median(p for _, p, *_ in pairs)
+        load = statistics.median(row[2] for row in pairs)
+        result["cases"][name] = {"measured_ms": meas, "predicted_ms": pred, "ratio": ratio, "load_avg_1m": load,
+                                 "pairs": pairs}
+        print(f"{name:<11} {meas:12.1f} {pred:13.1f} {ratio:10.3f} {load:6.2f}")
+    OUT.write_text(json.dumps(result, indent=1))
+    print(f"wrote {OUT}")
+    return 0
+
+
 def main() -> int:
-    rows: dict[str, list[tuple[float, float, float]]] = {name: [] for name in CASES}
-    root = tempfile.mkdtemp(prefix="bench-prediction-")
+    if "--repredict" in sys.argv[1:]:
+        return repredict()
+    rows: dict[str, list[tuple]] = {name: [] for name in CASES}
+    root = Path(__file__).resolve().parents[1] / "runs" / "bench-prediction" / time.strftime("%Y%m%d-%H%M%S")
+    root.mkdir(parents=True, exist_ok=True)
     for rep in range(REPEATS):
         for name, extra in CASES.items():
             job = launch(LaunchSpec(config={**BASE, **extra, "name": name}, name=name, run_root=root))
@@ -47,23 +86,11 @@ def main() -> int:
             measured = job.timeline()
             predicted = job.predicted_timeline(measured)
             load = os.getloadavg()[0]
-            rows[name].append((measured.makespan, predicted.makespan, load))
+            rows[name].append((measured.makespan, predicted.makespan, load, str(job.run_dir)))
             print(f"rep {rep} {name:<11} measured {measured.makespan:7.1f} ms  predicted {predicted.makespan:7.1f} ms  "
                   f"load {load:.2f}", flush=True)
     result = {"repeats": REPEATS, "load_avg_1m": os.getloadavg()[0], "cases": {}}
-    print(f"\n{'strategy':<11} {'measured ms':>12} {'predicted ms':>13} {'pred/meas':>10} {'load':>6}")
-    for name, pairs in rows.items():
-        ratio = statistics.median(p / m for m, p, _ in pairs)
-        meas = statistics.median(m for m, _, _ in pairs)
-        pred = statistics.median(p for _, p, _ in pairs)
-        load = statistics.median(l for _, _, l in pairs)
-        result["cases"][name] = {"measured_ms": meas, "predicted_ms": pred, "ratio": ratio, "load_avg_1m": load,
-                                 "pairs": pairs}
-        print(f"{name:<11} {meas:12.1f} {pred:13.1f} {ratio:10.3f} {load:6.2f}")
-    out = Path(__file__).resolve().parent / "results" / "prediction.json"
-    out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {out}")
-    return 0
+    return report(result, rows)
 
 
 if __name__ == "__main__":
