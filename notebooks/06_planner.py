@@ -84,11 +84,14 @@ print(f"{costs.model}: {costs.num_layers} layers, "
 # ## 2. This machine: 4 processes on 2 cores
 #
 # The `local` cluster is this machine: gloo links measured by the
-# communication benchmark, and processes that time-share its cores, so
-# compute runs slower when more processes than cores are busy, and slower
-# still while an all-reduce runs next to it (the *overlap slowdown*, measured
-# by `bench/bench_planner.py`). The table is ranked by predicted iteration
-# time; `method` says whether a row was simulated or estimated in closed form.
+# communication benchmark, and processes that time-share its cores. A rank
+# computes slower the more threads of the node are runnable beside it: other
+# ranks' compute, and the all-reduces and sends that work the CPU too. The
+# simulator settles each rank's slowdown from the timeline itself (*processor
+# sharing*), so a pipeline whose ranks wait in the bubble slows its neighbours
+# less than data parallelism, whose ranks all compute at once. The table is
+# ranked by predicted iteration time; `method` says whether a row was
+# simulated or estimated in closed form.
 
 # %%
 local = plan(costs, "local", local_batch, world_size=local_world, shape=shape)
