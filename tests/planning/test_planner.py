@@ -208,3 +208,26 @@ def test_local_cluster_reads_its_calibration(tmp_path, monkeypatch):
     (tmp_path / "local.json").write_text("{")
     with pytest.raises(ValueError, match="local cluster calibration .* is unreadable"):
         clusters.load_cluster("local")
+
+
+def test_local_pipelines_share_the_cores_by_what_runs_at_once():
+    """On the shared 2 cores data parallelism (all ranks busy) is stretched more than a pipeline (bubble)."""
+    costs = ModelCosts.uniform(16, forward_ms=1.0, backward_ms=2.0, param_bytes=0, activation_bytes=1000, batch_size=8)
+    dp = plan(costs, "local-cpu", 16, world_size=4, strategies=["dp4"]).best.estimate
+    pp = plan(costs, "local-cpu", 16, world_size=4, strategies=["pp4-1f1b-m4"]).best.estimate
+    dp_slow, pp_slow = dp.sim.metrics["sharing_slowdown"], pp.sim.metrics["sharing_slowdown"]
+    assert all(s == pytest.approx(2.0, rel=0.02) for s in dp_slow), dp_slow
+    assert all(1.0 < s < 1.9 for s in pp_slow), pp_slow
+
+
+def test_tensor_parallel_pays_for_every_collective_call():
+    cluster, _ = load_cluster("local-cpu")
+    assert cluster.collective_call_ms > 0
+    free = replace(cluster, collective_call_ms=0.0)
+    charged = plan(COSTS, cluster, 16, world_size=4, shape=GPT, strategies=["tp2d-2x2-dp1"]).best.estimate
+    uncharged = plan(COSTS, free, 16, world_size=4, shape=GPT, strategies=["tp2d-2x2-dp1"]).best.estimate
+    calls = charged.detail["collective_calls"]
+    assert calls > 100
+    assert charged.iteration_ms - uncharged.iteration_ms == pytest.approx(calls * cluster.collective_call_ms, rel=1e-6)
+    with pytest.raises(ValueError, match="collective_call_ms must be in"):
+        replace(cluster, collective_call_ms=-1.0)

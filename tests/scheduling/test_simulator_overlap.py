@@ -79,3 +79,11 @@ def test_overlap_slowdown_is_validated():
     with pytest.raises(ValueError, match="shared_compute must be true or false"):
         replace(cluster(), shared_compute="yes")
     assert ClusterSpec.from_dict(cluster(1.3, shared=True).to_dict()) == cluster(1.3, shared=True)
+
+
+def test_every_all_reduce_pays_the_clusters_call_cost():
+    costs = StageCosts.uniform(1, forward_ms=1.0, backward_ms=2.0, param_bytes=1_000_000)
+    schedule = generators.data_parallel(2, 1)
+    base = simulate(schedule, costs, cluster())
+    charged = simulate(schedule, costs, replace(cluster(), collective_call_ms=0.5))
+    assert charged.metrics["makespan_ms"] == pytest.approx(base.metrics["makespan_ms"] + 0.5)

@@ -313,6 +313,9 @@ class ClusterSpec:
     they overlap on one device (1.0: no interference). ``shared_compute``: the
     ranks of a node time-share one compute device (CPU processes), so
     communication on any of them interferes with compute on all of them.
+    ``collective_call_ms``: what each collective call costs on top of its
+    link time (0 on GPUs; on ranks time-sharing cores a call waits until
+    every member of its group has been scheduled, about a millisecond).
     """
 
     name: str
@@ -323,6 +326,7 @@ class ClusterSpec:
     inter_node: LinkSpec | None = None
     overlap_slowdown: float = 1.0
     shared_compute: bool = False
+    collective_call_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -340,6 +344,9 @@ class ClusterSpec:
             raise ValueError(f"ClusterSpec[{self.name}].overlap_slowdown must be in [1, 4], got {self.overlap_slowdown!r}")
         if not isinstance(self.shared_compute, bool):
             raise ValueError(f"ClusterSpec[{self.name}].shared_compute must be true or false, got {self.shared_compute!r}")
+        call = self.collective_call_ms
+        if isinstance(call, bool) or not isinstance(call, (int, float)) or not 0.0 <= call <= 1000.0:
+            raise ValueError(f"ClusterSpec[{self.name}].collective_call_ms must be in [0, 1000] ms, got {call!r}")
 
     @property
     def world_size(self) -> int:
@@ -372,6 +379,7 @@ class ClusterSpec:
             "inter_node": self.inter_node.to_dict() if self.inter_node else None,
             "overlap_slowdown": self.overlap_slowdown,
             "shared_compute": self.shared_compute,
+            "collective_call_ms": self.collective_call_ms,
         }
 
     @classmethod

@@ -17,7 +17,9 @@ has are refused with the field that holds them).
 ``local-cpu`` and ``local`` are this machine: gloo processes time-sharing
 its cores (``shared_compute``), with the overlap slowdown measured by
 ``bench/bench_planner.py --overlap-probe`` (compute and a gloo all-reduce
-running at once on the 2 cores each slow down by about this factor).
+running at once on the 2 cores each slow down by about this factor) and the
+cost of one small collective call among 4 ranks sharing the 2 cores
+(``collective_call_ms``: each call waits until its whole group is scheduled).
 ``local`` reads a calibration file written by the communication benchmark
 (``workbench.runtime.commbench``, then :func:`save_local_calibration`) when
 there is one, else it is ``local-cpu``. :func:`shared_cores` says how many
@@ -36,10 +38,13 @@ from ..core.devices import DATASHEET_DEVICES, GIB
 from ..scheduling.sharing import sharing_slowdown
 
 __all__ = ["DEVICES", "get_cluster", "cluster_names", "collective_link", "get_device", "load_cluster",
-           "shared_cores", "time_sharing_slowdown", "save_local_calibration", "LOCAL_CALIBRATION", "LOCAL_OVERLAP_SLOWDOWN"]
+           "shared_cores", "time_sharing_slowdown", "save_local_calibration", "LOCAL_CALIBRATION", "LOCAL_OVERLAP_SLOWDOWN",
+           "LOCAL_COLLECTIVE_CALL_MS"]
 
 # Measured on the 2-core project machine at load 3 (bench/bench_planner.py --parts overlap; bench/RESULTS.md).
 LOCAL_OVERLAP_SLOWDOWN = 1.7
+# What one small gloo collective costs a rank of 4 time-sharing the 2 cores (same probe; bench/RESULTS.md).
+LOCAL_COLLECTIVE_CALL_MS = 1.2
 LOCAL_CALIBRATION = Path(os.environ.get("WORKBENCH_LOCAL_CLUSTER", Path.home() / ".cache" / "workbench" /
                                         "local-cluster.json"))
 
@@ -86,7 +91,8 @@ def get_cluster(name: str) -> ClusterSpec:
     nodes, per_node, device, intra, inter, _ = _PRESETS[name]
     local = name in _LOCAL
     return ClusterSpec(name, nodes, per_node, get_device(device), intra, inter,
-                       overlap_slowdown=LOCAL_OVERLAP_SLOWDOWN if local else 1.0, shared_compute=local)
+                       overlap_slowdown=LOCAL_OVERLAP_SLOWDOWN if local else 1.0, shared_compute=local,
+                       collective_call_ms=LOCAL_COLLECTIVE_CALL_MS if local else 0.0)
 
 
 def collective_link(name: str) -> LinkSpec | None:
@@ -118,7 +124,7 @@ def save_local_calibration(p2p: LinkSpec, allreduce: LinkSpec | None = None,
                            overlap_slowdown: float = LOCAL_OVERLAP_SLOWDOWN) -> Path:
     """Write the ``local`` cluster from measured links (e.g. ``commbench.load_link``) for later plans."""
     cluster = ClusterSpec("local", 1, 8, get_device("cpu-2core"), p2p, overlap_slowdown=overlap_slowdown,
-                          shared_compute=True)
+                          shared_compute=True, collective_call_ms=LOCAL_COLLECTIVE_CALL_MS)
     LOCAL_CALIBRATION.parent.mkdir(parents=True, exist_ok=True)
     data = {"cluster": cluster.to_dict(), "collective_link": allreduce.to_dict() if allreduce else None}
     LOCAL_CALIBRATION.write_text(json.dumps(data, indent=1))

@@ -195,8 +195,8 @@ def _schedule(strategy: Strategy, num_buckets: int = 1):
         iterations = 3 if strategy.delay else 1
         return generators.gropipe(strategy.dp, s, m, inner=strategy.schedule, delay=strategy.delay,
                                   num_iterations=iterations), iterations
-    if strategy.kind == "async":
-        return generators.async_1f1b(s, m, 4), 4
+    if strategy.kind == "async":  # the replicas' all-reduces are in the schedule, as the runtime runs them
+        return generators.async_1f1b(s, m, 4, num_groups=strategy.dp), 4
     raise ValueError(f"{strategy.name}: no pipeline schedule for kind {strategy.kind!r}")
 
 
@@ -262,7 +262,8 @@ def _estimate_tensor(ctx: CostContext, strategy: Strategy) -> Estimate:
     tflops = step_flops(sized) / strategy.tp / (compute_ms * 1e-3) / 1e12
     device = DeviceSpec(f"{ctx.cluster.device.name}-profiled", {shape.dtype: tflops}, ctx.cluster.device.memory_bytes,
                         ctx.cluster.device.memory_bandwidth_gbs, efficiency=1.0)
-    step = estimate_step(sized, mode, degree, device, link)
+    call_ms = ctx.cluster.collective_call_ms
+    step = estimate_step(sized, mode, degree, device, link, call_ms=call_ms)
     grad_sync = _replica_allreduce_ms(ctx, step["param_bytes"], strategy)
     iteration = step["step_ms"] + grad_sync
     memory = step["memory_bytes"]
@@ -271,7 +272,7 @@ def _estimate_tensor(ctx: CostContext, strategy: Strategy) -> Estimate:
         iteration += compute_ms / 3
     return _finish(ctx, strategy, iteration, int(memory), compute_ms * (1 + strategy.recompute / 3), 0.0,
                    iteration - compute_ms * (1 + strategy.recompute / 3), "closed form",
-                   make_timeline=partial(simulate_step, sized, mode, degree, device, link),
+                   make_timeline=partial(simulate_step, sized, mode, degree, device, link, call_ms=call_ms),
                    detail={"collective_calls": step["collective_calls"], "comm_bytes": step["comm_bytes"]})
 
 
@@ -302,10 +303,6 @@ def simulate_strategy(ctx: CostContext, strategy: Strategy, partition: Partition
                    sharing=ctx.sharing())
     iteration = _steady_iteration_ms(sim, iterations)
     compute, bubble, exposed = _breakdown(sim, iteration, iterations)
-    if strategy.kind == "async" and strategy.dp > 1:  # replicas average gradients off the critical path
-        extra = max(0.0, _replica_allreduce_ms(ctx, max(sc.grad_bytes), strategy) * ctx.cluster.overlap_slowdown
-                     - iteration)
-        iteration, exposed = iteration + extra, exposed + extra
     memory = max(sim.metrics["peak_memory_bytes"])
     return _finish(ctx, strategy, iteration, int(memory), compute, bubble, exposed, "simulated", partition=partition,
                    sim=sim, timeline=sim.timeline, detail=detail)

@@ -247,12 +247,14 @@ def activation_bytes_per_rank(shape: TransformerShape, mode: str, degree: int) -
 
 
 def estimate_step(shape: TransformerShape, mode: str, degree: int, device: DeviceSpec, link: LinkSpec, *,
-                  overlap: float = 0.0, optimizer_factor: int = 4, summa: str = "broadcast") -> dict[str, Any]:
+                  overlap: float = 0.0, optimizer_factor: int = 4, summa: str = "broadcast",
+                  call_ms: float = 0.0) -> dict[str, Any]:
     """Per-rank compute, communication and memory of one step, and its time on ``device`` / ``link``.
 
     ``overlap``: fraction of the communication hidden behind compute (SUMMA's double-buffered
     broadcasts can hide some; 1D's all-reduces sit on the critical path). ``optimizer_factor``: bytes of
-    parameters + gradients + optimizer state per parameter byte (4 for Adam in fp32).
+    parameters + gradients + optimizer state per parameter byte (4 for Adam in fp32). ``call_ms``: what
+    each collective call costs beyond its link time (``ClusterSpec.collective_call_ms``).
     """
     _check_mode(mode, degree)
     if not 0.0 <= overlap <= 1.0:
@@ -267,7 +269,8 @@ def estimate_step(shape: TransformerShape, mode: str, degree: int, device: Devic
     else:
         volume, hops = {"forward_elements": 0.0, "total_elements": 0.0, "total_bytes": 0.0}, 0
     calls = collective_calls(shape, mode, degree, summa)["total"]
-    comm_ms = calls * hops * link.latency_us * 1e-3 + volume["total_bytes"] / (link.bandwidth_gbs * 1e9) * 1e3
+    comm_ms = (calls * (hops * link.latency_us * 1e-3 + call_ms)
+               + volume["total_bytes"] / (link.bandwidth_gbs * 1e9) * 1e3)
     params = param_bytes_per_rank(shape, mode, degree)
     activations = activation_bytes_per_rank(shape, mode, degree)
     return {
@@ -304,14 +307,14 @@ def max_batch_under_cap(shape: TransformerShape, mode: str, degree: int, cap_byt
 
 
 def simulate_step(shape: TransformerShape, mode: str, degree: int, device: DeviceSpec, link: LinkSpec, *,
-                  overlap: float = 0.0, iteration: int = 0) -> Timeline:
+                  overlap: float = 0.0, iteration: int = 0, call_ms: float = 0.0) -> Timeline:
     """A simulated timeline of one step on every rank of one grid (ranks are symmetric).
 
     Per layer (``chunk`` = layer index): forward compute ``F``, then its communication ``AR`` (the
     exposed part, ``1 - overlap``), and in reverse order backward compute ``B`` and its communication;
     the optimizer ``STEP`` closes the step. Compute splits 1 : 2 between forward and backward.
     """
-    est = estimate_step(shape, mode, degree, device, link, overlap=overlap)
+    est = estimate_step(shape, mode, degree, device, link, overlap=overlap, call_ms=call_ms)
     layers = shape.layers
     fwd_ms, bwd_ms = est["compute_ms"] / 3 / layers, est["compute_ms"] * 2 / 3 / layers
     exposed = (1.0 - overlap) * est["comm_ms"]

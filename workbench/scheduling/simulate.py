@@ -14,7 +14,8 @@ order; communication follows the semantics of
 * a receive blocks the rank until the data has arrived;
 * an all-reduce is launched without blocking; it starts once every member
   launched it and every member's collective stream (and the node ports it
-  crosses) is free; the stage's ``STEP`` waits for it.
+  crosses) is free, takes the ring time plus the cluster's
+  ``collective_call_ms``; the stage's ``STEP`` waits for it.
 
 Ranks are advanced one action at a time in order of their clocks, so link
 contention is resolved in time order.
@@ -170,7 +171,8 @@ class _Links:
         self.bytes_by_link[link.name if link else "free"] += int(nbytes * 2 * (len(group) - 1) / len(group))
         keys = [("coll", r) for r in group] + self._ports(group)
         start = max([ready] + [self.free[k] for k in keys])
-        end = start + (link.allreduce_ms(nbytes, len(group)) if link else 0.0)
+        call = self.cluster.collective_call_ms if self.cluster else 0.0
+        end = start + (link.allreduce_ms(nbytes, len(group)) + call if link else 0.0)
         if self.interference is not None and end > start:
             end = self.interference.place("comm", group, start, end - start)
         for k in keys:
@@ -284,7 +286,7 @@ def _simulate(lowered: Schedule, costs: StageCosts, cluster: ClusterSpec | None,
         if q:  # one SUMMA step: 1/q of the rank's 1/q^2 share, plus the row and column block broadcasts
             block = (costs.param_bytes[a.stage] + costs.send_bytes[max(a.stage - 1, 0)]) / (q * q)
             link = cluster.group_link(meta["row_groups"][0]) if cluster else None
-            return base / q ** 3 + (link.transfer_ms(block) if link else 0.0)
+            return base / q ** 3 + (link.transfer_ms(block) + 2 * cluster.collective_call_ms if link else 0.0)
         if a.bucket is not None and a.op is not Op.FORWARD and meta.get("backward_buckets"):
             return base / meta["backward_buckets"]
         return base
