@@ -5,10 +5,13 @@ Four parts, each printed and written to ``bench/results/planner.json``:
 1. ``--overlap-probe`` (run under torchrun with 4 ranks, started by part 1 of
    ``main``): ranks 0 and 1 all-reduce 8 MB while ranks 2 and 3 multiply
    through a weight-bound fully connected layer, against each alone; the overlap slowdown is how much slower each
-   runs while the other does (median of repeats).
+   runs while the other does (median of repeats). The same run times the small
+   collectives a 2 x 2 tensor grid issues (a row and a column broadcast per
+   step, all four ranks busy): the per-call cost the ``local`` presets charge.
 2. Strategies on this machine, 4 CPU ranks: the planner predicts each
    strategy's iteration from a single-process profile and the ``local``
-   cluster, the machine's load average at planning time as the background
+   cluster, the processes runnable at planning time (sampled from
+   /proc/loadavg, not the lagging load average) as the background
    work the 4 ranks share the cores with (processor sharing: ranks / cores
    on an idle machine, less on a crowded one); each strategy then runs for real
    under torchrun (interleaved repeats, median of the steady iterations);
@@ -100,19 +103,55 @@ def _probe_worker(out: str, repeats: int) -> None:
         if rank >= 2:
             mm_with.append(rate(ends, clock.item()))
         dist.barrier()
-    rows = [comm_alone, comm_with, mm_alone, mm_with]
+    calls = _call_cost(rank, repeats)
+    rows = [comm_alone, comm_with, mm_alone, mm_with, calls]
     mine = torch.tensor([statistics.median(r) if r else 0.0 for r in rows], dtype=torch.float64)
-    gathered = [torch.zeros(4, dtype=torch.float64) for _ in range(4)]
+    gathered = [torch.zeros(len(rows), dtype=torch.float64) for _ in range(4)]
     dist.all_gather(gathered, mine)
     if rank == 0:
         comm = gathered[0].tolist()
         mm = gathered[2].tolist()
         result = {"allreduce_8mb_ms_alone": comm[0] * 1e3, "allreduce_8mb_ms_with_compute": comm[1] * 1e3,
                   "matmul_ms_alone": mm[2] * 1e3, "matmul_ms_with_allreduce": mm[3] * 1e3,
-                  "comm_slowdown": comm[1] / comm[0], "compute_slowdown": mm[3] / mm[2]}
+                  "comm_slowdown": comm[1] / comm[0], "compute_slowdown": mm[3] / mm[2],
+                  "collective_call_ms": max(g[4] for g in gathered).item() * 1e3}
         result["overlap_slowdown"] = (result["comm_slowdown"] * result["compute_slowdown"]) ** 0.5
         Path(out).write_text(json.dumps(result, indent=1))
     dist.destroy_process_group()
+
+
+def _call_cost(rank: int, repeats: int, steps: int = 100) -> list[float]:
+    """Seconds one small collective costs a rank of a 2 x 2 grid, the way SUMMA issues them.
+
+    Every rank multiplies a small block, then broadcasts a 16 KiB block along
+    its row and then along its column; the loop is timed with and without
+    the broadcasts, and the difference is split over the calls. On ranks that
+    time-share cores this is far above the link's latency: each call waits
+    until every member of its group has been scheduled.
+    """
+    import torch
+    import torch.distributed as dist
+
+    rows = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    cols = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    row, col = rows[rank // 2], cols[rank % 2]
+    block, a, b = torch.ones(4096), torch.randn(64, 128), torch.randn(128, 128)
+
+    def loop(talk: bool) -> float:
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(steps):
+            a @ b
+            if talk:
+                dist.broadcast(block, src=(rank // 2) * 2, group=row)
+                dist.broadcast(block, src=rank % 2, group=col)
+        return time.perf_counter() - start
+
+    out = []
+    for _ in range(repeats):
+        alone = loop(False)
+        out.append(max(0.0, loop(True) - alone) / (2 * steps))
+    return out
 
 
 def overlap_probe(repeats: int = 7) -> dict:
@@ -153,6 +192,22 @@ def _measured_iteration_ms(job, warmup: int = 3) -> float:
     return statistics.median(gaps)
 
 
+def runnable_now(samples: int = 20, interval_s: float = 0.05) -> float:
+    """Processes runnable besides this one right now: median of /proc/loadavg's running count.
+
+    The 1-minute load average lags by a minute, so right after a benchmark's
+    own runs it still counts them as background.
+    """
+    path = Path("/proc/loadavg")
+    if not path.is_file():
+        return os.getloadavg()[0]
+    counts = []
+    for _ in range(samples):
+        counts.append(int(path.read_text().split()[3].split("/")[0]) - 1)
+        time.sleep(interval_s)
+    return float(max(0, statistics.median(counts)))
+
+
 def measured_vs_predicted(repeats: int) -> dict:
     from workbench.jobs import LaunchSpec, launch
     from workbench.models.zoo import get_entry
@@ -163,7 +218,8 @@ def measured_vs_predicted(repeats: int) -> dict:
     rows: dict[str, list[dict]] = {name: [] for name in MEASURED}
     for rep in range(repeats):
         costs = _profile()  # this round's machine speed
-        background = os.getloadavg()[0]  # the other work sharing the cores now
+        profile_path = costs.save(Path(root) / f"profile-rep{rep}.json")
+        background = runnable_now()  # the other work sharing the cores now
         predicted = plan(costs, "local", BATCH, world_size=4, shape=shape, strategies=MEASURED,
                          background_load=background)
         print(f"rep {rep}: profiled at load {background:.2f}", flush=True)
@@ -177,7 +233,7 @@ def measured_vs_predicted(repeats: int) -> dict:
                 raise RuntimeError(f"{name}: run {rep} ended {state}")
             measured = _measured_iteration_ms(job)
             row = {"measured_ms": measured, "predicted_ms": predicted[name].estimate.iteration_ms, "load_avg_1m": load,
-                   "background_load": background, "run_dir": str(job.run_dir)}
+                   "background_load": background, "run_dir": str(job.run_dir), "profile": str(profile_path)}
             rows[name].append(row)
             print(f"rep {rep} {name:<24} measured {measured:8.1f} ms  predicted {row['predicted_ms']:8.1f} ms  "
                   f"load {load:.2f}", flush=True)
@@ -205,17 +261,25 @@ def summarize(out: dict) -> dict:
     return out
 
 
-def repredict(previous: dict) -> dict:
-    """Plan the measured runs of ``previous`` again (a fresh profile, each run's recorded background load)."""
+def repredict(previous: dict, background: float | None = None) -> dict:
+    """Plan the measured runs of ``previous`` again: from the profile each was planned from (a fresh one
+    when it was not kept), each run's recorded background load (or ``background`` runnable foreign
+    processes for every run, for runs recorded with a wrong one)."""
     from workbench.models.zoo import get_entry
     from workbench.planning import plan, transformer_shape
 
+    from workbench.core.costs import ModelCosts
+
     shape = transformer_shape({**get_entry(MODEL).config(OVERRIDES), "seq_len": SEQ}, BATCH)
-    costs = _profile()
+    fresh = None
     for name, r in previous["strategies"].items():
         for run in r["runs"]:
+            if run.get("profile") and Path(run["profile"]).is_file():
+                costs = ModelCosts.load(run["profile"])  # the profile the run was planned from
+            else:
+                fresh = costs = fresh or _profile()
             result = plan(costs, "local", BATCH, world_size=4, shape=shape, strategies=[name],
-                          background_load=run["background_load"])
+                          background_load=run["background_load"] if background is None else background)
             run["predicted_ms"] = result[name].estimate.iteration_ms
     previous["repredicted_at"] = time.strftime("%Y-%m-%d %H:%M")
     return summarize(previous)
@@ -292,6 +356,8 @@ def main() -> int:
     parser.add_argument("--parts", default="overlap,measured,projection,speed",
                         help="comma-separated parts to run (overlap, measured, projection, speed; repredict: plan the "
                              "runs recorded by the last measured part again, without running them)")
+    parser.add_argument("--background", type=float, default=None,
+                        help="with repredict: runnable foreign processes during the recorded runs (default: as recorded)")
     args = parser.parse_args()
     if args.overlap_probe:
         _probe_worker(args.overlap_probe, args.repeats)
@@ -307,11 +373,12 @@ def main() -> int:
               f"ms alone, {probe['allreduce_8mb_ms_with_compute']:.2f} ms with compute "
               f"(x{probe['comm_slowdown']:.2f}); matmul {probe['matmul_ms_alone']:.3f} ms alone, "
               f"{probe['matmul_ms_with_allreduce']:.3f} ms with all-reduce (x{probe['compute_slowdown']:.2f}); "
-              f"overlap slowdown {probe['overlap_slowdown']:.2f}", flush=True)
+              f"overlap slowdown {probe['overlap_slowdown']:.2f}; a small collective of a 2x2 grid costs "
+              f"{probe['collective_call_ms']:.2f} ms", flush=True)
     if "measured" in parts:
         result["measured"] = measured_vs_predicted(args.repeats)
     if "repredict" in parts:  # the recorded runs of the last "measured" part, predicted again
-        result["measured"] = repredict(result["measured"])
+        result["measured"] = repredict(result["measured"], args.background)
     if "projection" in parts:
         result["projection"] = gropipe_gain_projection()
     if "speed" in parts:
