@@ -18,7 +18,8 @@ the schedule's own overlap (:mod:`~workbench.scheduling.sharing`).
 
 from __future__ import annotations
 
-from statistics import median
+from dataclasses import replace
+from statistics import fmean
 from typing import Any
 
 from ..core.costs import ClusterSpec, LinkSpec
@@ -68,9 +69,13 @@ def schedule_for_config(config: Any, iteration: int = 0) -> Schedule:
 def stage_costs_from_timeline(timeline: Timeline, num_stages: int, sharing: CoreSharing | None = None) -> StageCosts:
     """Per-stage costs from measured events.
 
-    Forward / backward / step times are the medians of the stage's events
-    (with ``sharing``: of their solo durations, each event's duration over
-    the processor-sharing slowdown of the threads runnable beside it);
+    Forward / backward / step times are the means of the stage's events
+    (an iteration is their sum, so the mean, not the median, carries the
+    slow tail a shared machine adds); with ``sharing`` the means of their solo
+    durations, each event's duration over the processor-sharing slowdown of
+    the threads runnable beside it. When replicas hold a stage (GroPipe
+    groups), the slowest replica's mean stands for the stage: the replicas
+    meet at every gradient all-reduce, so the slowest one sets the pace;
     the bytes a stage sends downstream and the gradient bytes it all-reduces
     are read from the ``nbytes`` its SEND_F and AR events recorded (0 when
     the run did not record them).
@@ -79,17 +84,17 @@ def stage_costs_from_timeline(timeline: Timeline, num_stages: int, sharing: Core
         raise ValueError(f"num_stages must be an int >= 1, got {num_stages!r}")
     events = list(timeline)
     solo = solo_durations(events, sharing) if sharing is not None else {}
-    samples: dict[tuple[int, str], list[float]] = {}
+    samples: dict[tuple[int, str], dict[int, list[float]]] = {}
     for i, e in enumerate(events):
         if e.op in ("F", "B", "STEP") and e.stage < num_stages:
-            samples.setdefault((e.stage, e.op), []).append(solo.get(i, e.duration))
+            samples.setdefault((e.stage, e.op), {}).setdefault(e.rank, []).append(solo.get(i, e.duration))
     missing = [s for s in range(num_stages) if (s, "F") not in samples or (s, "B") not in samples]
     if missing:
         raise ValueError(f"the measured timeline has no forward/backward events for stages {missing}")
 
     def med(stage: int, op: str) -> float:
-        values = samples.get((stage, op))
-        return median(values) if values else 0.0
+        per_rank = samples.get((stage, op))
+        return max(fmean(values) for values in per_rank.values()) if per_rank else 0.0
 
     def largest_nbytes(op: str) -> tuple[int, ...]:
         out = [0] * num_stages
@@ -110,10 +115,31 @@ def stage_costs_from_timeline(timeline: Timeline, num_stages: int, sharing: Core
 
 
 def predict_from_measured(config: Any, measured: Timeline, *, cluster: ClusterSpec | None = None,
-                          collective_link: LinkSpec | None = None, iteration: int = 0,
+                          collective_link: LinkSpec | None = None, iteration: int | None = None,
                           sharing: CoreSharing | None = None) -> SimResult:
-    """Simulate the config's schedule with the stage times the run measured (see the module docstring)."""
-    schedule = schedule_for_config(config, iteration)
+    """Simulate the config's schedule with the stage times the run measured (see the module docstring).
+
+    ``iteration`` (default: the one the measured events belong to) picks the
+    GroPipe iteration to predict. With a delayed update its step applies the
+    all-reduce the previous iteration started, so the iterations before it
+    are simulated too and the result holds only ``iteration``'s events, from 0.
+    """
+    if iteration is None:
+        iteration = max((e.iteration for e in measured), default=0)
+    warm = min(iteration, 2) if config.strategy == "gropipe" and config.delay > 0 else 0
+    if warm:
+        from . import generators
+
+        schedule = generators.gropipe(config.groups, config.stages, config.microbatches, inner=config.inner,
+                                      delay=config.delay, first_iteration=iteration - warm, num_iterations=warm + 1)
+    else:
+        schedule = schedule_for_config(config, iteration)
     num_stages = max(a.stage for r in range(schedule.num_ranks) for a in schedule.actions(r)) + 1
     costs = stage_costs_from_timeline(measured, num_stages, sharing)
-    return simulate(schedule, costs, cluster, collective_link=collective_link, sharing=sharing)
+    result = simulate(schedule, costs, cluster, collective_link=collective_link, sharing=sharing)
+    if not warm:
+        return result
+    kept = [e for e in result.timeline.events if e.iteration == iteration]
+    t0 = min(e.start for e in kept)
+    shifted = Timeline(tuple(replace(e, start=e.start - t0, end=e.end - t0) for e in kept), result.timeline.meta)
+    return replace(result, timeline=shifted)

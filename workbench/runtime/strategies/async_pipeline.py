@@ -226,13 +226,13 @@ class StreamInterpreter(Interpreter):
     def run_segment(self, actions: list[Action], data: MicrobatchData) -> None:
         self._data = data
         for action in actions:
-            start = time.perf_counter()
+            self._compute_start = time.perf_counter()
             self._used_version = self._planned.get(action.microbatch, self.weights[action.stage].current)
             nbytes = self._dispatch[action.op](action)
             if self.record:
                 if action.is_compute and self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
-                self._record(action, start, time.perf_counter(), nbytes)
+                self._record(action, self._compute_start, time.perf_counter(), nbytes)
         self._sends = [(work, t) for work, t in self._sends if not work.is_completed()]
 
     def finish(self) -> None:
@@ -368,6 +368,7 @@ class AsyncPipeline(Strategy):
         if self._pending is not None:
             work, flat = self._pending
             work.wait()
+            self.interpreter.compute_started()  # the STEP event times the update, not the wait
             flat /= self.config.groups
             for p, g in zip(self.weights.params, flat.split([p.numel() for p in self.weights.params])):
                 p.grad = g.view_as(p).to(p.dtype)

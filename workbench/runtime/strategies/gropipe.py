@@ -79,6 +79,7 @@ class GroPipe(ScheduledPipeline):
 
     def _on_step(self, action: Action) -> None:
         flat = self._reduced(self._iteration_of(action))
+        self.interpreter.compute_started()  # the STEP event times the update, not the wait for the all-reduce
         if flat is None:
             raise RuntimeError(f"rank {self.ctx.rank}: {action} applies iteration {action.iteration}'s gradients, "
                                f"but no all-reduce of that iteration was started")
