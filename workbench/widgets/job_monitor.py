@@ -77,11 +77,12 @@ class JobMonitor:
     # -- construction --------------------------------------------------------------------
     def _build(self):
         import ipywidgets as w
-        import plotly.graph_objects as go
 
-        self.loss_fig = go.FigureWidget(metric_figure({}, "loss", title="loss"))
-        self.rate_fig = go.FigureWidget(metric_figure({}, "samples_per_s", title="samples / s"))
-        self.timeline_fig = go.FigureWidget(timeline_figure_pair(None, self.simulated))
+        from .figure import figure_widget
+
+        self.loss_fig = figure_widget(metric_figure({}, "loss", title="loss"))
+        self.rate_fig = figure_widget(metric_figure({}, "samples_per_s", title="samples / s"))
+        self.timeline_fig = figure_widget(timeline_figure_pair(None, self.simulated))
         self.header = w.HTML()
         self.table = w.HTML()
         self.log_box = w.Textarea(layout=w.Layout(width="100%", height="180px"), disabled=True)

@@ -52,6 +52,7 @@ from ..scheduling.simulate import SimResult, simulate
 from ..scheduling.stagecosts import StageCosts
 from ..viz.balance import balance_figure, update_balance_figure
 from ..viz.timeline import timeline_figure, update_timeline_figure
+from .figure import figure_widget
 from .schedule_explorer import display_view, label, refresh_figure
 
 __all__ = ["PartitionEditor", "EditorState", "EDITOR_SCHEDULES", "EDITOR_ALGORITHMS"]
@@ -390,8 +391,8 @@ class PartitionEditor:
                  f", iteration {state.iteration_ms:.3f} ms")
         balance = self._balance_data(state)
         if self.balance_fig is None:
-            self.balance_fig = go.FigureWidget(balance_figure(balance))
-            self.timeline_fig = go.FigureWidget(timeline_figure(state.sim.timeline, title=title))
+            self.balance_fig = figure_widget(balance_figure(balance))
+            self.timeline_fig = figure_widget(timeline_figure(state.sim.timeline, title=title))
             self.figure_box.children = [self.balance_fig, self.timeline_fig]
             return
         refresh_figure(self.balance_fig, lambda fig: update_balance_figure(fig, balance),

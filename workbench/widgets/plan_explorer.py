@@ -34,6 +34,7 @@ from ..core.costs import ModelCosts
 from ..planning import PlanResult, cluster_names, plan
 from ..viz.plan import plan_breakdown_figure, select_plan
 from ..viz.timeline import timeline_figure, update_timeline_figure
+from .figure import figure_widget
 from .schedule_explorer import display_view, label, refresh_figure
 
 __all__ = ["PlanExplorer"]
@@ -136,7 +137,7 @@ class PlanExplorer:
                                       title=f"{self.costs.model} on {result.cluster.name}, global batch "
                                             f"{result.global_batch}: {len(result.plans)} plans of {result.searched}")
         if self.breakdown_fig is None:
-            self.breakdown_fig = go.FigureWidget(fresh)
+            self.breakdown_fig = figure_widget(fresh)
             self.figure_box.children = [self.breakdown_fig]
         else:
             refresh_figure(self.breakdown_fig, lambda fig: False, lambda: fresh)
@@ -183,7 +184,7 @@ class PlanExplorer:
             return
         title = f"{chosen.name}: simulated on {self.result.cluster.name}"
         if self.timeline_fig is None:
-            self.timeline_fig = go.FigureWidget(timeline_figure(timeline, title=title))
+            self.timeline_fig = figure_widget(timeline_figure(timeline, title=title))
         else:
             refresh_figure(self.timeline_fig, lambda fig: update_timeline_figure(fig, timeline),
                            lambda: timeline_figure(timeline, title=title), title=title)

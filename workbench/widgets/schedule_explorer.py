@@ -45,6 +45,7 @@ from ..scheduling.generators import async_1f1b
 from ..scheduling.simulate import SimResult, simulate
 from ..scheduling.stagecosts import StageCosts
 from ..viz.timeline import timeline_figure, update_timeline_figure
+from .figure import figure_widget
 
 __all__ = ["ScheduleExplorer", "EXPLORER_SCHEDULES", "bubble_formula", "build_schedule", "uniform_stage_costs",
            "label", "refresh_figure", "display_view"]
@@ -280,7 +281,7 @@ class ScheduleExplorer:
 
     def _update_figure(self) -> None:
         if self.figure_widget is None:
-            self.figure_widget = go.FigureWidget(self.figure())
+            self.figure_widget = figure_widget(self.figure())
             self.figure_box.children = [self.figure_widget]
             return
         title = f"{self.schedule.value}: p={self.stages.value}, m={self.microbatches.value}"

@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 from ..core.costs import ClusterSpec
 from ..core.topology import Topology
 from ..viz.topology import topology_figure
+from .figure import figure_widget
 
 __all__ = ["TopologyView"]
 
@@ -25,7 +26,7 @@ class TopologyView:
         self.cluster = cluster
         self.color_by = W.Dropdown(options=list(topology.names), value=color_by or topology.names[-1],
                                    description="colour by")
-        self.figure_widget = go.FigureWidget(self.figure())
+        self.figure_widget = figure_widget(self.figure())
         self.color_by.observe(self._recolour, names="value")
         self.widget = W.VBox([self.color_by, self.figure_widget])
 
