@@ -13,7 +13,9 @@ Per run: throughput over the steps after ``WARMUP`` (samples / sum of step
 times), the steady-state bubble from the measured events (1 - F/B time /
 window, per rank, mean over ranks, window = from the first event of
 iteration ``WARMUP`` to the last event), and the simulator's prediction of
-both from the run's own measured per-stage times on the ``local-cpu`` links.
+both from the run's own measured per-stage times on the ``local-cpu`` links,
+the 4 ranks sharing the machine's cores (processor sharing: measured times
+turned back into solo times, then shared again by the simulator).
 For ``async``, peak memory per stage (saved activations + stashed weight
 versions, measured by the runtime) next to the memory model's prediction
 from a profile at the micro-batch size.
@@ -35,11 +37,12 @@ from workbench.core.config import RunConfig
 from workbench.core.partition import Partition
 from workbench.core.timeline import Timeline
 from workbench.jobs import LaunchSpec, launch
-from workbench.planning.clusters import collective_link, get_cluster
+from workbench.planning.clusters import collective_link, get_cluster, shared_cores
 from workbench.runtime.events import read_events
 from workbench.scheduling import generators
 from workbench.scheduling.from_config import stage_costs_from_timeline
 from workbench.scheduling.memory import memory_breakdown
+from workbench.scheduling.sharing import CoreSharing
 from workbench.scheduling.simulate import simulate
 
 REPEATS = int(os.environ.get("BENCH_REPEATS", "3"))
@@ -110,9 +113,11 @@ def run_case(root: str, model: str, case: str) -> dict:
         raise RuntimeError(f"{model} {case}: run ended {state}; see {job.run_dir}")
     config = RunConfig.from_json(job.run_dir / "config.json")
     measured = job.timeline()
-    costs = stage_costs_from_timeline(measured, config.stages)
     cluster = get_cluster("local-cpu")
-    predicted = simulate(schedule_of(config), costs, cluster, collective_link=collective_link("local-cpu"))
+    sharing = CoreSharing(shared_cores(cluster), ranks_per_node=cluster.devices_per_node)  # 4 ranks, 2 cores
+    costs = stage_costs_from_timeline(measured, config.stages, sharing)
+    predicted = simulate(schedule_of(config), costs, cluster, collective_link=collective_link("local-cpu"),
+                         sharing=sharing)
     measured_step_ms = config.global_batch / throughput(job.run_dir, config) * 1e3
     row = {"samples_per_s": throughput(job.run_dir, config), "step_ms": measured_step_ms,
            "predicted_step_ms": predicted.metrics["iteration_ms"],
