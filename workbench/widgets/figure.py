@@ -8,19 +8,23 @@ browser the view draws once, from whatever the model holds when it renders,
 and never looks at ``_widget_data`` / ``_widget_layout`` again (it only
 follows the incremental ``_py2js_*`` messages). anywidget holds both the
 first render and the processing of comm messages until the widget's 5 MB
-JavaScript bundle has been imported, and the two then race; when the render
-wins, which a busy browser makes likely for figures created inside an
-ipywidgets box, the figure stays empty: bare axes, default 360 px height, no
-title, whatever the kernel-side figure holds. Displaying the figure on its
-own once (``_repr_mimebundle_`` resends the state) hides the race for single
-figures, but the widgets here show their figures only as children of boxes.
+JavaScript bundle (imported anew for every figure) has loaded, and then the
+two race; and when loading takes more than 2 s, which a busy browser
+showing several figures at once easily reaches, anywidget gives up on the
+model and drops its comm messages altogether. Either way the view is drawn
+from the comm-open state: bare axes, default 360 px height, no title,
+whatever the kernel-side figure holds. Displaying a figure on its own once
+(``_repr_mimebundle_`` resends the state) hides this for single figures, but
+the widgets here show their figures only as children of boxes.
 
 Approach. :func:`figure_widget` builds the widget with its comm still
 closed, copies the parsed figure into the synced traits, and only then opens
 the comm, so the comm-open message is the complete figure and there is no
 later state for a view to miss. Updates afterwards are the ordinary
 ``batch_update`` / restyle / relayout messages, which the browser applies in
-order to the model (and to any view already drawn).
+order to the model (and to any view already drawn). One case stays open: a
+model anywidget has given up on drops those updates as well, so such a
+figure keeps showing the state it was first drawn with.
 """
 
 from __future__ import annotations

@@ -80,9 +80,18 @@ class JobMonitor:
 
         from .figure import figure_widget
 
-        self.loss_fig = figure_widget(metric_figure({}, "loss", title="loss"))
-        self.rate_fig = figure_widget(metric_figure({}, "samples_per_s", title="samples / s"))
-        self.timeline_fig = figure_widget(timeline_figure_pair(None, self.simulated))
+        # The figures are filled from the run as it stands before they become widgets, so their first
+        # message to the browser holds the data (see widgets.figure): a browser that drops the later
+        # updates still draws what the run had when the monitor was made, never empty axes.
+        self.loss_fig = metric_figure({}, "loss", title="loss")
+        self.rate_fig = metric_figure({}, "samples_per_s", title="samples / s")
+        self.timeline_fig = timeline_figure_pair(None, self.simulated)
+        state = self.job.refresh()
+        self._seen_version = state.version
+        self._update_curves(state)
+        self._update_timeline(state)
+        self.loss_fig, self.rate_fig, self.timeline_fig = (
+            figure_widget(fig) for fig in (self.loss_fig, self.rate_fig, self.timeline_fig))
         self.header = w.HTML()
         self.table = w.HTML()
         self.log_box = w.Textarea(layout=w.Layout(width="100%", height="180px"), disabled=True)
