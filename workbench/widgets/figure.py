@@ -45,7 +45,7 @@ class _FigureWidget(go.FigureWidget):
             super().__init__(figure)
         finally:
             self._hold_comm = False
-        # plotly >= 6.1 has already copied them at the end of its constructor; 6.0 has not
+        # plotly 7 has already copied them at the end of its constructor; earlier 6.x releases have not
         self._widget_layout = deepcopy(self._layout_obj._props)
         self._widget_data = deepcopy(self._data)
         self.open()
