@@ -7,7 +7,9 @@ Four parts, each printed and written to ``bench/results/planner.json``:
    through a weight-bound fully connected layer, against each alone; the overlap slowdown is how much slower each
    runs while the other does (median of repeats). The same run times the small
    collectives a 2 x 2 tensor grid issues (a row and a column broadcast per
-   step, all four ranks busy): the per-call cost the ``local`` presets charge.
+   step, all four ranks busy): the per-call cost the ``local`` presets charge;
+   and how fast each of two processes computing at once runs against one
+   alone (the cores' parallel efficiency; 1.0 means a core counts whole).
 2. Strategies on this machine, 4 CPU ranks: the planner predicts each
    strategy's iteration from a single-process profile and the ``local``
    cluster, the processes runnable at planning time (sampled from
@@ -104,7 +106,8 @@ def _probe_worker(out: str, repeats: int) -> None:
             mm_with.append(rate(ends, clock.item()))
         dist.barrier()
     calls = _call_cost(rank, repeats)
-    rows = [comm_alone, comm_with, mm_alone, mm_with, calls]
+    one, two = _core_scaling(rank, repeats)
+    rows = [comm_alone, comm_with, mm_alone, mm_with, calls, one, two]
     mine = torch.tensor([statistics.median(r) if r else 0.0 for r in rows], dtype=torch.float64)
     gathered = [torch.zeros(len(rows), dtype=torch.float64) for _ in range(4)]
     dist.all_gather(gathered, mine)
@@ -114,7 +117,10 @@ def _probe_worker(out: str, repeats: int) -> None:
         result = {"allreduce_8mb_ms_alone": comm[0] * 1e3, "allreduce_8mb_ms_with_compute": comm[1] * 1e3,
                   "matmul_ms_alone": mm[2] * 1e3, "matmul_ms_with_allreduce": mm[3] * 1e3,
                   "comm_slowdown": comm[1] / comm[0], "compute_slowdown": mm[3] / mm[2],
-                  "collective_call_ms": max(g[4] for g in gathered).item() * 1e3}
+                  "collective_call_ms": max(g[4] for g in gathered).item() * 1e3,
+                  "op_ms_one_process": gathered[2][5].item() * 1e3, "op_ms_two_processes": gathered[2][6].item() * 1e3}
+        # two processes on the two cores each run this much of their speed alone: the cores' parallel efficiency
+        result["core_efficiency"] = result["op_ms_one_process"] / result["op_ms_two_processes"]
         result["overlap_slowdown"] = (result["comm_slowdown"] * result["compute_slowdown"]) ** 0.5
         Path(out).write_text(json.dumps(result, indent=1))
     dist.destroy_process_group()
@@ -152,6 +158,43 @@ def _call_cost(rank: int, repeats: int, steps: int = 100) -> list[float]:
         alone = loop(False)
         out.append(max(0.0, loop(True) - alone) / (2 * steps))
     return out
+
+
+def _core_scaling(rank: int, repeats: int, window_s: float = 0.4) -> tuple[list[float], list[float]]:
+    """Seconds per operation of rank 2 computing alone, and with rank 3 computing beside it (ranks 0, 1 idle).
+
+    The operation alternates a compute-bound product (512 x 512 blocks) and a
+    weight-bound one (8 rows through a 16 MB weight), the two kinds of layer
+    the models here run. Two logical cores that share one physical core, or
+    one memory bus, give each of two busy processes less than its speed alone.
+    """
+    import torch
+    import torch.distributed as dist
+
+    a, b = torch.randn(512, 512), torch.randn(512, 512)
+    x, w = torch.randn(8, 2048), torch.randn(2048, 2048)
+
+    def run() -> float:
+        times, stop = [], time.perf_counter() + window_s
+        while time.perf_counter() < stop:
+            t = time.perf_counter()
+            a @ b
+            x @ w
+            times.append(time.perf_counter() - t)
+        return statistics.median(times)
+
+    one, two = [], []
+    for _ in range(repeats):
+        dist.barrier()
+        if rank == 2:
+            one.append(run())
+        dist.barrier()
+        if rank >= 2:
+            t = run()
+            if rank == 2:
+                two.append(t)
+        dist.barrier()
+    return one, two
 
 
 def overlap_probe(repeats: int = 7) -> dict:
@@ -374,7 +417,8 @@ def main() -> int:
               f"(x{probe['comm_slowdown']:.2f}); matmul {probe['matmul_ms_alone']:.3f} ms alone, "
               f"{probe['matmul_ms_with_allreduce']:.3f} ms with all-reduce (x{probe['compute_slowdown']:.2f}); "
               f"overlap slowdown {probe['overlap_slowdown']:.2f}; a small collective of a 2x2 grid costs "
-              f"{probe['collective_call_ms']:.2f} ms", flush=True)
+              f"{probe['collective_call_ms']:.2f} ms; two processes computing at once each run at "
+              f"{probe['core_efficiency']:.2f} of their speed alone", flush=True)
     if "measured" in parts:
         result["measured"] = measured_vs_predicted(args.repeats)
     if "repredict" in parts:  # the recorded runs of the last "measured" part, predicted again

@@ -43,8 +43,9 @@ __all__ = ["DEVICES", "get_cluster", "cluster_names", "collective_link", "get_de
 
 # Measured on the 2-core project machine at load 3 (bench/bench_planner.py --parts overlap; bench/RESULTS.md).
 LOCAL_OVERLAP_SLOWDOWN = 1.7
-# What one small gloo collective costs a rank of 4 time-sharing the 2 cores (same probe; bench/RESULTS.md).
-LOCAL_COLLECTIVE_CALL_MS = 1.2
+# What one small gloo collective costs a rank of 4 time-sharing the 2 cores (same probe, quiet machine:
+# 0.81 and 0.86 ms in two runs; 1.21 ms with other work on the cores; bench/RESULTS.md).
+LOCAL_COLLECTIVE_CALL_MS = 0.85
 LOCAL_CALIBRATION = Path(os.environ.get("WORKBENCH_LOCAL_CLUSTER", Path.home() / ".cache" / "workbench" /
                                         "local-cluster.json"))
 
@@ -105,7 +106,11 @@ def collective_link(name: str) -> LinkSpec | None:
 
 
 def shared_cores(cluster: ClusterSpec) -> int | None:
-    """Cores the ranks of one node time-share (None: every rank has its own device)."""
+    """Cores the ranks of one node time-share (None: every rank has its own device).
+
+    The planner probe measured two processes computing at once on this
+    machine's two cores at 1.01 of their speed alone, so a core counts whole.
+    """
     if not cluster.shared_compute:
         return None
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
