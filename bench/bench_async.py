@@ -37,12 +37,11 @@ from workbench.core.config import RunConfig
 from workbench.core.partition import Partition
 from workbench.core.timeline import Timeline
 from workbench.jobs import LaunchSpec, launch
-from workbench.planning.clusters import collective_link, get_cluster, shared_cores
+from workbench.planning.clusters import collective_link, core_sharing, get_cluster
 from workbench.runtime.events import read_events
 from workbench.scheduling import generators
 from workbench.scheduling.from_config import stage_costs_from_timeline
 from workbench.scheduling.memory import memory_breakdown
-from workbench.scheduling.sharing import CoreSharing
 from workbench.scheduling.simulate import simulate
 
 REPEATS = int(os.environ.get("BENCH_REPEATS", "3"))
@@ -114,7 +113,7 @@ def run_case(root: str, model: str, case: str) -> dict:
     config = RunConfig.from_json(job.run_dir / "config.json")
     measured = job.timeline()
     cluster = get_cluster("local-cpu")
-    sharing = CoreSharing(shared_cores(cluster), ranks_per_node=cluster.devices_per_node)  # 4 ranks, 2 cores
+    sharing = core_sharing(cluster)  # the 4 ranks share the machine's cores
     costs = stage_costs_from_timeline(measured, config.stages, sharing)
     predicted = simulate(schedule_of(config), costs, cluster, collective_link=collective_link("local-cpu"),
                          sharing=sharing)

@@ -322,9 +322,8 @@ class Job:
         measured yet (see ``scheduling.from_config``).
         """
         from ..core.config import RunConfig
-        from ..planning.clusters import collective_link, get_cluster, shared_cores
+        from ..planning.clusters import collective_link, core_sharing, get_cluster
         from ..scheduling.from_config import PIPELINE_STRATEGIES, predict_from_measured
-        from ..scheduling.sharing import CoreSharing
 
         try:
             config = RunConfig.from_dict(json.loads((Path(self.run_dir) / CONFIG_FILE).read_text()))
@@ -340,11 +339,9 @@ class Job:
             raise ValueError(f"cluster preset {cluster!r} has {spec.world_size} devices but the run uses "
                              f"{config.world_size}; pass a larger preset or cluster=None")
         link = collective_link(cluster) if cluster is not None else None
-        cores = shared_cores(spec) if spec is not None else None
-        sharing = CoreSharing(cores, ranks_per_node=spec.devices_per_node) if cores else None
         try:
             return predict_from_measured(config, measured, cluster=spec, collective_link=link,
-                                         sharing=sharing).timeline
+                                         sharing=core_sharing(spec)).timeline
         except ValueError:
             return None
 

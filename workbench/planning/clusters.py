@@ -35,9 +35,9 @@ from pathlib import Path
 
 from ..core.costs import ClusterSpec, DeviceSpec, LinkSpec
 from ..core.devices import DATASHEET_DEVICES, GIB
-from ..scheduling.sharing import sharing_slowdown
+from ..scheduling.sharing import CoreSharing, sharing_slowdown
 
-__all__ = ["DEVICES", "get_cluster", "cluster_names", "collective_link", "get_device", "load_cluster",
+__all__ = ["DEVICES", "get_cluster", "cluster_names", "collective_link", "core_sharing", "get_device", "load_cluster",
            "shared_cores", "time_sharing_slowdown", "save_local_calibration", "LOCAL_CALIBRATION", "LOCAL_OVERLAP_SLOWDOWN",
            "LOCAL_COLLECTIVE_CALL_MS"]
 
@@ -114,6 +114,12 @@ def shared_cores(cluster: ClusterSpec) -> int | None:
     if not cluster.shared_compute:
         return None
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def core_sharing(cluster: ClusterSpec | None, background_load: float = 0.0) -> CoreSharing | None:
+    """The simulator's processor sharing for ``cluster`` (None: every rank has its own device)."""
+    cores = shared_cores(cluster) if cluster is not None else None
+    return CoreSharing(cores, background_load, cluster.devices_per_node) if cores else None
 
 
 def time_sharing_slowdown(ranks: int, cores: int, background_load: float = 0.0) -> float:

@@ -51,7 +51,7 @@ from ..scheduling.sharing import CoreSharing
 from ..scheduling.simulate import SimResult, simulate
 from ..scheduling.stagecosts import StageCosts
 from .ampa import PartitionResult, Projection, _allreduce_exposed, solve
-from .clusters import shared_cores, time_sharing_slowdown
+from .clusters import core_sharing, shared_cores, time_sharing_slowdown
 from .space import Strategy
 from .tensor_costs import TransformerShape, estimate_step, simulate_step, step_flops
 
@@ -90,10 +90,7 @@ class CostContext:
 
     def sharing(self) -> CoreSharing | None:
         """The cores the ranks of a node time-share, for the simulator (None: a device per rank)."""
-        cores = shared_cores(self.cluster)
-        if not cores:
-            return None
-        return CoreSharing(cores, self.background_load, self.cluster.devices_per_node)
+        return core_sharing(self.cluster, self.background_load)
 
     def model_costs(self, recompute: bool) -> ModelCosts:
         """The profile with recomputation folded in: backward re-runs the forward.

@@ -28,6 +28,7 @@ count the contention twice.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable
@@ -100,8 +101,6 @@ def _counts(events: Iterable[Event], sharing: CoreSharing) -> dict[int, tuple[li
 
 def _mean_count(times: list[float], counts: list[int], start: float, end: float) -> float:
     """Time-average of the step function over [start, end)."""
-    from bisect import bisect_right
-
     i = max(0, bisect_right(times, start) - 1)
     total, t = 0.0, start
     while t < end and i < len(times):
