@@ -51,7 +51,8 @@ def _plan(args: argparse.Namespace) -> Result:
     costs, shape = _model_costs(args.model, cluster, args.profile_batch)
     strategies = args.strategies.split(",") if args.strategies else None
     result = plan(costs, args.cluster, args.batch, memory_cap_gib=args.memory_cap, top=args.top,
-                  world_size=args.world_size, shape=shape, strategies=strategies, fine_grained=args.fine_grained)
+                  world_size=args.world_size, shape=shape, strategies=strategies, fine_grained=args.fine_grained,
+                  calibration=args.calibrate)
     lines = [f"{costs.model} on {cluster.name} ({args.world_size or cluster.world_size} devices), global batch "
              f"{args.batch}: {result.searched} strategies in {result.elapsed_s:.2f} s",
              f"{'#':>3} {'strategy':<28} {'iter ms':>10} {'samples/s':>10} {'GiB/dev':>8} {'compute':>9} "
@@ -80,4 +81,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--profile-batch", type=int, default=8, help="batch a zoo model is profiled at (default 8)")
     p.add_argument("--fine-grained", action="store_true",
                    help="also choose activation recomputation per layer (dynamic programming under the memory cap)")
+    p.add_argument("--calibrate", metavar="RUN_DIR",
+                   help="scale the profile's compute to what this finished run of the model measured (a pipeline "
+                        "run is best; see workbench.planning.calibrate)")
     p.set_defaults(handler=_plan)

@@ -29,7 +29,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from ..core.config import STRATEGY_LAYOUTS, RunConfig
 from ..core.costs import ClusterSpec, LinkSpec, ModelCosts
@@ -39,6 +39,9 @@ from .clusters import load_cluster
 from .estimate import GIB, CostContext, Estimate, estimate, project
 from .space import STRATEGY_KINDS, Strategy, enumerate_strategies
 from .tensor_costs import TransformerShape
+
+if TYPE_CHECKING:
+    from .calibrate import RuntimeCalibration
 
 __all__ = ["plan", "Plan", "PlanResult", "transformer_shape", "TABLE_COLUMNS"]
 
@@ -195,7 +198,7 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
          shape: TransformerShape | None = None, strategies: Sequence[str | Strategy] | None = None,
          simulate_top: int = 12, microbatch_options: Iterable[int] | None = None, optimizer: str = "adam",
          collective_link: LinkSpec | None = None, fine_grained: bool = False,
-         background_load: float = 0.0) -> PlanResult:
+         background_load: float = 0.0, calibration: "RuntimeCalibration | str | Path | None" = None) -> PlanResult:
     """Rank the strategies for ``model`` on ``cluster`` at ``global_batch`` (see the module docstring).
 
     ``cluster``: a preset name (``8xV100-PCIe``, ``local``, ...), a
@@ -205,10 +208,22 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
     ``background_load``: on clusters whose ranks share the node's cores
     (``local``), the other runnable work there (e.g. ``os.getloadavg()[0]``
     before launching), which changes how much the ranks slow each other.
+    ``calibration``: a :class:`~.calibrate.RuntimeCalibration` or the
+    directory of a finished run of this model (:func:`~.calibrate.
+    calibrate_from_run`), whose measured compute scales the profile's.
     """
     started = time.perf_counter()
     costs = _load_costs(model)
     spec, coll = load_cluster(cluster)
+    notes: list[str] = []
+    if calibration is not None:
+        from .calibrate import RuntimeCalibration, calibrate_from_run
+
+        if not isinstance(calibration, RuntimeCalibration):
+            calibration = calibrate_from_run(costs, calibration, cluster=spec, background_load=background_load)
+        costs = calibration.apply(costs)
+        notes.append(f"compute calibrated by {calibration.compute_scale:.3f} x the profile "
+                     f"({calibration.events} measured events of {calibration.strategy or calibration.source})")
     coll = collective_link or coll
     world = spec.world_size if world_size is None else world_size
     for name, value in (("global_batch", global_batch), ("world_size", world), ("simulate_top", simulate_top + 1)):
@@ -254,6 +269,7 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
     if top is not None:
         final = final[:top]
     plans = [Plan(e.strategy, e, costs.model, global_batch, rank=i + 1) for i, e in enumerate(final)]
-    notes = [f"the {min(simulate_top, len(projected))} fastest projections are simulated; the rest are ranked by "
-             f"the closed form"] if strategies is None else []
+    if strategies is None:
+        notes.append(f"the {min(simulate_top, len(projected))} fastest projections are simulated; the rest are "
+                     f"ranked by the closed form")
     return PlanResult(plans, infeasible, spec, global_batch, len(candidates), time.perf_counter() - started, notes)

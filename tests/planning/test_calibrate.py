@@ -1,0 +1,100 @@
+"""Runtime calibration: the profile's compute scaled to what a run's ranks measured."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import replace
+
+import pytest
+
+from workbench.core.costs import ModelCosts
+from workbench.core.partition import Partition
+from workbench.core.timeline import Timeline
+from workbench.planning import plan
+from workbench.planning.calibrate import RuntimeCalibration, calibrate_from_run, calibrate_from_timeline
+from workbench.planning.clusters import core_sharing, get_cluster
+from workbench.scheduling import generators
+from workbench.scheduling.simulate import simulate
+from workbench.scheduling.stagecosts import StageCosts
+
+COSTS = ModelCosts.uniform(8, forward_ms=2.0, backward_ms=4.0, batch_size=8)
+
+
+def measured_like(costs: ModelCosts, partition: Partition, microbatch: int, factor: float, cluster: str):
+    """A timeline as a run would measure it: the profile's stage times x ``factor``, sharing the cores."""
+    spec = get_cluster(cluster)
+    sc = StageCosts.from_model(costs, partition, microbatch)
+    sc = replace(sc, forward_ms=tuple(f * factor for f in sc.forward_ms),
+                 backward_ms=tuple(b * factor for b in sc.backward_ms))
+    sim = simulate(generators.one_f_one_b(partition.num_stages, 4), sc, spec, sharing=core_sharing(spec))
+    return Timeline(tuple(replace(e, source="measured") for e in sim.timeline.events))
+
+
+@pytest.mark.parametrize("cluster", ["8xA100-NVLink", "local"])
+def test_calibration_recovers_how_much_slower_the_run_computed(cluster):
+    partition = Partition.from_sizes([2, 2, 2, 2])
+    timeline = measured_like(COSTS, partition, 2, 1.6, cluster)
+    cal = calibrate_from_timeline(COSTS, timeline, partition, 2, cluster=cluster, warmup=0)
+    # on the GPU cluster exactly; on shared cores through the processor-sharing round trip
+    assert cal.compute_scale == pytest.approx(1.6, rel=1e-9 if cluster != "local" else 0.12)
+    assert cal.events == 2 * 4 * 4  # forward and backward of 4 micro-batches on 4 stages
+
+
+def test_apply_scales_every_layers_compute_and_records_itself():
+    cal = RuntimeCalibration(1.5, 10, 15.0, 10.0, "somewhere", "pp4")
+    scaled = cal.apply(COSTS)
+    assert [l.forward_ms for l in scaled.layers] == [3.0] * 8
+    assert [l.backward_ms for l in scaled.layers] == [6.0] * 8
+    assert [l.param_bytes for l in scaled.layers] == [l.param_bytes for l in COSTS.layers]
+    assert scaled.meta["runtime_calibration"]["compute_scale"] == 1.5
+    assert RuntimeCalibration.from_dict(cal.to_dict()) == cal
+
+
+def test_plan_with_a_calibration_equals_plan_on_the_scaled_profile():
+    cal = RuntimeCalibration(2.0, 10, 20.0, 10.0)
+    names = ["dp4", "pp4-1f1b-m4", "gropipe-2x2-1f1b-m4-d1"]
+    a = plan(COSTS, "8xA100-NVLink", 16, world_size=4, strategies=names, calibration=cal)
+    b = plan(cal.apply(COSTS), "8xA100-NVLink", 16, world_size=4, strategies=names)
+    base = plan(COSTS, "8xA100-NVLink", 16, world_size=4, strategies=names)
+    for n in names:
+        assert a[n].estimate.iteration_ms == pytest.approx(b[n].estimate.iteration_ms)
+        assert a[n].estimate.compute_ms == pytest.approx(2.0 * base[n].estimate.compute_ms, rel=1e-6)
+    assert any("calibrated by 2.000" in note for note in a.notes)
+
+
+def test_bad_calibration_input_is_explained(tmp_path):
+    partition = Partition.from_sizes([4, 4])
+    with pytest.raises(ValueError, match="no forward/backward events"):
+        calibrate_from_timeline(COSTS, Timeline(()), partition, 2, cluster="8xA100-NVLink")
+    with pytest.raises(ValueError, match="microbatch_size"):
+        calibrate_from_timeline(COSTS, Timeline(()), partition, 0)
+    with pytest.raises(ValueError, match="does not describe this run"):
+        RuntimeCalibration(100.0, 1, 100.0, 1.0)
+    with pytest.raises(ValueError, match="not a run directory"):
+        calibrate_from_run(COSTS, tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"name": "t", "model": "gpt2-tiny", "strategy": "tensor2d",
+                                                      "tp": 4, "global_batch": 8}))
+    with pytest.raises(ValueError, match="hold collectives"):
+        calibrate_from_run(COSTS, tmp_path)
+
+
+@pytest.mark.multiproc
+@pytest.mark.skipif(importlib.util.find_spec("workbench.runtime.entry") is None, reason="needs the training entry")
+def test_calibration_from_a_real_pipeline_run(tmp_path):
+    from workbench.jobs import LaunchSpec, launch
+    from workbench.profiling import profile
+
+    config = {"name": "cal", "model": "mlp", "strategy": "1f1b", "stages": 2, "microbatches": 4, "global_batch": 16,
+              "steps": 4, "data": {"kind": "synthetic"}}
+    job = launch(LaunchSpec(config=config, name="cal", run_root=str(tmp_path)))
+    assert job.wait(timeout=180).state == "SUCCEEDED"
+    costs = profile("mlp", batch=8, repeats=3, cache=False, progress=False)
+    cal = calibrate_from_run(costs, job.run_dir, cluster="local", warmup=1)
+    assert cal.events == 3 * 4 * 2 * 2  # steps 1-3, 4 micro-batches, forward + backward, 2 stages
+    assert cal.strategy == "cal" and cal.source == str(job.run_dir)
+    assert cal.measured_ms > 0 and cal.predicted_ms > 0
+    planned = plan(costs, "local", 16, world_size=2, strategies=["pp2-1f1b-m4"], calibration=job.run_dir)
+    uncalibrated = plan(costs, "local", 16, world_size=2, strategies=["pp2-1f1b-m4"])
+    assert planned["pp2-1f1b-m4"].estimate.compute_ms == pytest.approx(
+        cal.compute_scale * uncalibrated["pp2-1f1b-m4"].estimate.compute_ms, rel=0.25)

@@ -1,0 +1,148 @@
+"""Runtime calibration: scale a profile's compute to what the runtime's ranks measured.
+
+Problem. A profile times each layer alone in one process, with its weights
+hot in cache and nothing else on the cores. The ranks of a real run do the
+same arithmetic inside the runtime: the whole chain's weights and
+activations go through the caches, autograd, the event writer and the
+interpreter run beside each micro-batch, and on a CPU node several
+processes switch on the same cores, each switch costing cache refills the
+processor-sharing model does not count. On this machine the profile's
+compute came out at about 0.6 of what the runtime's ranks took, the same
+offset for every strategy, so the planner ranked and timed everything too
+fast by the same factor.
+
+Approach (one measured run, compared op by op). Launch one short run (a
+pipeline over every rank is best: its forward and backward events are pure
+compute, where a data-parallel backward also holds the gradient all-reduce;
+tensor-parallel events hold collectives and are refused). Read its measured
+stage events after ``warmup`` iterations, turn each forward / backward
+duration back into its solo time with the cluster's processor sharing
+(:func:`~workbench.scheduling.sharing.solo_durations`, the same model the
+planner then applies forward), and set them against what the profile
+predicts for the same stage and micro-batch
+(:meth:`~workbench.scheduling.stagecosts.StageCosts.from_model`).
+``compute_scale`` is the ratio of the two sums; :meth:`RuntimeCalibration.
+apply` multiplies every layer's forward and backward time by it. The other
+costs (links, collective calls, overlap, memory) keep their own
+calibrations. Use :func:`calibrate_from_run` on a finished run directory
+and pass ``plan(..., calibration=...)`` (CLI: ``workbench plan ...
+--calibrate RUN_DIR``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..core.costs import ClusterSpec, ModelCosts
+from ..core.partition import Partition
+from ..core.timeline import Timeline
+from ..scheduling.sharing import solo_durations
+from ..scheduling.stagecosts import StageCosts
+from .clusters import core_sharing, load_cluster
+
+__all__ = ["RuntimeCalibration", "calibrate_from_run", "calibrate_from_timeline", "CALIBRATION_STRATEGIES"]
+
+# Strategies whose forward / backward events are compute only (plus DDP, whose backward holds its all-reduce).
+CALIBRATION_STRATEGIES = ("gpipe", "1f1b", "interleaved", "gropipe", "async", "ddp")
+_LIMITS = (0.05, 20.0)  # a scale outside this is a wrong profile (another model, batch or device), not a calibration
+
+
+@dataclass(frozen=True)
+class RuntimeCalibration:
+    """How much longer the runtime's ranks computed than the profile predicts (solo time over profile time)."""
+
+    compute_scale: float
+    events: int
+    measured_ms: float
+    predicted_ms: float
+    source: str = ""
+    strategy: str = ""
+
+    def __post_init__(self) -> None:
+        lo, hi = _LIMITS
+        if not (isinstance(self.compute_scale, (int, float)) and lo <= self.compute_scale <= hi):
+            raise ValueError(f"compute_scale {self.compute_scale!r} is outside [{lo}, {hi}]: the profile does not "
+                             f"describe this run (another model, batch size or device?)")
+
+    def apply(self, costs: ModelCosts) -> ModelCosts:
+        """``costs`` with every layer's forward and backward time multiplied by ``compute_scale``."""
+        k = self.compute_scale
+        layers = tuple(replace(l, forward_ms=l.forward_ms * k, backward_ms=l.backward_ms * k) for l in costs.layers)
+        meta = {**costs.meta, "runtime_calibration": self.to_dict()}
+        return replace(costs, layers=layers, meta=meta)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"compute_scale": self.compute_scale, "events": self.events, "measured_ms": self.measured_ms,
+                "predicted_ms": self.predicted_ms, "source": self.source, "strategy": self.strategy}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RuntimeCalibration":
+        return cls(**data)
+
+
+def calibrate_from_timeline(costs: ModelCosts, timeline: Timeline, partition: Partition, microbatch_size: int, *,
+                            cluster: str | Path | ClusterSpec = "local", background_load: float = 0.0,
+                            warmup: int = 2, source: str = "", strategy: str = "") -> RuntimeCalibration:
+    """The calibration from measured stage events (see the module docstring).
+
+    ``partition``: the run's layers per stage; ``microbatch_size``: samples
+    per forward event; events of iterations before ``warmup`` are skipped.
+    """
+    if isinstance(microbatch_size, bool) or not isinstance(microbatch_size, int) or microbatch_size < 1:
+        raise ValueError(f"microbatch_size must be an int >= 1, got {microbatch_size!r}")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    spec, _ = load_cluster(cluster)
+    events = [e for e in timeline if e.iteration >= warmup]
+    sharing = core_sharing(spec, background_load)
+    solo = solo_durations(events, sharing) if sharing is not None else {}
+    predicted = StageCosts.from_model(costs, partition, microbatch_size)
+    measured_ms = predicted_ms = 0.0
+    count = 0
+    for i, e in enumerate(events):
+        if e.op not in ("F", "B") or e.end <= e.start:
+            continue
+        if e.stage >= partition.num_stages:
+            raise ValueError(f"the run has events of stage {e.stage} but the partition {partition} has "
+                             f"{partition.num_stages} stages")
+        measured_ms += solo.get(i, e.end - e.start)
+        predicted_ms += (predicted.forward_ms if e.op == "F" else predicted.backward_ms)[e.stage]
+        count += 1
+    if count == 0:
+        raise ValueError(f"no forward/backward events from iteration {warmup} on to calibrate from; run more steps "
+                         f"(the run needs stage events: events.stage_events = true)")
+    if predicted_ms <= 0:
+        raise ValueError("the profile predicts no compute time for this run's stages")
+    return RuntimeCalibration(measured_ms / predicted_ms, count, measured_ms, predicted_ms, source, strategy)
+
+
+def calibrate_from_run(costs: ModelCosts, run_dir: str | Path, *, cluster: str | Path | ClusterSpec = "local",
+                       background_load: float = 0.0, warmup: int = 2) -> RuntimeCalibration:
+    """The calibration from a finished run directory (its config, partition and measured stage events).
+
+    ``costs`` must profile the run's model (batch size may differ: times scale
+    to the run's micro-batch; a profile of another layer count is refused).
+    ``background_load``: foreign runnable processes while the run ran.
+    """
+    from ..core.config import RunConfig
+    from ..runtime.events import load_measured_timeline, read_events
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.json").is_file():
+        raise ValueError(f"{str(run_dir)!r} is not a run directory (no config.json)")
+    config = RunConfig.from_json(run_dir / "config.json")
+    if config.strategy not in CALIBRATION_STRATEGIES:
+        raise ValueError(f"cannot calibrate compute from a {config.strategy!r} run: its forward/backward events "
+                         f"hold collectives; use one of {', '.join(CALIBRATION_STRATEGIES)} (a pipeline is best)")
+    starts = [r for r in read_events(run_dir, rank=0) if r["kind"] == "start"]
+    text = starts[-1].get("partition") if starts else None
+    if not text:
+        raise ValueError(f"{str(run_dir)!r} recorded no partition in its start event")
+    partition = Partition.parse(text, costs.num_layers)
+    groups = 1 if config.strategy in ("gpipe", "1f1b", "interleaved") else config.groups
+    microbatch = config.global_batch // groups // config.microbatches
+    return calibrate_from_timeline(costs, load_measured_timeline(run_dir), partition, microbatch, cluster=cluster,
+                                   background_load=background_load, warmup=warmup, source=str(run_dir),
+                                   strategy=config.name or config.strategy)
