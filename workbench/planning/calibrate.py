@@ -127,7 +127,7 @@ def calibrate_from_run(costs: ModelCosts, run_dir: str | Path, *, cluster: str |
     ``background_load``: foreign runnable processes while the run ran.
     """
     from ..core.config import RunConfig
-    from ..runtime.events import load_measured_timeline, read_events
+    from ..core.rundir import load_measured_timeline, read_events
 
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").is_file():

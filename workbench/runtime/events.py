@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..core.ir import Schedule
-from ..core.rundir import events_dir, events_path, make_event, parse_event_line
+from ..core.rundir import (events_dir, events_path, load_measured_timeline, make_event, parse_event_line,  # noqa: F401
+                           read_events)
 from ..core.timeline import Event, Timeline
 
 __all__ = ["EventWriter", "read_events", "load_measured_timeline", "check_events_follow_schedule"]
@@ -77,35 +78,6 @@ class EventWriter:
 def _without_rank(fields: dict[str, Any]) -> dict[str, Any]:
     fields.pop("rank", None)
     return fields
-
-
-def read_events(run_dir: str | Path, rank: int | None = None) -> list[dict[str, Any]]:
-    """All event records of one rank (or of every rank, in rank order)."""
-    paths = [events_path(run_dir, rank)] if rank is not None else sorted(
-        events_dir(run_dir).glob("rank*.jsonl"), key=lambda p: int(p.stem[4:]))
-    records = []
-    for path in paths:
-        for line in Path(path).read_text().splitlines():
-            if line.strip():
-                records.append(parse_event_line(line))
-    return records
-
-
-def load_measured_timeline(run_dir: str | Path) -> Timeline:
-    """Measured stage events of every rank on one clock (ms since the earliest ``t0``)."""
-    stage_records = [r for r in read_events(run_dir) if r["kind"] == "stage"]
-    if not stage_records:
-        return Timeline((), {"run_dir": str(run_dir), "source": "measured"})
-    origin = min(r["t0"] for r in stage_records)
-    events = []
-    for r in stage_records:
-        shift = (r["t0"] - origin) * 1e3
-        fields = {k: v for k, v in r.items() if k in Event.__dataclass_fields__}
-        fields["rank"] = r["rank"]
-        fields["start"] += shift
-        fields["end"] += shift
-        events.append(Event(**fields))
-    return Timeline(tuple(events), {"run_dir": str(run_dir), "source": "measured", "t0": origin})
 
 
 def check_events_follow_schedule(timeline: Timeline, schedule: Schedule, iteration: int) -> None:
