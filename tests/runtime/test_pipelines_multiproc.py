@@ -69,8 +69,9 @@ def test_gropipe_delay0_equals_reference(tmp_path):
     assert_events_follow_schedule(tmp_path, config)
 
 
-def test_ddp_equals_reference(tmp_path):
-    config = run_ok(tmp_path, 2, strategy="ddp", groups=2, grad_accum=2, microbatches=2)
+@pytest.mark.parametrize("recompute", [False, True])
+def test_ddp_equals_reference(tmp_path, recompute):
+    config = run_ok(tmp_path, 2, strategy="ddp", groups=2, grad_accum=2, microbatches=2, recompute=recompute)
     reference = reference_train(config)
     torch.testing.assert_close(step_losses(tmp_path), reference.losses, rtol=1e-6, atol=1e-6)
     params = dumped_params(tmp_path, [0])

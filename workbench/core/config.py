@@ -268,6 +268,9 @@ class RunConfig:
         if self.grad_accum != 1:
             raise _fail("grad_accum", self.grad_accum, f"strategy {self.strategy!r} trains one batch per step: "
                         f"set grad_accum = 1")
+        if self.recompute:
+            raise _fail("recompute", self.recompute, f"strategy {self.strategy!r} does not recompute activations; "
+                        f"set recompute = false")
         degree = self.tp
         if self.strategy == "tensor2d":
             side = math.isqrt(self.tp)

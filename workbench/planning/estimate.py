@@ -249,7 +249,9 @@ def _estimate_tensor(ctx: CostContext, strategy: Strategy) -> Estimate:
                          f"pass shape=TransformerShape(...) or profile a GPT-2/BERT model")
     batch = ctx.global_batch // strategy.dp
     mode, degree = ("2d", strategy.q) if strategy.kind == "tp2d" else ("1d", strategy.tp)
-    costs = ctx.model_costs(strategy.recompute)
+    if strategy.recompute:
+        raise ValueError(f"{strategy.name}: the tensor-parallel runtime does not recompute activations")
+    costs = ctx.costs
     scale = batch / costs.batch_size * ctx.compute_scale(strategy.world_size)
     compute_ms = sum(l.forward_ms + l.backward_ms for l in costs.layers) * scale / strategy.tp
     grid = list(range(strategy.tp))
@@ -264,11 +266,7 @@ def _estimate_tensor(ctx: CostContext, strategy: Strategy) -> Estimate:
     grad_sync = _replica_allreduce_ms(ctx, step["param_bytes"], strategy)
     iteration = step["step_ms"] + grad_sync
     memory = step["memory_bytes"]
-    if strategy.recompute:
-        memory -= step["activation_bytes"] - step["activation_bytes"] // max(1, shape.layers)
-        iteration += compute_ms / 3
-    return _finish(ctx, strategy, iteration, int(memory), compute_ms * (1 + strategy.recompute / 3), 0.0,
-                   iteration - compute_ms * (1 + strategy.recompute / 3), "closed form",
+    return _finish(ctx, strategy, iteration, int(memory), compute_ms, 0.0, iteration - compute_ms, "closed form",
                    make_timeline=partial(simulate_step, sized, mode, degree, device, link, call_ms=call_ms),
                    detail={"collective_calls": step["collective_calls"], "comm_bytes": step["comm_bytes"]})
 

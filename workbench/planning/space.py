@@ -145,6 +145,9 @@ class Strategy:
             if self.microbatches % self.pp:
                 raise ValueError(f"{self.name}: interleaved 1F1B needs micro-batches divisible by {self.pp} stages")
         if self.kind in ("tp2d", "tp1d"):
+            if self.recompute:
+                raise ValueError(f"{self.name}: the tensor-parallel runtime does not recompute activations (recomputation "
+                                 f"is offered for data parallelism and pipelines)")
             if num_heads is None or hidden is None:
                 raise ValueError(f"{self.name}: tensor parallelism needs a transformer (heads and hidden size)")
             split = self.q if self.kind == "tp2d" else self.tp
@@ -233,7 +236,7 @@ def enumerate_strategies(
                                                    chunks=2, recompute=rc))
                 if "async" in kinds:
                     candidates.append(Strategy("async", dp=dp, pp=pp, schedule="async", microbatches=m, recompute=rc))
-        if num_heads is not None and hidden is not None:
+        if num_heads is not None and hidden is not None and not rc:  # the tensor runtime does not recompute
             for dp, tp in factorizations(world_size, 2):
                 if tp == 1 or global_batch % dp:
                     continue

@@ -8,6 +8,11 @@ is torch's own implementation, used as documented.
 
 Forwards and backwards are recorded as measured events on stage 0, so a DDP
 run draws on the same timeline as a pipeline.
+
+With ``recompute`` the replica keeps only its input per micro-batch: the
+forward runs under a non-reentrant activation checkpoint of the whole model
+(torch.utils.checkpoint, RNG state preserved), and the backward replays it
+before back-propagating, as a pipeline stage does with its block.
 """
 
 from __future__ import annotations
@@ -18,12 +23,24 @@ import time
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.checkpoint import checkpoint
 
 from ..batches import split_rounds
 from ..stage import autocast_context
 from .base import RunContext, Strategy, global_mean_loss, make_optimizer
 
 __all__ = ["DataParallel"]
+
+
+class _Recomputed(nn.Module):
+    """The model under one activation checkpoint: only the input is kept for backward."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(self.model, x, use_reentrant=False)
 
 
 class DataParallel(Strategy):
@@ -33,7 +50,8 @@ class DataParallel(Strategy):
         super().__init__(ctx)
         self.model = ctx.model.to(ctx.device)
         ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        self.ddp = DistributedDataParallel(self.model, device_ids=ids)
+        replica = _Recomputed(self.model) if ctx.config.recompute else self.model
+        self.ddp = DistributedDataParallel(replica, device_ids=ids)
         self._optimizer = make_optimizer([p for p in self.model.parameters() if p.requires_grad], ctx.config)
 
     def _timed(self, op: str, iteration: int, microbatch: int | None, fn) -> object:
