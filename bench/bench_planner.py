@@ -10,14 +10,17 @@ Four parts, each printed and written to ``bench/results/planner.json``:
    step, all four ranks busy): the per-call cost the ``local`` presets charge;
    and how fast each of two processes computing at once runs against one
    alone (the cores' parallel efficiency; 1.0 means a core counts whole).
-2. Strategies on this machine, 4 CPU ranks: the planner predicts each
-   strategy's iteration from a single-process profile and the ``local``
-   cluster, the processes runnable at planning time (sampled from
-   /proc/loadavg, not the lagging load average) as the background
-   work the 4 ranks share the cores with (processor sharing: ranks / cores
-   on an idle machine, less on a crowded one); each strategy then runs for real
-   under torchrun (interleaved repeats, median of the steady iterations);
-   predicted vs measured times and the Kendall tau of the two orderings.
+2. Strategies on this machine, 4 CPU ranks: each round profiles the model
+   in one process, runs one calibration strategy (``pp4-gpipe-m4``, not
+   among those compared) and scales the profile's compute to what its ranks
+   measured (:mod:`workbench.planning.calibrate`); the planner then predicts
+   every strategy on the ``local`` cluster with the processes runnable at
+   planning time (sampled from /proc/loadavg, not the lagging load average)
+   as background work, and each runs for real under torchrun (interleaved
+   rounds, median of the steady iterations). Printed: predicted (and
+   uncalibrated) vs measured times, each strategy's spread over the rounds,
+   and the Kendall tau of the orderings for the issue's six strategies and
+   for all ten.
 3. The 8 x V100 PCIe preset with costs projected from FLOPs: GroPipe's best
    predicted gain over data parallelism for VGG-16 and ResNet-50, next to
    the GroPipe paper's figures, at the preset's all-reduce bandwidth and at
@@ -106,8 +109,10 @@ def _probe_worker(out: str, repeats: int) -> None:
             mm_with.append(rate(ends, clock.item()))
         dist.barrier()
     calls = _call_cost(rank, repeats)
+    busy_calls = _call_cost(rank, repeats, steps=60, rows_a=512, block_elems=32768)
     one, two = _core_scaling(rank, repeats)
-    rows = [comm_alone, comm_with, mm_alone, mm_with, calls, one, two]
+    stepping = _oversubscription(rank, repeats)
+    rows = [comm_alone, comm_with, mm_alone, mm_with, calls, one, two, busy_calls]
     mine = torch.tensor([statistics.median(r) if r else 0.0 for r in rows], dtype=torch.float64)
     gathered = [torch.zeros(len(rows), dtype=torch.float64) for _ in range(4)]
     dist.all_gather(gathered, mine)
@@ -118,22 +123,29 @@ def _probe_worker(out: str, repeats: int) -> None:
                   "matmul_ms_alone": mm[2] * 1e3, "matmul_ms_with_allreduce": mm[3] * 1e3,
                   "comm_slowdown": comm[1] / comm[0], "compute_slowdown": mm[3] / mm[2],
                   "collective_call_ms": max(g[4] for g in gathered).item() * 1e3,
+                  "collective_call_ms_busy": max(g[7] for g in gathered).item() * 1e3,
                   "op_ms_one_process": gathered[2][5].item() * 1e3, "op_ms_two_processes": gathered[2][6].item() * 1e3}
         # two processes on the two cores each run this much of their speed alone: the cores' parallel efficiency
         result["core_efficiency"] = result["op_ms_one_process"] / result["op_ms_two_processes"]
         result["overlap_slowdown"] = (result["comm_slowdown"] * result["compute_slowdown"]) ** 0.5
+        result["block_step_ms_by_processes"] = [statistics.median(v) * 1e3 for v in stepping]
+        result["oversubscription_penalty"] = oversubscription_penalty(result["block_step_ms_by_processes"])
         Path(out).write_text(json.dumps(result, indent=1))
     dist.destroy_process_group()
 
 
-def _call_cost(rank: int, repeats: int, steps: int = 100) -> list[float]:
+def _call_cost(rank: int, repeats: int, steps: int = 100, rows_a: int = 64, block_elems: int = 4096) -> list[float]:
     """Seconds one small collective costs a rank of a 2 x 2 grid, the way SUMMA issues them.
 
-    Every rank multiplies a small block, then broadcasts a 16 KiB block along
-    its row and then along its column; the loop is timed with and without
-    the broadcasts, and the difference is split over the calls. On ranks that
+    Every rank multiplies a ``rows_a`` x 128 block by a 128 x 128 one, then
+    broadcasts ``block_elems`` floats (16 KiB by default) along its row and
+    then along its column; the loop is timed with and without the
+    broadcasts, and the difference is split over the calls. On ranks that
     time-share cores this is far above the link's latency: each call waits
-    until every member of its group has been scheduled.
+    until every member of its group has been scheduled. With more compute
+    between calls (``rows_a`` = 512: about what a rank of the 2D GPT-2 tiny
+    step does between two of its collectives) the four ranks stay runnable,
+    and a call waits longer for its peers to be scheduled.
     """
     import torch
     import torch.distributed as dist
@@ -141,7 +153,7 @@ def _call_cost(rank: int, repeats: int, steps: int = 100) -> list[float]:
     rows = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     cols = [dist.new_group([0, 2]), dist.new_group([1, 3])]
     row, col = rows[rank // 2], cols[rank % 2]
-    block, a, b = torch.ones(4096), torch.randn(64, 128), torch.randn(128, 128)
+    block, a, b = torch.ones(block_elems), torch.randn(rows_a, 128), torch.randn(128, 128)
 
     def loop(talk: bool) -> float:
         dist.barrier()
@@ -197,6 +209,57 @@ def _core_scaling(rank: int, repeats: int, window_s: float = 0.4) -> tuple[list[
     return one, two
 
 
+def _oversubscription(rank: int, repeats: int, window_s: float = 0.6) -> list[list[float]]:
+    """Rank 0's seconds per transformer-block step with 1, 2, 3 and 4 of the ranks stepping at once.
+
+    Each rank trains its own small transformer layer (hidden 128, 4 heads,
+    batch 4 x 64 tokens: a GPT-2 tiny block at a pipeline's micro-batch).
+    Processor sharing predicts ``max(1, k / cores)`` times the time alone;
+    what comes on top when more processes are runnable than there are cores
+    (each switch refilling caches) is the oversubscription penalty.
+    """
+    import torch
+    import torch.distributed as dist
+
+    torch.manual_seed(rank)
+    layer = torch.nn.TransformerEncoderLayer(128, 4, 512, dropout=0.0, batch_first=True)
+    x = torch.randn(4, 64, 128)
+
+    def run() -> float:
+        times, stop = [], time.perf_counter() + window_s
+        while time.perf_counter() < stop:
+            t = time.perf_counter()
+            layer(x).sum().backward()
+            times.append(time.perf_counter() - t)
+        return statistics.median(times)
+
+    run()  # warm up
+    out: list[list[float]] = [[] for _ in range(4)]
+    for _ in range(repeats):
+        for k in range(1, 5):
+            dist.barrier()
+            if rank < k:
+                t = run()
+                if rank == 0:
+                    out[k - 1].append(t)
+            dist.barrier()
+    return out
+
+
+def oversubscription_penalty(per_k_ms: list[float], cores: int = 2) -> float:
+    """The penalty ``kappa`` of :func:`workbench.scheduling.sharing.sharing_slowdown` that fits the probe.
+
+    ``per_k_ms[k - 1]``: one process's step time with ``k`` processes
+    stepping; each k beyond the cores gives ``(t_k / t_1) / (k / cores) - 1``
+    over ``min(1, (k - cores) / cores)``; the mean of those.
+    """
+    fits = []
+    for k in range(cores + 1, len(per_k_ms) + 1):
+        excess = min(1.0, (k - cores) / cores)
+        fits.append(((per_k_ms[k - 1] / per_k_ms[0]) / (k / cores) - 1.0) / excess)
+    return max(0.0, statistics.fmean(fits)) if fits else 0.0
+
+
 def overlap_probe(repeats: int = 7) -> dict:
     import subprocess
     import tempfile
@@ -213,8 +276,13 @@ def overlap_probe(repeats: int = 7) -> dict:
 
 # -- 2. predicted vs measured on 4 CPU ranks -------------------------------------------------------------------
 MODEL, OVERRIDES, BATCH, SEQ = "gpt2-tiny", {"n_embd": 128, "n_layer": 4, "n_head": 4}, 16, 64
+# the issue's six strategies, then four that differ from them in the work they do (one micro-batch of the whole
+# batch, recomputation, 1D tensor parallelism), so that the ordering is tested beyond the run-to-run noise
 MEASURED = ["dp4", "pp4-1f1b-m4", "gropipe-2x2-1f1b-m4-d0", "gropipe-2x2-1f1b-m4-d1", "async-2x2-m4",
             "tp2d-2x2-dp1"]
+EXTRA = ["pp4-1f1b-m1", "gropipe-2x2-1f1b-m8-d0", "dp4-rc", "tp1d-4-dp1"]
+CALIBRATION = "pp4-gpipe-m4"  # a run each round calibrates compute from; not one of the strategies compared
+STEPS, WARMUP = 9, 3
 
 
 def _profile():
@@ -227,7 +295,7 @@ def _profile():
     return profile(build_model(MODEL, **OVERRIDES), batch=BATCH, repeats=5, cache=False, progress=False)
 
 
-def _measured_iteration_ms(job, warmup: int = 3) -> float:
+def _measured_iteration_ms(job, warmup: int = WARMUP) -> float:
     """Median time between consecutive steps on rank 0, after ``warmup`` steps."""
     frame = job.metrics()
     t = sorted(frame[frame["rank"] == 0].set_index("step")["t"].items())
@@ -251,79 +319,138 @@ def runnable_now(samples: int = 20, interval_s: float = 0.05) -> float:
     return float(max(0, statistics.median(counts)))
 
 
-def measured_vs_predicted(repeats: int) -> dict:
+def _run(plan_, name: str, root: Path):
     from workbench.jobs import LaunchSpec, launch
+
+    config = plan_.to_config(steps=STEPS, model_overrides=OVERRIDES, data={"kind": "bytes-lm", "seq_len": SEQ})
+    job = launch(LaunchSpec(config=config.to_dict(), name=name, run_root=root))
+    state = job.wait(timeout=400).state
+    if state != "SUCCEEDED":
+        raise RuntimeError(f"{name}: run in {job.run_dir} ended {state}")
+    return job
+
+
+def measured_vs_predicted(repeats: int) -> dict:
     from workbench.models.zoo import get_entry
-    from workbench.planning import plan, transformer_shape
+    from workbench.planning import calibrate_from_run, plan, transformer_shape
 
     shape = transformer_shape({**get_entry(MODEL).config(OVERRIDES), "seq_len": SEQ}, BATCH)
     root = Path(__file__).resolve().parents[1] / "runs" / "bench-planner" / time.strftime("%Y%m%d-%H%M%S")
-    rows: dict[str, list[dict]] = {name: [] for name in MEASURED}
+    names = MEASURED + EXTRA
+    rows: dict[str, list[dict]] = {name: [] for name in names}
+    calibrations = []
     for rep in range(repeats):
         costs = _profile()  # this round's machine speed
         profile_path = costs.save(Path(root) / f"profile-rep{rep}.json")
         background = runnable_now()  # the other work sharing the cores now
-        predicted = plan(costs, "local", BATCH, world_size=4, shape=shape, strategies=MEASURED,
-                         background_load=background)
-        print(f"rep {rep}: profiled at load {background:.2f}", flush=True)
-        for name in MEASURED:
-            config = predicted[name].to_config(steps=9, model_overrides=OVERRIDES, data={"kind": "bytes-lm",
-                                                                                         "seq_len": SEQ})
+        cal_plan = plan(costs, "local", BATCH, world_size=4, shape=shape, strategies=[CALIBRATION])[CALIBRATION]
+        cal_job = _run(cal_plan, CALIBRATION, root)
+        cal = calibrate_from_run(costs, cal_job.run_dir, cluster="local", background_load=background, warmup=WARMUP)
+        calibrations.append({**cal.to_dict(), "measured_iteration_ms": _measured_iteration_ms(cal_job)})
+        raw = plan(costs, "local", BATCH, world_size=4, shape=shape, strategies=names, background_load=background)
+        predicted = plan(costs, "local", BATCH, world_size=4, shape=shape, strategies=names,
+                         background_load=background, calibration=cal)
+        print(f"rep {rep}: background {background:.2f}; compute calibrated x{cal.compute_scale:.3f} from "
+              f"{CALIBRATION} ({cal.events} events)", flush=True)
+        for name in names:
             load = os.getloadavg()[0]
-            job = launch(LaunchSpec(config=config.to_dict(), name=name, run_root=root))
-            state = job.wait(timeout=400).state
-            if state != "SUCCEEDED":
-                raise RuntimeError(f"{name}: run {rep} ended {state}")
+            job = _run(predicted[name], name, root)
             measured = _measured_iteration_ms(job)
-            row = {"measured_ms": measured, "predicted_ms": predicted[name].estimate.iteration_ms, "load_avg_1m": load,
-                   "background_load": background, "run_dir": str(job.run_dir), "profile": str(profile_path)}
+            row = {"measured_ms": measured, "predicted_ms": predicted[name].estimate.iteration_ms,
+                   "uncalibrated_ms": raw[name].estimate.iteration_ms, "load_avg_1m": load,
+                   "background_load": background, "compute_scale": cal.compute_scale, "run_dir": str(job.run_dir),
+                   "profile": str(profile_path)}
             rows[name].append(row)
             print(f"rep {rep} {name:<24} measured {measured:8.1f} ms  predicted {row['predicted_ms']:8.1f} ms  "
-                  f"load {load:.2f}", flush=True)
+                  f"(uncalibrated {row['uncalibrated_ms']:8.1f})  load {load:.2f}", flush=True)
     out: dict = {"model": MODEL, "overrides": OVERRIDES, "global_batch": BATCH, "seq_len": SEQ, "repeats": repeats,
+                 "calibration_strategy": CALIBRATION, "calibrations": calibrations, "issue_strategies": MEASURED,
                  "strategies": {name: {"runs": runs} for name, runs in rows.items()}}
     return summarize(out)
 
 
 def summarize(out: dict) -> dict:
-    """Medians per strategy, the Kendall tau of the two orderings, printed as a table."""
+    """Medians per strategy, the Kendall tau of the two orderings (the issue's six, and all), printed as a table."""
     for r in out["strategies"].values():
         runs = r["runs"]
         r.update({"measured_ms": statistics.median(x["measured_ms"] for x in runs),
                   "predicted_ms": statistics.median(x["predicted_ms"] for x in runs),
                   "ratio": statistics.median(x["predicted_ms"] / x["measured_ms"] for x in runs),
                   "load_avg_1m": statistics.median(x["load_avg_1m"] for x in runs)})
+        if all("uncalibrated_ms" in x for x in runs):
+            r["uncalibrated_ratio"] = statistics.median(x["uncalibrated_ms"] / x["measured_ms"] for x in runs)
+        # how often the strategy's measured time moved against the others: its rounds' spread
+        r["measured_spread"] = (max(x["measured_ms"] for x in runs) - min(x["measured_ms"] for x in runs)) / r[
+            "measured_ms"]
     names = list(out["strategies"])
-    out["kendall_tau"] = kendall_tau([out["strategies"][n]["measured_ms"] for n in names],
-                                     [out["strategies"][n]["predicted_ms"] for n in names])
-    print(f"\n{'strategy':<24} {'measured ms':>12} {'predicted ms':>13} {'pred/meas':>10} {'load':>6}")
+    six = [n for n in out.get("issue_strategies", names) if n in out["strategies"]]
+
+    def tau(subset: list[str]) -> float:
+        return kendall_tau([out["strategies"][n]["measured_ms"] for n in subset],
+                           [out["strategies"][n]["predicted_ms"] for n in subset])
+
+    out["kendall_tau"] = tau(six)
+    out["kendall_tau_all"] = tau(names)
+    out["resolved"] = resolved_pairs(out["strategies"], names)
+    out["within_20pct"] = sum(abs(out["strategies"][n]["ratio"] - 1) <= 0.2 for n in names)
+    print(f"\n{'strategy':<24} {'measured ms':>12} {'predicted ms':>13} {'pred/meas':>10} {'uncal.':>7} "
+          f"{'spread':>7} {'load':>6}")
     for n in names:
         r = out["strategies"][n]
-        print(f"{n:<24} {r['measured_ms']:12.1f} {r['predicted_ms']:13.1f} {r['ratio']:10.3f} {r['load_avg_1m']:6.2f}")
-    print(f"Kendall tau of the orderings: {out['kendall_tau']:.3f}", flush=True)
+        print(f"{n:<24} {r['measured_ms']:12.1f} {r['predicted_ms']:13.1f} {r['ratio']:10.3f} "
+              f"{r.get('uncalibrated_ratio', float('nan')):7.3f} {r['measured_spread']:7.2f} {r['load_avg_1m']:6.2f}")
+    res = out["resolved"]
+    print(f"Kendall tau, the issue's {len(six)} strategies: {out['kendall_tau']:.3f}; all {len(names)}: "
+          f"{out['kendall_tau_all']:.3f}; within 20%: {out['within_20pct']} of {len(names)}", flush=True)
+    print(f"pairs whose measured rounds do not overlap: {res['pairs']} of {res['of']}, ordered right by the planner: "
+          f"{res['concordant']} (tau over them {res['tau']:.3f})", flush=True)
     return out
+
+
+def resolved_pairs(strategies: dict, names: list[str]) -> dict:
+    """The pairs the measurement itself orders (every round of one faster than every round of the other),
+    and how many of them the planner's medians order the same way."""
+    pairs = concordant = 0
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            ra = [x["measured_ms"] for x in strategies[a]["runs"]]
+            rb = [x["measured_ms"] for x in strategies[b]["runs"]]
+            if max(ra) < min(rb) or max(rb) < min(ra):
+                pairs += 1
+                measured = strategies[a]["measured_ms"] - strategies[b]["measured_ms"]
+                predicted = strategies[a]["predicted_ms"] - strategies[b]["predicted_ms"]
+                concordant += measured * predicted > 0
+    return {"pairs": pairs, "of": len(names) * (len(names) - 1) // 2, "concordant": concordant,
+            "tau": (2 * concordant - pairs) / pairs if pairs else float("nan")}
 
 
 def repredict(previous: dict, background: float | None = None) -> dict:
     """Plan the measured runs of ``previous`` again: from the profile each was planned from (a fresh one
-    when it was not kept), each run's recorded background load (or ``background`` runnable foreign
-    processes for every run, for runs recorded with a wrong one)."""
+    when it was not kept) and the compute calibration of its round, each run's recorded background load
+    (or ``background`` runnable foreign processes for every run, for runs recorded with a wrong one)."""
     from workbench.models.zoo import get_entry
-    from workbench.planning import plan, transformer_shape
+    from workbench.planning import RuntimeCalibration, plan, transformer_shape
 
     from workbench.core.costs import ModelCosts
 
     shape = transformer_shape({**get_entry(MODEL).config(OVERRIDES), "seq_len": SEQ}, BATCH)
     fresh = None
     for name, r in previous["strategies"].items():
-        for run in r["runs"]:
+        for rep, run in enumerate(r["runs"]):
             if run.get("profile") and Path(run["profile"]).is_file():
                 costs = ModelCosts.load(run["profile"])  # the profile the run was planned from
             else:
                 fresh = costs = fresh or _profile()
-            result = plan(costs, "local", BATCH, world_size=4, shape=shape, strategies=[name],
-                          background_load=run["background_load"] if background is None else background)
+            cals = previous.get("calibrations") or []
+            cal = RuntimeCalibration.from_dict({k: v for k, v in cals[rep].items() if k != "measured_iteration_ms"}) \
+                if rep < len(cals) else None
+            bg = run["background_load"] if background is None else background
+            result = plan(costs, "local", BATCH, world_size=4, shape=shape, strategies=[name], background_load=bg,
+                          calibration=cal)
             run["predicted_ms"] = result[name].estimate.iteration_ms
+            if cal is not None:
+                raw = plan(costs, "local", BATCH, world_size=4, shape=shape, strategies=[name], background_load=bg)
+                run["uncalibrated_ms"] = raw[name].estimate.iteration_ms
     previous["repredicted_at"] = time.strftime("%Y-%m-%d %H:%M")
     return summarize(previous)
 
@@ -417,8 +544,11 @@ def main() -> int:
               f"(x{probe['comm_slowdown']:.2f}); matmul {probe['matmul_ms_alone']:.3f} ms alone, "
               f"{probe['matmul_ms_with_allreduce']:.3f} ms with all-reduce (x{probe['compute_slowdown']:.2f}); "
               f"overlap slowdown {probe['overlap_slowdown']:.2f}; a small collective of a 2x2 grid costs "
-              f"{probe['collective_call_ms']:.2f} ms; two processes computing at once each run at "
-              f"{probe['core_efficiency']:.2f} of their speed alone", flush=True)
+              f"{probe['collective_call_ms']:.2f} ms ({probe['collective_call_ms_busy']:.2f} ms with 128 KiB blocks "
+              f"and the ranks busy between calls); two processes computing at once each run at "
+              f"{probe['core_efficiency']:.2f} of their speed alone; a transformer-block step with 1-4 processes "
+              f"stepping: {', '.join(f'{v:.2f}' for v in probe['block_step_ms_by_processes'])} ms (oversubscription "
+              f"penalty {probe['oversubscription_penalty']:.2f})", flush=True)
     if "measured" in parts:
         result["measured"] = measured_vs_predicted(args.repeats)
     if "repredict" in parts:  # the recorded runs of the last "measured" part, predicted again

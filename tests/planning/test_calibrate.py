@@ -79,9 +79,18 @@ def test_bad_calibration_input_is_explained(tmp_path):
         calibrate_from_run(COSTS, tmp_path)
 
 
+def test_cli_calibrate_needs_a_run_directory(tmp_path, capsys):
+    from workbench.cli import main
+
+    path = COSTS.save(tmp_path / "costs.json")
+    assert main(["plan", str(path), "--cluster", "local", "--batch", "16", "--world-size", "2",
+                 "--calibrate", str(tmp_path / "nowhere")]) == 2
+    assert "is not a run directory" in capsys.readouterr().err
+
+
 @pytest.mark.multiproc
 @pytest.mark.skipif(importlib.util.find_spec("workbench.runtime.entry") is None, reason="needs the training entry")
-def test_calibration_from_a_real_pipeline_run(tmp_path):
+def test_calibration_from_a_real_pipeline_run(tmp_path, capsys):
     from workbench.jobs import LaunchSpec, launch
     from workbench.profiling import profile
 
@@ -98,3 +107,10 @@ def test_calibration_from_a_real_pipeline_run(tmp_path):
     uncalibrated = plan(costs, "local", 16, world_size=2, strategies=["pp2-1f1b-m4"])
     assert planned["pp2-1f1b-m4"].estimate.compute_ms == pytest.approx(
         cal.compute_scale * uncalibrated["pp2-1f1b-m4"].estimate.compute_ms, rel=0.25)
+    # the same from the command line
+    from workbench.cli import main
+
+    path = costs.save(tmp_path / "costs.json")
+    assert main(["plan", str(path), "--cluster", "local", "--batch", "16", "--world-size", "2", "--strategies",
+                 "pp2-1f1b-m4", "--calibrate", str(job.run_dir), "--json"]) == 0
+    assert any("compute calibrated by" in n for n in json.loads(capsys.readouterr().out)["notes"])
