@@ -124,6 +124,18 @@ config = best_local.to_config(steps=20, model_overrides=local_overrides, data={"
                                                     "delay", "partition", "global_batch")}
 
 # %% [markdown]
+# How far to trust these times? The profile timed each layer alone in one
+# process; a run's ranks do the same work more slowly (the runtime around each
+# micro-batch, four processes on two cores), and on this machine every
+# strategy came out at about 0.4-0.8 of its measured time. Calibrating fixes
+# most of that: launch a few steps of a pipeline (for example
+# `plan(costs, "local", local_batch, world_size=4, strategies=["pp4-gpipe-m4"]).best.to_config(steps=9)`),
+# then plan with `calibration=job.run_dir` (CLI: `--calibrate RUN_DIR`). The
+# profile's compute is scaled by what that run's ranks measured
+# (`workbench.planning.calibrate`); `bench/RESULTS.md` compares ten calibrated
+# predictions with measured runs.
+
+# %% [markdown]
 # ## 3. An 8-GPU server
 #
 # We do not have the server, so the profile taken here is *projected* onto a
