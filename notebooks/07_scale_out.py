@@ -42,6 +42,8 @@ num_nodes = 2
 train_steps = 12 if smoke else 30
 optimizer = {"name": "adam", "lr": 0.001}
 run_root = os.environ.get("WORKBENCH_RUN_ROOT", "runs")
+# a Slurm job's run directory must be on storage every node sees (home or scratch, never /tmp)
+shared_run_root = os.environ.get("WORKBENCH_SHARED_RUN_ROOT", os.path.expanduser("~/workbench-runs"))
 
 # %%
 from pathlib import Path
@@ -99,10 +101,11 @@ for node, command in enumerate(remote_dry.commands):
 # On a cluster with Slurm the spec carries `SlurmOptions`. The script asks for
 # one task per node; each task runs `torchrun` with c10d rendezvous on the
 # first node of the allocation, using the Slurm job id as the rendezvous id.
-# On GPUs the backend is NCCL with one GPU per process.
+# On GPUs the backend is NCCL with one GPU per process. Its run directory
+# goes on storage every node sees (`shared_run_root`).
 
 # %%
-slurm_spec = spec.replace(dist_backend="nccl", slurm=SlurmOptions(
+slurm_spec = spec.replace(dist_backend="nccl", run_root=shared_run_root, slurm=SlurmOptions(
     partition="gpu", time="00:30:00", gpus_per_node=per_node, cpus_per_task=8,
     setup=("module load cuda/12.4", "source ~/venv/bin/activate")))
 slurm_dry = launch(slurm_spec, backend="dryrun")
