@@ -2,14 +2,12 @@
 
 Problem. A profile times each layer alone in one process, with its weights
 hot in cache and nothing else on the cores. The ranks of a real run do the
-same arithmetic inside the runtime: the whole chain's weights and
-activations go through the caches, autograd, the event writer and the
-interpreter run beside each micro-batch, and on a CPU node several
-processes switch on the same cores, each switch costing cache refills the
-processor-sharing model does not count. On this machine the profile's
-compute came out at about 0.6 of what the runtime's ranks took, the same
-offset for every strategy, so the planner ranked and timed everything too
-fast by the same factor.
+same arithmetic inside the runtime, with the interpreter, the event writer
+and the sends around every micro-batch, among other processes on the same
+cores. On this machine, at micro-batches of 2-4, the runtime's ranks took
+1.2-1.75x the profile's time even when no other rank computed (one rank
+alone with the whole batch matched the profile), so the planner timed
+every such strategy at about 0.6 of its measured time.
 
 Approach (one measured run, compared op by op). Launch one short run (a
 pipeline over every rank is best: its forward and backward events are pure
@@ -35,8 +33,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ..core.config import RunConfig
 from ..core.costs import ClusterSpec, ModelCosts
 from ..core.partition import Partition
+from ..core.rundir import load_measured_timeline, read_events
 from ..core.timeline import Timeline
 from ..scheduling.sharing import solo_durations
 from ..scheduling.stagecosts import StageCosts
@@ -126,9 +126,6 @@ def calibrate_from_run(costs: ModelCosts, run_dir: str | Path, *, cluster: str |
     to the run's micro-batch; a profile of another layer count is refused).
     ``background_load``: foreign runnable processes while the run ran.
     """
-    from ..core.config import RunConfig
-    from ..core.rundir import load_measured_timeline, read_events
-
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").is_file():
         raise ValueError(f"{str(run_dir)!r} is not a run directory (no config.json)")
@@ -141,8 +138,7 @@ def calibrate_from_run(costs: ModelCosts, run_dir: str | Path, *, cluster: str |
     if not text:
         raise ValueError(f"{str(run_dir)!r} recorded no partition in its start event")
     partition = Partition.parse(text, costs.num_layers)
-    groups = 1 if config.strategy in ("gpipe", "1f1b", "interleaved") else config.groups
-    microbatch = config.global_batch // groups // config.microbatches
-    return calibrate_from_timeline(costs, load_measured_timeline(run_dir), partition, microbatch, cluster=cluster,
+    return calibrate_from_timeline(costs, load_measured_timeline(run_dir), partition, config.microbatch_size,
+                                   cluster=cluster,
                                    background_load=background_load, warmup=warmup, source=str(run_dir),
                                    strategy=config.name or config.strategy)

@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..core.ir import Schedule
-from ..core.rundir import (events_dir, events_path, load_measured_timeline, make_event, parse_event_line,  # noqa: F401
-                           read_events)
+from ..core.rundir import events_path, load_measured_timeline, make_event, read_events  # noqa: F401 (re-exported)
 from ..core.timeline import Event, Timeline
 
 __all__ = ["EventWriter", "read_events", "load_measured_timeline", "check_events_follow_schedule"]
