@@ -247,7 +247,11 @@ def _oversubscription(rank: int, repeats: int, window_s: float = 0.6) -> list[li
 
 
 def oversubscription_penalty(per_k_ms: list[float], cores: int = 2) -> float:
-    """The penalty ``kappa`` of :func:`workbench.scheduling.sharing.sharing_slowdown` that fits the probe.
+    """How much slower than processor sharing's ``k / cores`` the probe's processes ran, beyond the cores.
+
+    0 means processor sharing (:func:`workbench.scheduling.sharing.sharing_slowdown`,
+    which has no such term) explains the probe; the planner would need a
+    penalty term only if this came out clearly above 0.
 
     ``per_k_ms[k - 1]``: one process's step time with ``k`` processes
     stepping; each k beyond the cores gives ``(t_k / t_1) / (k / cores) - 1``
