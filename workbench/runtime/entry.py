@@ -38,7 +38,7 @@ from .checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_chec
 from .events import EventWriter
 from .groups import init_distributed, pick_device
 from .strategies import strategy_class
-from .strategies.base import RunContext, Strategy
+from .strategies.base import PendingLoss, RunContext, Strategy, loss_value
 
 __all__ = ["main", "resolve_partition", "autocast_dtype_for"]
 
@@ -143,21 +143,35 @@ def train(config: RunConfig, run_dir: Path, writer: EventWriter) -> None:
                  resumed_from=resumed_from, partition=str(partition), device=str(device))
     writer.start_heartbeat(config.events.heartbeat_s)
     batches = global_batches(config, model, start_step)
+    unwritten: list[tuple[int, float | PendingLoss, float]] = []  # steps whose loss is still being reduced
+
+    def write_steps() -> None:
+        for done, loss, elapsed in unwritten:
+            writer.step = done
+            writer.write("step", step=done, loss=loss_value(loss), samples_per_s=config.global_batch / elapsed,
+                         step_ms=elapsed * 1e3, memory_bytes=_memory_bytes(device))
+        unwritten.clear()
+
     for step in range(start_step, config.steps):
         if step == config.fail_at_step and rank == config.fail_rank:
+            write_steps()
             raise RuntimeError(f"fault injected by config (fail_at_step={step}, fail_rank={rank})")
         batch = next(batches)
         started = time.perf_counter()
         loss = strategy.train_step(step, batch)
         elapsed = time.perf_counter() - started
+        write_steps()  # the previous step's loss: every rank has issued its all-reduce by now
+        unwritten.append((step + 1, loss, elapsed))
+        if not isinstance(loss, PendingLoss):
+            write_steps()
         writer.step = step + 1
-        writer.write("step", step=step + 1, loss=loss, samples_per_s=config.global_batch / elapsed,
-                     step_ms=elapsed * 1e3, memory_bytes=_memory_bytes(device))
         events, t0 = strategy.take_events()
         writer.stage_events(events, t0)
         if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
+            write_steps()
             folder = _save(run_dir, step + 1, rank, strategy, device)
             writer.write("checkpoint", step=step + 1, path=str(folder))
+    write_steps()
     strategy.close()
     if config.dump_params:
         folder = run_dir / "params"

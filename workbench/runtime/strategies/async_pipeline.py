@@ -76,7 +76,7 @@ from ..batches import global_batches, split_rounds
 from ..groups import build_groups
 from ..interpreter import Interpreter, MicrobatchData
 from ..stage import Stage, output_shapes
-from .base import RunContext, Strategy, global_mean_loss, make_optimizer
+from .base import PendingLoss, RunContext, Strategy, global_mean_loss, make_optimizer
 
 __all__ = ["AsyncPipeline", "async_schedule", "StageWeights", "VersionedBlock"]
 
@@ -290,6 +290,7 @@ class AsyncPipeline(Strategy):
         self.weights = StageWeights(self.block, stash=config.stash, uses=uses)
         self._optimizer = make_optimizer(self.weights.params, config)
         self._pending: tuple[dist.Work | None, torch.Tensor] | None = None
+        self._loss_group = dist.new_group()  # every rank: the loss all-reduce stays out of the stream's traffic
         self.segments = self._segments(actions)
         self.interpreter = StreamInterpreter(
             rank=ctx.rank, actions=actions, stages={s: self.stage}, num_microbatches=m * config.steps,
@@ -378,7 +379,7 @@ class AsyncPipeline(Strategy):
         self._optimizer.zero_grad(set_to_none=True)
 
     # -- Strategy ---------------------------------------------------------------------
-    def train_step(self, step: int, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
+    def train_step(self, step: int, batch: tuple[torch.Tensor, torch.Tensor]) -> PendingLoss:
         config = self.config
         segment = self.segments[step]
         if self.stage.is_first or self.stage.is_last:
@@ -394,7 +395,9 @@ class AsyncPipeline(Strategy):
         self.interpreter.run_segment(segment, self._data)
         self._drop_iteration(step)
         local = sum(self.stage.take_losses())
-        return global_mean_loss(local, config.groups * config.microbatches, self.ctx.device)
+        # not waited here: a blocking all-reduce would drain the stream at every step
+        return global_mean_loss(local, config.groups * config.microbatches, self.ctx.device, group=self._loss_group,
+                                wait=False)
 
     def modules(self) -> dict[str, nn.Module]:
         return {f"stage{self.stage.index}": self.block.inner}

@@ -23,7 +23,7 @@ from ...core.config import RunConfig
 from ...core.partition import Partition
 from ...core.timeline import Event
 
-__all__ = ["RunContext", "Strategy", "make_optimizer", "global_mean_loss"]
+__all__ = ["RunContext", "Strategy", "make_optimizer", "global_mean_loss", "PendingLoss", "loss_value"]
 
 
 @dataclass
@@ -48,11 +48,45 @@ def make_optimizer(params: list[nn.Parameter], config: RunConfig) -> torch.optim
     return torch.optim.Adam(params, lr=opt.lr, weight_decay=opt.weight_decay)
 
 
-def global_mean_loss(local_sum: float, num_microbatches_total: int, device: torch.device) -> float:
-    """Mean micro-batch loss over every rank's contribution (ranks without a loss add 0)."""
+class PendingLoss:
+    """A step's global mean loss whose all-reduce is still in flight; :meth:`value` waits for it.
+
+    Strategies whose schedules run across iterations (the asynchronous
+    pipeline) return one from ``train_step``: a blocking loss all-reduce at
+    the end of every step would line all ranks up once per iteration, the
+    flush their schedule exists to avoid. The entry module reads the value
+    after the next step has been computed (by then every rank has issued
+    the all-reduce), before a checkpoint and at the end.
+    """
+
+    def __init__(self, work: dist.Work | None, total: torch.Tensor, num_microbatches_total: int) -> None:
+        self._work, self._total, self._n = work, total, num_microbatches_total
+
+    def value(self) -> float:
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+        return float(self._total.item()) / self._n
+
+
+def global_mean_loss(local_sum: float, num_microbatches_total: int, device: torch.device, *,
+                     group: dist.ProcessGroup | None = None, wait: bool = True) -> float | PendingLoss:
+    """Mean micro-batch loss over every rank's contribution (ranks without a loss add 0).
+
+    ``wait=False`` starts the all-reduce and returns a :class:`PendingLoss`;
+    give it a ``group`` of its own (every rank), so that it cannot interleave
+    with the strategy's sends and receives on the default group.
+    """
     total = torch.tensor([local_sum], dtype=torch.float64, device=device)
-    dist.all_reduce(total)
+    if not wait:
+        return PendingLoss(dist.all_reduce(total, group=group, async_op=True), total, num_microbatches_total)
+    dist.all_reduce(total, group=group)
     return float(total.item()) / num_microbatches_total
+
+
+def loss_value(loss: float | PendingLoss) -> float:
+    """The loss a ``train_step`` returned, waiting for it if it is still being reduced."""
+    return loss.value() if isinstance(loss, PendingLoss) else float(loss)
 
 
 class Strategy(ABC):
@@ -65,8 +99,9 @@ class Strategy(ABC):
         self._events: list[Event] = []
 
     @abstractmethod
-    def train_step(self, step: int, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
-        """Train on one global batch; return the global mean loss (same on every rank)."""
+    def train_step(self, step: int, batch: tuple[torch.Tensor, torch.Tensor]) -> float | PendingLoss:
+        """Train on one global batch; return the global mean loss (same on every rank), or a
+        :class:`PendingLoss` when waiting for it now would synchronise the ranks."""
 
     @abstractmethod
     def modules(self) -> dict[str, nn.Module]:
