@@ -11,9 +11,10 @@ Four parts, each printed and written to ``bench/results/planner.json``:
    and how fast each of two processes computing at once runs against one
    alone (the cores' parallel efficiency; 1.0 means a core counts whole).
 2. Strategies on this machine, 4 CPU ranks: each round profiles the model
-   in one process, runs one calibration strategy (``pp4-gpipe-m4``, not
-   among those compared) and scales the profile's compute to what its ranks
-   measured (:mod:`workbench.planning.calibrate`); the planner then predicts
+   in one process, runs two calibration strategies, one per runtime family
+   (``pp4-gpipe-m4`` and ``async-4x1-m8``, not among those compared), and
+   scales the profile's compute to what their ranks measured
+   (:mod:`workbench.planning.calibrate`); the planner then predicts
    every strategy on the ``local`` cluster with the processes runnable at
    planning time (sampled from /proc/loadavg, not the lagging load average)
    as background work, and each runs for real under torchrun (interleaved
@@ -285,7 +286,9 @@ MODEL, OVERRIDES, BATCH, SEQ = "gpt2-tiny", {"n_embd": 128, "n_layer": 4, "n_hea
 MEASURED = ["dp4", "pp4-1f1b-m4", "gropipe-2x2-1f1b-m4-d0", "gropipe-2x2-1f1b-m4-d1", "async-2x2-m4",
             "tp2d-2x2-dp1"]
 EXTRA = ["pp4-1f1b-m1", "gropipe-2x2-1f1b-m8-d0", "dp4-rc", "tp1d-4-dp1"]
-CALIBRATION = "pp4-gpipe-m4"  # a run each round calibrates compute from; not one of the strategies compared
+# runs each round calibrates compute from, one per runtime family (planning.calibrate); not among those compared.
+# The async one has the compared async pipeline's micro-batch (2 samples) on four stages of one pipeline.
+CALIBRATIONS = ("pp4-gpipe-m4", "async-4x1-m8")
 STEPS, WARMUP = 9, 3
 
 
@@ -347,28 +350,33 @@ def measured_vs_predicted(repeats: int) -> dict:
         costs = _profile()  # this round's machine speed
         profile_path = costs.save(Path(root) / f"profile-rep{rep}.json")
         background = runnable_now()  # the other work sharing the cores now
-        cal_plan = plan(costs, "local", BATCH, world_size=4, shape=shape, strategies=[CALIBRATION])[CALIBRATION]
-        cal_job = _run(cal_plan, CALIBRATION, root)
-        cal = calibrate_from_run(costs, cal_job.run_dir, cluster="local", background_load=background, warmup=WARMUP)
-        calibrations.append({**cal.to_dict(), "measured_iteration_ms": _measured_iteration_ms(cal_job)})
+        cal_plans = plan(costs, "local", BATCH, world_size=4, shape=shape, strategies=list(CALIBRATIONS))
+        cals = []
+        for name in CALIBRATIONS:
+            cal_job = _run(cal_plans[name], name, root)
+            cal = calibrate_from_run(costs, cal_job.run_dir, cluster="local", background_load=background,
+                                     warmup=WARMUP)
+            cals.append(cal)
+            print(f"rep {rep}: background {background:.2f}; {cal.family} compute calibrated x{cal.compute_scale:.3f} "
+                  f"from {name} ({cal.events} events)", flush=True)
+        calibrations.append([c.to_dict() for c in cals])
         raw = plan(costs, "local", BATCH, world_size=4, shape=shape, strategies=names, background_load=background)
         predicted = plan(costs, "local", BATCH, world_size=4, shape=shape, strategies=names,
-                         background_load=background, calibration=cal)
-        print(f"rep {rep}: background {background:.2f}; compute calibrated x{cal.compute_scale:.3f} from "
-              f"{CALIBRATION} ({cal.events} events)", flush=True)
+                         background_load=background, calibration=cals)
         for name in names:
             load = os.getloadavg()[0]
             job = _run(predicted[name], name, root)
             measured = _measured_iteration_ms(job)
             row = {"measured_ms": measured, "predicted_ms": predicted[name].estimate.iteration_ms,
                    "uncalibrated_ms": raw[name].estimate.iteration_ms, "load_avg_1m": load,
-                   "background_load": background, "compute_scale": cal.compute_scale, "run_dir": str(job.run_dir),
+                   "background_load": background, "compute_scale": [c.compute_scale for c in cals],
+                   "run_dir": str(job.run_dir),
                    "profile": str(profile_path)}
             rows[name].append(row)
             print(f"rep {rep} {name:<24} measured {measured:8.1f} ms  predicted {row['predicted_ms']:8.1f} ms  "
                   f"(uncalibrated {row['uncalibrated_ms']:8.1f})  load {load:.2f}", flush=True)
     out: dict = {"model": MODEL, "overrides": OVERRIDES, "global_batch": BATCH, "seq_len": SEQ, "repeats": repeats,
-                 "calibration_strategy": CALIBRATION, "calibrations": calibrations, "issue_strategies": MEASURED,
+                 "calibration_strategies": list(CALIBRATIONS), "calibrations": calibrations, "issue_strategies": MEASURED,
                  "strategies": {name: {"runs": runs} for name, runs in rows.items()}}
     return summarize(out)
 
@@ -445,9 +453,12 @@ def repredict(previous: dict, background: float | None = None) -> dict:
                 costs = ModelCosts.load(run["profile"])  # the profile the run was planned from
             else:
                 fresh = costs = fresh or _profile()
-            cals = previous.get("calibrations") or []
-            cal = RuntimeCalibration.from_dict({k: v for k, v in cals[rep].items() if k != "measured_iteration_ms"}) \
-                if rep < len(cals) else None
+            recorded = previous.get("calibrations") or []
+            cal = None
+            if rep < len(recorded):  # one calibration (a dict) per round, or one per runtime family (a list)
+                entries = recorded[rep] if isinstance(recorded[rep], list) else [recorded[rep]]
+                cal = [RuntimeCalibration.from_dict({k: v for k, v in c.items() if k != "measured_iteration_ms"})
+                       for c in entries]
             bg = run["background_load"] if background is None else background
             result = plan(costs, "local", BATCH, world_size=4, shape=shape, strategies=[name], background_load=bg,
                           calibration=cal)

@@ -63,6 +63,26 @@ def test_plan_with_a_calibration_equals_plan_on_the_scaled_profile():
     assert any("calibrated by 2.000" in note for note in a.notes)
 
 
+def test_each_runtime_family_is_scaled_by_its_own_calibration():
+    scheduled = RuntimeCalibration(2.0, 10, 20.0, 10.0, strategy="pp4-gpipe-m4", runtime="gpipe")
+    asynchronous = RuntimeCalibration(2.5, 10, 25.0, 10.0, strategy="async-4x1-m8", runtime="async")
+    assert (scheduled.family, asynchronous.family) == ("scheduled", "async")
+    names = ["dp4", "pp4-1f1b-m4", "async-2x2-m4"]
+    both = plan(COSTS, "8xA100-NVLink", 16, world_size=4, strategies=names, calibration=[asynchronous, scheduled])
+    only_scheduled = plan(COSTS, "8xA100-NVLink", 16, world_size=4, strategies=names, calibration=scheduled)
+    only_async = plan(COSTS, "8xA100-NVLink", 16, world_size=4, strategies=names, calibration=asynchronous)
+    base = plan(COSTS, "8xA100-NVLink", 16, world_size=4, strategies=names)
+    for n in ("dp4", "pp4-1f1b-m4"):  # the scheduled runtimes: the pipeline run's scale
+        assert both[n].estimate.iteration_ms == pytest.approx(only_scheduled[n].estimate.iteration_ms)
+    # the asynchronous pipeline: its own run's scale, 2.5 x the profile's compute
+    assert both["async-2x2-m4"].estimate.iteration_ms == pytest.approx(only_async["async-2x2-m4"].estimate.iteration_ms)
+    assert both["async-2x2-m4"].estimate.compute_ms == pytest.approx(2.5 * base["async-2x2-m4"].estimate.compute_ms)
+    assert both["async-2x2-m4"].estimate.iteration_ms > only_scheduled["async-2x2-m4"].estimate.iteration_ms
+    assert sum("calibrated by" in note for note in both.notes) == 2
+    with pytest.raises(ValueError, match="two calibrations of the scheduled runtimes"):
+        plan(COSTS, "8xA100-NVLink", 16, world_size=4, strategies=names, calibration=[scheduled, scheduled])
+
+
 def test_bad_calibration_input_is_explained(tmp_path):
     partition = Partition.from_sizes([4, 4])
     with pytest.raises(ValueError, match="no forward/backward events"):

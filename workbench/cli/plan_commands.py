@@ -81,7 +81,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--profile-batch", type=int, default=8, help="batch a zoo model is profiled at (default 8)")
     p.add_argument("--fine-grained", action="store_true",
                    help="also choose activation recomputation per layer (dynamic programming under the memory cap)")
-    p.add_argument("--calibrate", metavar="RUN_DIR",
+    p.add_argument("--calibrate", metavar="RUN_DIR", action="append",
                    help="scale the profile's compute to what this finished run of the model measured (a pipeline "
-                        "run is best; see workbench.planning.calibrate)")
+                        "run is best; give it twice, a scheduled pipeline's run and an async pipeline's, to calibrate "
+                        "each runtime family; see workbench.planning.calibrate)")
     p.set_defaults(handler=_plan)

@@ -25,6 +25,17 @@ costs (links, collective calls, overlap, memory) keep their own
 calibrations. Use :func:`calibrate_from_run` on a finished run directory
 and pass ``plan(..., calibration=...)`` (CLI: ``workbench plan ...
 --calibrate RUN_DIR``).
+
+Runtimes differ in what they add around the same arithmetic: the
+asynchronous pipeline binds a stashed weight version to every forward
+(``functional_call`` over the stage's parameters, saved-tensor
+accounting) and adds each micro-batch's weight gradients to the live ones,
+which on this machine made its events 1.2-1.25x a scheduled pipeline's at
+the same micro-batch. So a calibration belongs to a runtime family
+(:func:`runtime_family`: ``async``, or ``scheduled`` for the data-parallel
+and scheduled-pipeline runtimes), and ``plan`` takes one run per family:
+each strategy is scaled by its own family's calibration, or by the other
+family's when only one was given.
 """
 
 from __future__ import annotations
@@ -42,11 +53,17 @@ from ..scheduling.sharing import solo_durations
 from ..scheduling.stagecosts import StageCosts
 from .clusters import core_sharing, load_cluster
 
-__all__ = ["RuntimeCalibration", "calibrate_from_run", "calibrate_from_timeline", "CALIBRATION_STRATEGIES"]
+__all__ = ["RuntimeCalibration", "calibrate_from_run", "calibrate_from_timeline", "CALIBRATION_STRATEGIES",
+           "runtime_family", "family_scales"]
 
 # Strategies whose forward / backward events are compute only (plus DDP, whose backward holds its all-reduce).
 CALIBRATION_STRATEGIES = ("gpipe", "1f1b", "interleaved", "gropipe", "async", "ddp")
 _LIMITS = (0.05, 20.0)  # a scale outside this is a wrong profile (another model, batch or device), not a calibration
+
+
+def runtime_family(name: str) -> str:
+    """The runtime family of a run's strategy (``async``, ``ddp``, ``1f1b``, ...) or a planner kind."""
+    return "async" if name == "async" else "scheduled"
 
 
 @dataclass(frozen=True)
@@ -59,6 +76,11 @@ class RuntimeCalibration:
     predicted_ms: float
     source: str = ""
     strategy: str = ""
+    runtime: str = ""  # the run's runtime (RunConfig.strategy); empty: a scheduled one
+
+    @property
+    def family(self) -> str:
+        return runtime_family(self.runtime)
 
     def __post_init__(self) -> None:
         lo, hi = _LIMITS
@@ -75,16 +97,36 @@ class RuntimeCalibration:
 
     def to_dict(self) -> dict[str, Any]:
         return {"compute_scale": self.compute_scale, "events": self.events, "measured_ms": self.measured_ms,
-                "predicted_ms": self.predicted_ms, "source": self.source, "strategy": self.strategy}
+                "predicted_ms": self.predicted_ms, "source": self.source, "strategy": self.strategy,
+                "runtime": self.runtime}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RuntimeCalibration":
         return cls(**data)
 
 
+def family_scales(calibrations: "list[RuntimeCalibration]") -> tuple[RuntimeCalibration, dict[str, float]]:
+    """The calibration applied to the profile (the scheduled family's, else the only one) and, for the
+    other family, its scale relative to that one. One calibration per family."""
+    if not calibrations:
+        raise ValueError("no calibration given")
+    by_family: dict[str, RuntimeCalibration] = {}
+    for cal in calibrations:
+        if cal.family in by_family:
+            first = by_family[cal.family]
+            raise ValueError(f"two calibrations of the {cal.family} runtimes ({first.strategy or first.source} and "
+                             f"{cal.strategy or cal.source}); give one run per runtime family (scheduled: data "
+                             f"parallel and pipelines; async)")
+        by_family[cal.family] = cal
+    base = by_family.get("scheduled", calibrations[0])
+    relative = {family: cal.compute_scale / base.compute_scale for family, cal in by_family.items() if cal is not base}
+    return base, relative
+
+
 def calibrate_from_timeline(costs: ModelCosts, timeline: Timeline, partition: Partition, microbatch_size: int, *,
                             cluster: str | Path | ClusterSpec = "local", background_load: float = 0.0,
-                            warmup: int = 2, source: str = "", strategy: str = "") -> RuntimeCalibration:
+                            warmup: int = 2, source: str = "", strategy: str = "",
+                            runtime: str = "") -> RuntimeCalibration:
     """The calibration from measured stage events (see the module docstring).
 
     ``partition``: the run's layers per stage; ``microbatch_size``: samples
@@ -115,7 +157,7 @@ def calibrate_from_timeline(costs: ModelCosts, timeline: Timeline, partition: Pa
                          f"(the run needs stage events: events.stage_events = true)")
     if predicted_ms <= 0:
         raise ValueError("the profile predicts no compute time for this run's stages")
-    return RuntimeCalibration(measured_ms / predicted_ms, count, measured_ms, predicted_ms, source, strategy)
+    return RuntimeCalibration(measured_ms / predicted_ms, count, measured_ms, predicted_ms, source, strategy, runtime)
 
 
 def calibrate_from_run(costs: ModelCosts, run_dir: str | Path, *, cluster: str | Path | ClusterSpec = "local",
@@ -141,4 +183,4 @@ def calibrate_from_run(costs: ModelCosts, run_dir: str | Path, *, cluster: str |
     return calibrate_from_timeline(costs, load_measured_timeline(run_dir), partition, config.microbatch_size,
                                    cluster=cluster,
                                    background_load=background_load, warmup=warmup, source=str(run_dir),
-                                   strategy=config.name or config.strategy)
+                                   strategy=config.name or config.strategy, runtime=config.strategy)

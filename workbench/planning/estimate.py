@@ -51,6 +51,7 @@ from ..scheduling.sharing import CoreSharing
 from ..scheduling.simulate import SimResult, simulate
 from ..scheduling.stagecosts import StageCosts
 from .ampa import PartitionResult, Projection, _allreduce_exposed, solve
+from .calibrate import runtime_family
 from .clusters import core_sharing, shared_cores, time_sharing_slowdown
 from .space import Strategy
 from .tensor_costs import TransformerShape, estimate_step, simulate_step, step_flops
@@ -74,9 +75,11 @@ class CostContext:
     optimizer: str = "adam"
     world_size: int | None = None
     background_load: float = 0.0
+    # a runtime family's compute relative to ``costs`` (planning.calibrate.family_scales), e.g. {"async": 1.22}
+    family_scale: dict[str, float] = field(default_factory=dict)
     _partitions: dict[tuple, PartitionResult | ValueError] = field(default_factory=dict, repr=False)
     _projections: dict[tuple, Projection] = field(default_factory=dict, repr=False)
-    _scaled: dict[bool, ModelCosts] = field(default_factory=dict, repr=False)
+    _scaled: dict[tuple[bool, float], ModelCosts] = field(default_factory=dict, repr=False)
 
     @property
     def cap(self) -> int | None:
@@ -92,17 +95,22 @@ class CostContext:
         """The cores the ranks of a node time-share, for the simulator (None: a device per rank)."""
         return core_sharing(self.cluster, self.background_load)
 
-    def model_costs(self, recompute: bool) -> ModelCosts:
-        """The profile with recomputation folded in: backward re-runs the forward.
+    def model_costs(self, recompute: bool, kind: str = "") -> ModelCosts:
+        """The profile for a strategy of ``kind``: its runtime family's compute scale, and with
+        recomputation folded in (backward re-runs the forward).
 
         For partitioning, a recomputed layer keeps only its output (an upper
         bound of the stage input the runtime keeps).
         """
-        if recompute not in self._scaled:
-            self._scaled[recompute] = replace(self.costs, layers=tuple(
-                replace(l, backward_ms=l.backward_ms + l.forward_ms, saved_bytes=l.activation_bytes)
-                for l in self.costs.layers)) if recompute else self.costs
-        return self._scaled[recompute]
+        k = self.family_scale.get(runtime_family(kind), 1.0)
+        key = (recompute, k)
+        if key not in self._scaled:
+            self._scaled[key] = replace(self.costs, layers=tuple(
+                replace(l, forward_ms=l.forward_ms * k,
+                        backward_ms=(l.backward_ms + l.forward_ms if recompute else l.backward_ms) * k,
+                        saved_bytes=l.activation_bytes if recompute else l.saved_bytes)
+                for l in self.costs.layers)) if recompute or k != 1.0 else self.costs
+        return self._scaled[key]
 
     def projection(self, strategy: Strategy) -> Projection:
         """AMPA's per-layer prefix sums for the strategy's stages, micro-batches and schedule (cached)."""
@@ -118,7 +126,8 @@ class CostContext:
         stages, m, memory_schedule, _, _ = key = self._partition_key(strategy)
         # interleaved: virtual stage k runs on rank k mod p, so the chain of stages wraps around the same devices
         cluster = replace(self.cluster, devices_per_node=self.cluster.devices_per_node * strategy.chunks)
-        proj = Projection(self.model_costs(strategy.recompute), stages, num_microbatches=m, schedule=memory_schedule,
+        proj = Projection(self.model_costs(strategy.recompute, strategy.kind), stages, num_microbatches=m,
+                          schedule=memory_schedule,
                           batch_size=self.global_batch // strategy.dp, cluster=cluster, optimizer=self.optimizer)
         self._projections[key] = proj
         return proj
@@ -171,7 +180,7 @@ class Estimate:
 
 
 def _stage_costs(ctx: CostContext, strategy: Strategy, partition: Partition, microbatch: int) -> StageCosts:
-    costs = ctx.model_costs(strategy.recompute)
+    costs = ctx.model_costs(strategy.recompute, strategy.kind)
     sc = StageCosts.from_model(costs, partition, microbatch, device=ctx.cluster.device, optimizer=ctx.optimizer)
     if strategy.recompute:  # a stage keeps only its input per micro-batch in flight
         sc = replace(sc, activation_bytes=(int(ctx.costs.input_bytes * microbatch / ctx.costs.batch_size),

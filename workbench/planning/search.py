@@ -198,7 +198,9 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
          shape: TransformerShape | None = None, strategies: Sequence[str | Strategy] | None = None,
          simulate_top: int = 12, microbatch_options: Iterable[int] | None = None, optimizer: str = "adam",
          collective_link: LinkSpec | None = None, fine_grained: bool = False,
-         background_load: float = 0.0, calibration: "RuntimeCalibration | str | Path | None" = None) -> PlanResult:
+         background_load: float = 0.0,
+         calibration: "RuntimeCalibration | str | Path | Sequence[RuntimeCalibration | str | Path] | None" = None,
+         ) -> PlanResult:
     """Rank the strategies for ``model`` on ``cluster`` at ``global_batch`` (see the module docstring).
 
     ``cluster``: a preset name (``8xV100-PCIe``, ``local``, ...), a
@@ -210,20 +212,26 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
     before launching), which changes how much the ranks slow each other.
     ``calibration``: a :class:`~.calibrate.RuntimeCalibration` or the
     directory of a finished run of this model (:func:`~.calibrate.
-    calibrate_from_run`), whose measured compute scales the profile's.
+    calibrate_from_run`), whose measured compute scales the profile's; or a
+    list of them, one per runtime family (a scheduled pipeline's run and an
+    asynchronous pipeline's), each scaling its own family's strategies.
     """
     started = time.perf_counter()
     costs = _load_costs(model)
     spec, coll = load_cluster(cluster)
     notes: list[str] = []
+    family_scale: dict[str, float] = {}
     if calibration is not None:
-        from .calibrate import RuntimeCalibration, calibrate_from_run
+        from .calibrate import RuntimeCalibration, calibrate_from_run, family_scales
 
-        if not isinstance(calibration, RuntimeCalibration):
-            calibration = calibrate_from_run(costs, calibration, cluster=spec, background_load=background_load)
-        costs = calibration.apply(costs)
-        notes.append(f"compute calibrated by {calibration.compute_scale:.3f} x the profile "
-                     f"({calibration.events} measured events of {calibration.strategy or calibration.source})")
+        given = [calibration] if isinstance(calibration, (RuntimeCalibration, str, Path)) else list(calibration)
+        resolved = [c if isinstance(c, RuntimeCalibration) else
+                    calibrate_from_run(costs, c, cluster=spec, background_load=background_load) for c in given]
+        base, family_scale = family_scales(resolved)
+        costs = base.apply(costs)
+        for cal in resolved:
+            notes.append(f"{cal.family} runtimes' compute calibrated by {cal.compute_scale:.3f} x the profile "
+                         f"({cal.events} measured events of {cal.strategy or cal.source})")
     coll = collective_link or coll
     world = spec.world_size if world_size is None else world_size
     for name, value in (("global_batch", global_batch), ("world_size", world), ("simulate_top", simulate_top + 1)):
@@ -239,7 +247,7 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
         raise ValueError(f"background_load must be a number >= 0 (runnable processes), got {background_load!r}")
     cap = int(memory_cap_gib * GIB) if memory_cap_gib is not None else None
     ctx = CostContext(costs, spec, global_batch, coll, cap, shape.with_batch(global_batch) if shape else None,
-                      optimizer, world, background_load)
+                      optimizer, world, background_load, family_scale)
     candidates = _candidates(costs, world, global_batch, shape, kinds, recompute, strategies, microbatch_options)
     projected: list[Estimate] = []
     infeasible: list[dict[str, Any]] = []
