@@ -11,8 +11,9 @@ Four parts, each printed and written to ``bench/results/planner.json``:
    and how fast each of two processes computing at once runs against one
    alone (the cores' parallel efficiency; 1.0 means a core counts whole).
 2. Strategies on this machine, 4 CPU ranks: each round profiles the model
-   in one process, runs two calibration strategies, one per runtime family
-   (``pp4-gpipe-m4`` and ``async-4x1-m8``, not among those compared), and
+   in one process, runs three calibration strategies (``pp4-gpipe-m4`` and
+   ``pp4-gpipe-m16`` for the scheduled runtimes, at two micro-batch sizes,
+   and ``async-1x4-m8``; none among those compared), and
    scales the profile's compute to what their ranks measured
    (:mod:`workbench.planning.calibrate`); the planner then predicts
    every strategy on the ``local`` cluster with the processes runnable at
@@ -286,9 +287,10 @@ MODEL, OVERRIDES, BATCH, SEQ = "gpt2-tiny", {"n_embd": 128, "n_layer": 4, "n_hea
 MEASURED = ["dp4", "pp4-1f1b-m4", "gropipe-2x2-1f1b-m4-d0", "gropipe-2x2-1f1b-m4-d1", "async-2x2-m4",
             "tp2d-2x2-dp1"]
 EXTRA = ["pp4-1f1b-m1", "gropipe-2x2-1f1b-m8-d0", "dp4-rc", "tp1d-4-dp1"]
-# runs each round calibrates compute from, one per runtime family (planning.calibrate); not among those compared.
-# The async one has the compared async pipeline's micro-batch (2 samples) on four stages of one pipeline.
-CALIBRATIONS = ("pp4-gpipe-m4", "async-4x1-m8")
+# runs each round calibrates compute from (planning.calibrate); not among those compared. Two scheduled pipelines
+# at micro-batches of 4 and 1 samples fit the runtime's per-micro-batch cost; the async one has the compared async
+# pipeline's micro-batch (2 samples) on four stages of one pipeline.
+CALIBRATIONS = ("pp4-gpipe-m4", "pp4-gpipe-m16", "async-1x4-m8")
 STEPS, WARMUP = 9, 3
 
 

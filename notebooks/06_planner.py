@@ -132,8 +132,12 @@ config = best_local.to_config(steps=20, model_overrides=local_overrides, data={"
 # `plan(costs, "local", local_batch, world_size=4, strategies=["pp4-gpipe-m4"]).best.to_config(steps=9)`),
 # then plan with `calibration=job.run_dir` (CLI: `--calibrate RUN_DIR`). The
 # profile's compute is scaled by what that run's ranks measured
-# (`workbench.planning.calibrate`); `bench/RESULTS.md` compares ten calibrated
-# predictions with measured runs.
+# (`workbench.planning.calibrate`). The runtime's extra work comes per
+# micro-batch, so runs at two micro-batch sizes (`pp4-gpipe-m4` and
+# `pp4-gpipe-m16`) fit a per-micro-batch cost, and the asynchronous pipeline,
+# which binds a weight version to every forward, takes a run of its own
+# (`async-1x4-m8`): pass them all, `calibration=[run_a, run_b, run_c]`.
+# `bench/RESULTS.md` compares ten calibrated predictions with measured runs.
 
 # %% [markdown]
 # ## 3. An 8-GPU server

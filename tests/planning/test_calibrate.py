@@ -12,7 +12,8 @@ from workbench.core.costs import ModelCosts
 from workbench.core.partition import Partition
 from workbench.core.timeline import Timeline
 from workbench.planning import plan
-from workbench.planning.calibrate import RuntimeCalibration, calibrate_from_run, calibrate_from_timeline
+from workbench.planning.calibrate import (ComputeModel, RuntimeCalibration, calibrate_from_run, calibrate_from_timeline,
+                                          compute_models)
 from workbench.planning.clusters import core_sharing, get_cluster
 from workbench.scheduling import generators
 from workbench.scheduling.simulate import simulate
@@ -65,7 +66,7 @@ def test_plan_with_a_calibration_equals_plan_on_the_scaled_profile():
 
 def test_each_runtime_family_is_scaled_by_its_own_calibration():
     scheduled = RuntimeCalibration(2.0, 10, 20.0, 10.0, strategy="pp4-gpipe-m4", runtime="gpipe")
-    asynchronous = RuntimeCalibration(2.5, 10, 25.0, 10.0, strategy="async-4x1-m8", runtime="async")
+    asynchronous = RuntimeCalibration(2.5, 10, 25.0, 10.0, strategy="async-1x4-m8", runtime="async")
     assert (scheduled.family, asynchronous.family) == ("scheduled", "async")
     names = ["dp4", "pp4-1f1b-m4", "async-2x2-m4"]
     both = plan(COSTS, "8xA100-NVLink", 16, world_size=4, strategies=names, calibration=[asynchronous, scheduled])
@@ -79,8 +80,26 @@ def test_each_runtime_family_is_scaled_by_its_own_calibration():
     assert both["async-2x2-m4"].estimate.compute_ms == pytest.approx(2.5 * base["async-2x2-m4"].estimate.compute_ms)
     assert both["async-2x2-m4"].estimate.iteration_ms > only_scheduled["async-2x2-m4"].estimate.iteration_ms
     assert sum("calibrated by" in note for note in both.notes) == 2
-    with pytest.raises(ValueError, match="two calibrations of the scheduled runtimes"):
-        plan(COSTS, "8xA100-NVLink", 16, world_size=4, strategies=names, calibration=[scheduled, scheduled])
+
+
+def test_runs_at_two_micro_batch_sizes_fit_a_per_micro_batch_cost():
+    # 1.5 x the profile at micro-batches of 4 samples and 3.0 x at 1: factor(b) = 1 + 2 / b
+    four = RuntimeCalibration(1.5, 10, 15.0, 10.0, strategy="pp4-gpipe-m4", runtime="gpipe", microbatch_size=4)
+    one = RuntimeCalibration(3.0, 10, 30.0, 10.0, strategy="pp4-gpipe-m16", runtime="gpipe", microbatch_size=1)
+    model = compute_models([four, one])["scheduled"]
+    assert (model.k, model.c) == (pytest.approx(1.0), pytest.approx(2.0))
+    assert model.factor(2) == pytest.approx(2.0)
+    names = ["dp4", "pp4-1f1b-m16", "gropipe-2x2-1f1b-m4-d0"]  # micro-batches of 4, 1 and 2 samples
+    fitted = plan(COSTS, "8xA100-NVLink", 16, world_size=4, strategies=names, calibration=[four, one])
+    base = plan(COSTS, "8xA100-NVLink", 16, world_size=4, strategies=names)
+    for name, factor in zip(names, (1.5, 3.0, 2.0)):
+        assert fitted[name].estimate.compute_ms == pytest.approx(factor * base[name].estimate.compute_ms), name
+    assert any("2.000 / micro-batch" in note for note in fitted.notes)
+    # runs at one size, or runs that show no per-micro-batch cost, give a constant: their mean
+    assert compute_models([four, replace(four, compute_scale=1.7)])["scheduled"] == ComputeModel(
+        "scheduled", pytest.approx(1.6), 0.0, 2, (4,))
+    assert compute_models([replace(four, compute_scale=3.0), replace(one, compute_scale=1.5)])["scheduled"].c == 0.0
+    assert RuntimeCalibration.from_dict(four.to_dict()) == four
 
 
 def test_bad_calibration_input_is_explained(tmp_path):

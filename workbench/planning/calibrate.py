@@ -30,12 +30,20 @@ Runtimes differ in what they add around the same arithmetic: the
 asynchronous pipeline binds a stashed weight version to every forward
 (``functional_call`` over the stage's parameters, saved-tensor
 accounting) and adds each micro-batch's weight gradients to the live ones,
-which on this machine made its events 1.2-1.25x a scheduled pipeline's at
+which on this machine made its events 1.2-1.45x a scheduled pipeline's at
 the same micro-batch. So a calibration belongs to a runtime family
 (:func:`runtime_family`: ``async``, or ``scheduled`` for the data-parallel
-and scheduled-pipeline runtimes), and ``plan`` takes one run per family:
-each strategy is scaled by its own family's calibration, or by the other
-family's when only one was given.
+and scheduled-pipeline runtimes), and ``plan`` takes runs of either
+family: each strategy is scaled by its own family's model, or by the other
+family's when only one family was calibrated.
+
+The runtime's extra work comes with every micro-batch, not with every
+sample: on this machine the ratio was about 1.2 at micro-batches of 16
+samples, 1.3 at 4, 1.5 at 2 and 2.0 at 1. So a family's runs at two or more
+micro-batch sizes fit ``factor(b) = k + c / b`` (:class:`ComputeModel`;
+``c`` is the runtime's per-micro-batch work in samples' worth of the
+profile's compute, least squares over the runs, ``c >= 0``); one run, or
+runs at one size, give the constant factor ``k``.
 """
 
 from __future__ import annotations
@@ -53,8 +61,8 @@ from ..scheduling.sharing import solo_durations
 from ..scheduling.stagecosts import StageCosts
 from .clusters import core_sharing, load_cluster
 
-__all__ = ["RuntimeCalibration", "calibrate_from_run", "calibrate_from_timeline", "CALIBRATION_STRATEGIES",
-           "runtime_family", "family_scales"]
+__all__ = ["RuntimeCalibration", "ComputeModel", "calibrate_from_run", "calibrate_from_timeline",
+           "CALIBRATION_STRATEGIES", "runtime_family", "compute_models"]
 
 # Strategies whose forward / backward events are compute only (plus DDP, whose backward holds its all-reduce).
 CALIBRATION_STRATEGIES = ("gpipe", "1f1b", "interleaved", "gropipe", "async", "ddp")
@@ -77,6 +85,7 @@ class RuntimeCalibration:
     source: str = ""
     strategy: str = ""
     runtime: str = ""  # the run's runtime (RunConfig.strategy); empty: a scheduled one
+    microbatch_size: int = 0  # samples per forward event of the run (0: not recorded)
 
     @property
     def family(self) -> str:
@@ -98,29 +107,60 @@ class RuntimeCalibration:
     def to_dict(self) -> dict[str, Any]:
         return {"compute_scale": self.compute_scale, "events": self.events, "measured_ms": self.measured_ms,
                 "predicted_ms": self.predicted_ms, "source": self.source, "strategy": self.strategy,
-                "runtime": self.runtime}
+                "runtime": self.runtime, "microbatch_size": self.microbatch_size}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RuntimeCalibration":
         return cls(**data)
 
 
-def family_scales(calibrations: "list[RuntimeCalibration]") -> tuple[RuntimeCalibration, dict[str, float]]:
-    """The calibration applied to the profile (the scheduled family's, else the only one) and, for the
-    other family, its scale relative to that one. One calibration per family."""
+@dataclass(frozen=True)
+class ComputeModel:
+    """A runtime family's compute against the profile: ``factor(b) = k + c / b`` at micro-batches of ``b``."""
+
+    family: str
+    k: float
+    c: float = 0.0
+    runs: int = 1
+    sizes: tuple[int, ...] = ()
+
+    def factor(self, microbatch: int) -> float:
+        return self.k + self.c / max(1, microbatch)
+
+    def describe(self) -> str:
+        if self.c == 0.0:
+            return f"{self.family} runtimes' compute x{self.k:.3f} the profile ({self.runs} run(s))"
+        return (f"{self.family} runtimes' compute x({self.k:.3f} + {self.c:.3f} / micro-batch) the profile "
+                f"({self.runs} runs at micro-batches of {', '.join(map(str, self.sizes))})")
+
+
+def _fit(family: str, cals: "list[RuntimeCalibration]") -> ComputeModel:
+    """Least squares of ``scale = k + c / b`` over the family's runs; a constant when that is all they allow."""
+    sizes = [c.microbatch_size for c in cals]
+    scales = [c.compute_scale for c in cals]
+    mean = sum(scales) / len(scales)
+    known = sorted({b for b in sizes if b > 0})
+    if len(known) < 2 or any(b <= 0 for b in sizes):
+        return ComputeModel(family, mean, 0.0, len(cals), tuple(known))
+    x = [1.0 / b for b in sizes]
+    mx = sum(x) / len(x)
+    c = sum((xi - mx) * (yi - mean) for xi, yi in zip(x, scales)) / sum((xi - mx) ** 2 for xi in x)
+    k = mean - c * mx
+    lo, _ = _LIMITS
+    if c < 0 or k < lo:  # the runs do not show a per-micro-batch cost (noise): keep the mean
+        return ComputeModel(family, mean, 0.0, len(cals), tuple(known))
+    return ComputeModel(family, k, c, len(cals), tuple(known))
+
+
+def compute_models(calibrations: "list[RuntimeCalibration]") -> dict[str, ComputeModel]:
+    """One :class:`ComputeModel` per runtime family with runs among those given (the planner scales a family
+    without one by the other family's model)."""
     if not calibrations:
         raise ValueError("no calibration given")
-    by_family: dict[str, RuntimeCalibration] = {}
+    by_family: dict[str, list[RuntimeCalibration]] = {}
     for cal in calibrations:
-        if cal.family in by_family:
-            first = by_family[cal.family]
-            raise ValueError(f"two calibrations of the {cal.family} runtimes ({first.strategy or first.source} and "
-                             f"{cal.strategy or cal.source}); give one run per runtime family (scheduled: data "
-                             f"parallel and pipelines; async)")
-        by_family[cal.family] = cal
-    base = by_family.get("scheduled", calibrations[0])
-    relative = {family: cal.compute_scale / base.compute_scale for family, cal in by_family.items() if cal is not base}
-    return base, relative
+        by_family.setdefault(cal.family, []).append(cal)
+    return {family: _fit(family, cals) for family, cals in by_family.items()}
 
 
 def calibrate_from_timeline(costs: ModelCosts, timeline: Timeline, partition: Partition, microbatch_size: int, *,
@@ -157,7 +197,8 @@ def calibrate_from_timeline(costs: ModelCosts, timeline: Timeline, partition: Pa
                          f"(the run needs stage events: events.stage_events = true)")
     if predicted_ms <= 0:
         raise ValueError("the profile predicts no compute time for this run's stages")
-    return RuntimeCalibration(measured_ms / predicted_ms, count, measured_ms, predicted_ms, source, strategy, runtime)
+    return RuntimeCalibration(measured_ms / predicted_ms, count, measured_ms, predicted_ms, source, strategy, runtime,
+                              microbatch_size)
 
 
 def calibrate_from_run(costs: ModelCosts, run_dir: str | Path, *, cluster: str | Path | ClusterSpec = "local",

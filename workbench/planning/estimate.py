@@ -51,7 +51,7 @@ from ..scheduling.sharing import CoreSharing
 from ..scheduling.simulate import SimResult, simulate
 from ..scheduling.stagecosts import StageCosts
 from .ampa import PartitionResult, Projection, _allreduce_exposed, solve
-from .calibrate import runtime_family
+from .calibrate import ComputeModel, runtime_family
 from .clusters import core_sharing, shared_cores, time_sharing_slowdown
 from .space import Strategy
 from .tensor_costs import TransformerShape, estimate_step, simulate_step, step_flops
@@ -75,8 +75,8 @@ class CostContext:
     optimizer: str = "adam"
     world_size: int | None = None
     background_load: float = 0.0
-    # a runtime family's compute relative to ``costs`` (planning.calibrate.family_scales), e.g. {"async": 1.22}
-    family_scale: dict[str, float] = field(default_factory=dict)
+    # the runtime families' compute against the profile (planning.calibrate.compute_models); empty: as profiled
+    compute_models: dict[str, ComputeModel] = field(default_factory=dict)
     _partitions: dict[tuple, PartitionResult | ValueError] = field(default_factory=dict, repr=False)
     _projections: dict[tuple, Projection] = field(default_factory=dict, repr=False)
     _scaled: dict[tuple[bool, float], ModelCosts] = field(default_factory=dict, repr=False)
@@ -95,14 +95,21 @@ class CostContext:
         """The cores the ranks of a node time-share, for the simulator (None: a device per rank)."""
         return core_sharing(self.cluster, self.background_load)
 
-    def model_costs(self, recompute: bool, kind: str = "") -> ModelCosts:
-        """The profile for a strategy of ``kind``: its runtime family's compute scale, and with
-        recomputation folded in (backward re-runs the forward).
+    def calibration_factor(self, kind: str, microbatch: int) -> float:
+        """How much longer a ``kind`` strategy's runtime computes a micro-batch than the profile predicts."""
+        if not self.compute_models:
+            return 1.0
+        model = self.compute_models.get(runtime_family(kind)) or next(iter(self.compute_models.values()))
+        return model.factor(microbatch)
+
+    def model_costs(self, recompute: bool, kind: str = "", microbatch: int = 1) -> ModelCosts:
+        """The profile for a ``kind`` strategy at micro-batches of ``microbatch``: scaled by its runtime
+        family's calibration, and with recomputation folded in (backward re-runs the forward).
 
         For partitioning, a recomputed layer keeps only its output (an upper
         bound of the stage input the runtime keeps).
         """
-        k = self.family_scale.get(runtime_family(kind), 1.0)
+        k = self.calibration_factor(kind, microbatch)
         key = (recompute, k)
         if key not in self._scaled:
             self._scaled[key] = replace(self.costs, layers=tuple(
@@ -126,7 +133,8 @@ class CostContext:
         stages, m, memory_schedule, _, _ = key = self._partition_key(strategy)
         # interleaved: virtual stage k runs on rank k mod p, so the chain of stages wraps around the same devices
         cluster = replace(self.cluster, devices_per_node=self.cluster.devices_per_node * strategy.chunks)
-        proj = Projection(self.model_costs(strategy.recompute, strategy.kind), stages, num_microbatches=m,
+        microbatch = max(1, self.global_batch // strategy.dp // m)
+        proj = Projection(self.model_costs(strategy.recompute, strategy.kind, microbatch), stages, num_microbatches=m,
                           schedule=memory_schedule,
                           batch_size=self.global_batch // strategy.dp, cluster=cluster, optimizer=self.optimizer)
         self._projections[key] = proj
@@ -180,7 +188,7 @@ class Estimate:
 
 
 def _stage_costs(ctx: CostContext, strategy: Strategy, partition: Partition, microbatch: int) -> StageCosts:
-    costs = ctx.model_costs(strategy.recompute, strategy.kind)
+    costs = ctx.model_costs(strategy.recompute, strategy.kind, microbatch)
     sc = StageCosts.from_model(costs, partition, microbatch, device=ctx.cluster.device, optimizer=ctx.optimizer)
     if strategy.recompute:  # a stage keeps only its input per micro-batch in flight
         sc = replace(sc, activation_bytes=(int(ctx.costs.input_bytes * microbatch / ctx.costs.batch_size),
@@ -260,7 +268,7 @@ def _estimate_tensor(ctx: CostContext, strategy: Strategy) -> Estimate:
     mode, degree = ("2d", strategy.q) if strategy.kind == "tp2d" else ("1d", strategy.tp)
     if strategy.recompute:
         raise ValueError(f"{strategy.name}: the tensor-parallel runtime does not recompute activations")
-    costs = ctx.costs
+    costs = ctx.model_costs(False, strategy.kind, batch)
     scale = batch / costs.batch_size * ctx.compute_scale(strategy.world_size)
     compute_ms = sum(l.forward_ms + l.backward_ms for l in costs.layers) * scale / strategy.tp
     grid = list(range(strategy.tp))

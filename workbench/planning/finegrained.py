@@ -90,7 +90,8 @@ def selective_recompute_plans(ctx: CostContext, strategies: Sequence[Strategy],
         proj = ctx.projection(strategy)
         result = solve(proj, None)
         microbatch = ctx.global_batch // strategy.dp // strategy.microbatches
-        forward, _ = layer_times_ms(ctx.costs, microbatch, device=ctx.cluster.device)
+        forward, _ = layer_times_ms(ctx.model_costs(False, strategy.kind, microbatch), microbatch,
+                                   device=ctx.cluster.device)
         scale = microbatch / ctx.costs.batch_size
         chosen_layers: list[int] = []
         extra_ms, kept_bytes = [], []

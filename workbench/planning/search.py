@@ -220,18 +220,19 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
     costs = _load_costs(model)
     spec, coll = load_cluster(cluster)
     notes: list[str] = []
-    family_scale: dict[str, float] = {}
+    models: dict[str, Any] = {}
     if calibration is not None:
-        from .calibrate import RuntimeCalibration, calibrate_from_run, family_scales
+        from .calibrate import RuntimeCalibration, calibrate_from_run, compute_models
 
         given = [calibration] if isinstance(calibration, (RuntimeCalibration, str, Path)) else list(calibration)
         resolved = [c if isinstance(c, RuntimeCalibration) else
                     calibrate_from_run(costs, c, cluster=spec, background_load=background_load) for c in given]
-        base, family_scale = family_scales(resolved)
-        costs = base.apply(costs)
+        models = compute_models(resolved)
         for cal in resolved:
-            notes.append(f"{cal.family} runtimes' compute calibrated by {cal.compute_scale:.3f} x the profile "
-                         f"({cal.events} measured events of {cal.strategy or cal.source})")
+            notes.append(f"{cal.strategy or cal.source}: {cal.family} runtime's compute calibrated by "
+                         f"{cal.compute_scale:.3f} x the profile ({cal.events} measured events"
+                         f"{f', micro-batch {cal.microbatch_size}' if cal.microbatch_size else ''})")
+        notes += [m.describe() for m in models.values()]
     coll = collective_link or coll
     world = spec.world_size if world_size is None else world_size
     for name, value in (("global_batch", global_batch), ("world_size", world), ("simulate_top", simulate_top + 1)):
@@ -247,7 +248,7 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
         raise ValueError(f"background_load must be a number >= 0 (runnable processes), got {background_load!r}")
     cap = int(memory_cap_gib * GIB) if memory_cap_gib is not None else None
     ctx = CostContext(costs, spec, global_batch, coll, cap, shape.with_batch(global_batch) if shape else None,
-                      optimizer, world, background_load, family_scale)
+                      optimizer, world, background_load, models)
     candidates = _candidates(costs, world, global_batch, shape, kinds, recompute, strategies, microbatch_options)
     projected: list[Estimate] = []
     infeasible: list[dict[str, Any]] = []
