@@ -83,6 +83,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    help="also choose activation recomputation per layer (dynamic programming under the memory cap)")
     p.add_argument("--calibrate", metavar="RUN_DIR", action="append",
                    help="scale the profile's compute to what this finished run of the model measured (a pipeline "
-                        "run is best; give it twice, a scheduled pipeline's run and an async pipeline's, to calibrate "
-                        "each runtime family; see workbench.planning.calibrate)")
+                        "run is best). Repeat it: scheduled-pipeline runs at two micro-batch sizes fit a "
+                        "per-micro-batch cost, and an async pipeline's run calibrates the async runtime "
+                        "(workbench.planning.calibrate)")
     p.set_defaults(handler=_plan)

@@ -62,11 +62,19 @@ from ..scheduling.stagecosts import StageCosts
 from .clusters import core_sharing, load_cluster
 
 __all__ = ["RuntimeCalibration", "ComputeModel", "calibrate_from_run", "calibrate_from_timeline",
-           "CALIBRATION_STRATEGIES", "runtime_family", "compute_models"]
+           "CALIBRATION_STRATEGIES", "runtime_family", "compute_models", "scale_compute"]
 
 # Strategies whose forward / backward events are compute only (plus DDP, whose backward holds its all-reduce).
 CALIBRATION_STRATEGIES = ("gpipe", "1f1b", "interleaved", "gropipe", "async", "ddp")
 _LIMITS = (0.05, 20.0)  # a scale outside this is a wrong profile (another model, batch or device), not a calibration
+
+
+def scale_compute(costs: ModelCosts, k: float) -> ModelCosts:
+    """``costs`` with every layer's forward and backward time multiplied by ``k``."""
+    if k == 1.0:
+        return costs
+    return replace(costs, layers=tuple(replace(l, forward_ms=l.forward_ms * k, backward_ms=l.backward_ms * k)
+                                       for l in costs.layers))
 
 
 def runtime_family(name: str) -> str:
@@ -99,10 +107,8 @@ class RuntimeCalibration:
 
     def apply(self, costs: ModelCosts) -> ModelCosts:
         """``costs`` with every layer's forward and backward time multiplied by ``compute_scale``."""
-        k = self.compute_scale
-        layers = tuple(replace(l, forward_ms=l.forward_ms * k, backward_ms=l.backward_ms * k) for l in costs.layers)
-        meta = {**costs.meta, "runtime_calibration": self.to_dict()}
-        return replace(costs, layers=layers, meta=meta)
+        scaled = scale_compute(costs, self.compute_scale)
+        return replace(scaled, meta={**costs.meta, "runtime_calibration": self.to_dict()})
 
     def to_dict(self) -> dict[str, Any]:
         return {"compute_scale": self.compute_scale, "events": self.events, "measured_ms": self.measured_ms,

@@ -51,7 +51,7 @@ from ..scheduling.sharing import CoreSharing
 from ..scheduling.simulate import SimResult, simulate
 from ..scheduling.stagecosts import StageCosts
 from .ampa import PartitionResult, Projection, _allreduce_exposed, solve
-from .calibrate import ComputeModel, runtime_family
+from .calibrate import ComputeModel, runtime_family, scale_compute
 from .clusters import core_sharing, shared_cores, time_sharing_slowdown
 from .space import Strategy
 from .tensor_costs import TransformerShape, estimate_step, simulate_step, step_flops
@@ -112,11 +112,10 @@ class CostContext:
         k = self.calibration_factor(kind, microbatch)
         key = (recompute, k)
         if key not in self._scaled:
-            self._scaled[key] = replace(self.costs, layers=tuple(
-                replace(l, forward_ms=l.forward_ms * k,
-                        backward_ms=(l.backward_ms + l.forward_ms if recompute else l.backward_ms) * k,
-                        saved_bytes=l.activation_bytes if recompute else l.saved_bytes)
-                for l in self.costs.layers)) if recompute or k != 1.0 else self.costs
+            costs = scale_compute(self.costs, k)
+            self._scaled[key] = replace(costs, layers=tuple(
+                replace(l, backward_ms=l.backward_ms + l.forward_ms, saved_bytes=l.activation_bytes)
+                for l in costs.layers)) if recompute else costs
         return self._scaled[key]
 
     def projection(self, strategy: Strategy) -> Projection:

@@ -29,19 +29,17 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from ..core.config import STRATEGY_LAYOUTS, RunConfig
 from ..core.costs import ClusterSpec, LinkSpec, ModelCosts
 from ..core.timeline import Timeline
 from ..scheduling.simulate import SimResult
+from .calibrate import ComputeModel, RuntimeCalibration, calibrate_from_run, compute_models
 from .clusters import load_cluster
 from .estimate import GIB, CostContext, Estimate, estimate, project
 from .space import STRATEGY_KINDS, Strategy, enumerate_strategies
 from .tensor_costs import TransformerShape
-
-if TYPE_CHECKING:
-    from .calibrate import RuntimeCalibration
 
 __all__ = ["plan", "Plan", "PlanResult", "transformer_shape", "TABLE_COLUMNS"]
 
@@ -213,17 +211,16 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
     ``calibration``: a :class:`~.calibrate.RuntimeCalibration` or the
     directory of a finished run of this model (:func:`~.calibrate.
     calibrate_from_run`), whose measured compute scales the profile's; or a
-    list of them, one per runtime family (a scheduled pipeline's run and an
-    asynchronous pipeline's), each scaling its own family's strategies.
+    list of them: each runtime family (scheduled, async) is scaled by its
+    own runs, and runs of a family at two or more micro-batch sizes fit its
+    per-micro-batch cost (:func:`~.calibrate.compute_models`).
     """
     started = time.perf_counter()
     costs = _load_costs(model)
     spec, coll = load_cluster(cluster)
     notes: list[str] = []
-    models: dict[str, Any] = {}
+    models: dict[str, ComputeModel] = {}
     if calibration is not None:
-        from .calibrate import RuntimeCalibration, calibrate_from_run, compute_models
-
         given = [calibration] if isinstance(calibration, (RuntimeCalibration, str, Path)) else list(calibration)
         resolved = [c if isinstance(c, RuntimeCalibration) else
                     calibrate_from_run(costs, c, cluster=spec, background_load=background_load) for c in given]
