@@ -11,9 +11,10 @@ Four parts, each printed and written to ``bench/results/planner.json``:
    and how fast each of two processes computing at once runs against one
    alone (the cores' parallel efficiency; 1.0 means a core counts whole).
 2. Strategies on this machine, 4 CPU ranks: each round profiles the model
-   in one process, runs three calibration strategies (``pp4-gpipe-m4`` and
+   in one process, runs seven calibration runs (``pp4-gpipe-m4`` and
    ``pp4-gpipe-m16`` for the scheduled runtimes, at two micro-batch sizes,
-   and ``async-1x4-m8``; none among those compared), and
+   ``async-1x4-m8``, and the 2D and 1D tensor grids at half and twice the
+   compared batch; none among those compared), and
    scales the profile's compute to what their ranks measured
    (:mod:`workbench.planning.calibrate`); the planner then predicts
    every strategy on the ``local`` cluster with the processes runnable at
@@ -287,10 +288,13 @@ MODEL, OVERRIDES, BATCH, SEQ = "gpt2-tiny", {"n_embd": 128, "n_layer": 4, "n_hea
 MEASURED = ["dp4", "pp4-1f1b-m4", "gropipe-2x2-1f1b-m4-d0", "gropipe-2x2-1f1b-m4-d1", "async-2x2-m4",
             "tp2d-2x2-dp1"]
 EXTRA = ["pp4-1f1b-m1", "gropipe-2x2-1f1b-m8-d0", "dp4-rc", "tp1d-4-dp1"]
-# runs each round calibrates compute from (planning.calibrate); not among those compared. Two scheduled pipelines
-# at micro-batches of 4 and 1 samples fit the runtime's per-micro-batch cost; the async one has the compared async
-# pipeline's micro-batch (2 samples) on four stages of one pipeline.
-CALIBRATIONS = ("pp4-gpipe-m4", "pp4-gpipe-m16", "async-1x4-m8")
+# runs each round calibrates compute from (planning.calibrate), as (strategy, global batch); not among those
+# compared. Two scheduled pipelines at micro-batches of 4 and 1 samples fit the runtime's per-micro-batch cost; the
+# async one has the compared async pipeline's micro-batch (2 samples) on four stages of one pipeline; the tensor
+# runtimes run the compared grids at half and twice the compared batch (their per-call cost is fitted from the two).
+CALIBRATIONS = (("pp4-gpipe-m4", BATCH), ("pp4-gpipe-m16", BATCH), ("async-1x4-m8", BATCH),
+                ("tp2d-2x2-dp1", BATCH // 2), ("tp2d-2x2-dp1", BATCH * 2),
+                ("tp1d-4-dp1", BATCH // 2), ("tp1d-4-dp1", BATCH * 2))
 STEPS, WARMUP = 9, 3
 
 
@@ -352,15 +356,15 @@ def measured_vs_predicted(repeats: int) -> dict:
         costs = _profile()  # this round's machine speed
         profile_path = costs.save(Path(root) / f"profile-rep{rep}.json")
         background = runnable_now()  # the other work sharing the cores now
-        cal_plans = plan(costs, "local", BATCH, world_size=4, shape=shape, strategies=list(CALIBRATIONS))
         cals = []
-        for name in CALIBRATIONS:
-            cal_job = _run(cal_plans[name], name, root)
+        for name, batch in CALIBRATIONS:
+            cal_plan = plan(costs, "local", batch, world_size=4, shape=shape, strategies=[name])[name]
+            cal_job = _run(cal_plan, f"{name}-b{batch}", root)
             cal = calibrate_from_run(costs, cal_job.run_dir, cluster="local", background_load=background,
-                                     warmup=WARMUP)
+                                     warmup=WARMUP, shape=shape)
             cals.append(cal)
             print(f"rep {rep}: background {background:.2f}; {cal.family} compute calibrated x{cal.compute_scale:.3f} "
-                  f"from {name} ({cal.events} events)", flush=True)
+                  f"from {name} at batch {batch} ({cal.events} events)", flush=True)
         calibrations.append([c.to_dict() for c in cals])
         raw = plan(costs, "local", BATCH, world_size=4, shape=shape, strategies=names, background_load=background)
         predicted = plan(costs, "local", BATCH, world_size=4, shape=shape, strategies=names,
@@ -378,7 +382,7 @@ def measured_vs_predicted(repeats: int) -> dict:
             print(f"rep {rep} {name:<24} measured {measured:8.1f} ms  predicted {row['predicted_ms']:8.1f} ms  "
                   f"(uncalibrated {row['uncalibrated_ms']:8.1f})  load {load:.2f}", flush=True)
     out: dict = {"model": MODEL, "overrides": OVERRIDES, "global_batch": BATCH, "seq_len": SEQ, "repeats": repeats,
-                 "calibration_strategies": list(CALIBRATIONS), "calibrations": calibrations, "issue_strategies": MEASURED,
+                 "calibration_strategies": [f"{n}-b{b}" for n, b in CALIBRATIONS], "calibrations": calibrations, "issue_strategies": MEASURED,
                  "strategies": {name: {"runs": runs} for name, runs in rows.items()}}
     return summarize(out)
 

@@ -10,10 +10,11 @@ import pytest
 
 from workbench.core.costs import ModelCosts
 from workbench.core.partition import Partition
-from workbench.core.timeline import Timeline
+from workbench.core.timeline import Event, Timeline
 from workbench.planning import plan
 from workbench.planning.calibrate import (ComputeModel, RuntimeCalibration, calibrate_from_run, calibrate_from_timeline,
-                                          compute_models)
+                                          calibrate_tensor_from_timeline, compute_models, runtime_family)
+from workbench.planning.tensor_costs import TransformerShape
 from workbench.planning.clusters import core_sharing, get_cluster
 from workbench.scheduling import generators
 from workbench.scheduling.simulate import simulate
@@ -112,10 +113,66 @@ def test_bad_calibration_input_is_explained(tmp_path):
         RuntimeCalibration(100.0, 1, 100.0, 1.0)
     with pytest.raises(ValueError, match="not a run directory"):
         calibrate_from_run(COSTS, tmp_path)
-    (tmp_path / "config.json").write_text(json.dumps({"name": "t", "model": "gpt2-tiny", "strategy": "tensor2d",
-                                                      "tp": 4, "global_batch": 8}))
-    with pytest.raises(ValueError, match="hold collectives"):
+    (tmp_path / "config.json").write_text(json.dumps({"name": "t", "model": "gpt2-tiny", "strategy": "torch-pipelining",
+                                                      "stages": 2, "global_batch": 8}))
+    with pytest.raises(ValueError, match="cannot calibrate compute from a 'torch-pipelining' run"):
         calibrate_from_run(COSTS, tmp_path)
+    with pytest.raises(ValueError, match="needs the transformer's shape"):
+        calibrate_tensor_from_timeline(COSTS, Timeline(()), "tp2d-2x2-dp1", 16, None, warmup=0)
+    with pytest.raises(ValueError, match="no forward/backward events"):
+        calibrate_tensor_from_timeline(COSTS, Timeline(()), "tp2d-2x2-dp1", 16, GPT, warmup=0)
+    # a run faster than the communication charged for it: the links need calibrating first
+    with pytest.raises(ValueError, match="calibrate the cluster's links"):
+        calibrate_tensor_from_timeline(COSTS, tensor_timeline(4, 1.0), "tp2d-2x2-dp1", 16, GPT, cluster="local",
+                                       warmup=0)
+
+
+GPT = TransformerShape(hidden=128, heads=4, layers=8, vocab=256, positions=64, batch=16, seq=64)
+
+
+def tensor_timeline(ranks: int, step_ms: float, steps: int = 4) -> Timeline:
+    """Every rank's forward (1/3) and backward (2/3) of ``step_ms`` for ``steps`` iterations, as measured."""
+    events, t = [], 0.0
+    for it in range(steps):
+        for r in range(ranks):
+            events += [Event(r, 0, "F", t, t + step_ms / 3, iteration=it, source="measured"),
+                       Event(r, 0, "B", t + step_ms / 3, t + step_ms, iteration=it, source="measured")]
+        t += step_ms + 1.0
+    return Timeline(tuple(events))
+
+
+@pytest.mark.parametrize("name, cluster", [("tp2d-2x2-dp1", "local"), ("tp1d-4-dp1", "local"),
+                                           ("tp2d-2x2-dp1", "8xA100-NVLink")])
+def test_a_tensor_run_is_calibrated_against_the_planned_step_less_its_communication(name, cluster):
+    base = plan(COSTS, cluster, 16, world_size=4, shape=GPT, strategies=[name])[name].estimate
+    comm = base.detail["step_comm_ms"]
+    assert comm > 0 and base.compute_ms > 0
+    # the run computed 2.5 x what the profile predicts, and communicated what the planner charges
+    timeline = tensor_timeline(4, comm + 2.5 * base.compute_ms)
+    cal = calibrate_tensor_from_timeline(COSTS, timeline, name, 16, GPT, cluster=cluster, warmup=1,
+                                         runtime="tensor2d" if name.startswith("tp2d") else "tensor1d")
+    assert cal.compute_scale == pytest.approx(2.5)
+    assert cal.events == 3 * 4 * 2 and cal.microbatch_size == 16
+    assert cal.family == ("tensor2d" if name.startswith("tp2d") else "tensor1d")
+    # planned with it: the tensor strategy's compute is 2.5 x, the other families are left as profiled
+    others = ["dp4", "pp4-1f1b-m4"]
+    calibrated = plan(COSTS, cluster, 16, world_size=4, shape=GPT, strategies=[name] + others, calibration=cal)
+    assert calibrated[name].estimate.compute_ms == pytest.approx(2.5 * base.compute_ms)
+    assert calibrated[name].estimate.iteration_ms == pytest.approx(base.iteration_ms + 1.5 * base.compute_ms)
+    scheduled = RuntimeCalibration(1.5, 10, 15.0, 10.0, runtime="gpipe")
+    with_both = plan(COSTS, cluster, 16, world_size=4, shape=GPT, strategies=[name] + others,
+                     calibration=[cal, scheduled])
+    only_scheduled = plan(COSTS, cluster, 16, world_size=4, shape=GPT, strategies=[name] + others,
+                          calibration=scheduled)
+    for n in others:
+        assert with_both[n].estimate.iteration_ms == pytest.approx(only_scheduled[n].estimate.iteration_ms)
+    # a tensor runtime without a run of its own is scaled by the scheduled runtimes' calibration
+    assert only_scheduled[name].estimate.compute_ms == pytest.approx(1.5 * base.compute_ms)
+
+
+def test_runtime_families():
+    assert [runtime_family(n) for n in ("tensor2d", "tp2d", "tensor1d", "tp1d", "async", "gropipe", "ddp", "dp")] == [
+        "tensor2d", "tensor2d", "tensor1d", "tensor1d", "async", "scheduled", "scheduled", "scheduled"]
 
 
 def test_cli_calibrate_needs_a_run_directory(tmp_path, capsys):
@@ -156,3 +213,32 @@ def test_calibration_from_a_real_pipeline_run(tmp_path, capsys):
     assert main(["plan", str(path), "--cluster", "local", "--batch", "16", "--world-size", "2", "--strategies",
                  "pp2-1f1b-m4", "--calibrate", str(job.run_dir), "--json"]) == 0
     assert any("compute calibrated by" in n for n in json.loads(capsys.readouterr().out)["notes"])
+
+
+@pytest.mark.multiproc
+@pytest.mark.skipif(importlib.util.find_spec("workbench.runtime.entry") is None, reason="needs the training entry")
+def test_calibration_from_a_real_tensor_parallel_run(tmp_path):
+    from workbench.jobs import LaunchSpec, launch
+    from workbench.models.zoo import build_model, get_entry
+    from workbench.planning import transformer_shape
+    from workbench.profiling import profile
+
+    overrides, seq = {"n_embd": 64, "n_layer": 2, "n_head": 2}, 32
+    config = {"name": "tp1d-2-dp1", "model": "gpt2-tiny", "model_overrides": overrides, "strategy": "tensor1d",
+              "tp": 2, "global_batch": 8, "steps": 4, "data": {"kind": "bytes-lm", "seq_len": seq}}
+    job = launch(LaunchSpec(config=config, name="tp-cal", run_root=str(tmp_path)))
+    assert job.wait(timeout=180).state == "SUCCEEDED"
+    costs = profile(build_model("gpt2-tiny", **overrides), batch=8, repeats=3, cache=False, progress=False)
+    shape = transformer_shape({**get_entry("gpt2-tiny").config(overrides), "seq_len": seq}, 8)
+    cal = calibrate_from_run(costs, job.run_dir, cluster="local", warmup=1, shape=shape)
+    assert (cal.family, cal.runtime, cal.strategy, cal.microbatch_size) == ("tensor1d", "tensor1d", "tp1d-2-dp1", 8)
+    assert cal.events == 3 * 2 * 2  # steps 1-3, forward + backward, 2 ranks
+    assert cal.measured_ms > 0 and cal.predicted_ms > 0
+    # planned at another batch with it: the 1D strategy's compute carries the run's factor
+    base = plan(costs, "local", 16, world_size=2, shape=shape, strategies=["tp1d-2-dp1"])["tp1d-2-dp1"].estimate
+    planned = plan(costs, "local", 16, world_size=2, shape=shape, strategies=["tp1d-2-dp1"],
+                   calibration=job.run_dir)["tp1d-2-dp1"].estimate
+    default = calibrate_from_run(costs, job.run_dir, shape=shape)  # plan()'s defaults: warmup 2 on `local`
+    assert planned.compute_ms == pytest.approx(default.compute_scale * base.compute_ms)
+    with pytest.raises(ValueError, match="needs the transformer's shape"):
+        calibrate_from_run(costs, job.run_dir)

@@ -220,14 +220,18 @@ def test_local_pipelines_share_the_cores_by_what_runs_at_once():
     assert all(1.0 < s < 1.9 for s in pp_slow), pp_slow
 
 
-def test_tensor_parallel_pays_for_every_collective_call():
+@pytest.mark.parametrize("name, steps_per_call", [("tp2d-2x2-dp1", 1), ("tp1d-4-dp1", 6)])
+def test_tensor_parallel_pays_for_every_step_of_every_collective_call(name, steps_per_call):
+    # 2D: broadcasts / reduces within a row or column of q = 2 ranks (q - 1 = 1 step); 1D: ring all-reduces among
+    # P = 4 ranks (2 (P - 1) = 6 steps)
     cluster, _ = load_cluster("local-cpu")
     assert cluster.collective_call_ms > 0
     free = replace(cluster, collective_call_ms=0.0)
-    charged = plan(COSTS, cluster, 16, world_size=4, shape=GPT, strategies=["tp2d-2x2-dp1"]).best.estimate
-    uncharged = plan(COSTS, free, 16, world_size=4, shape=GPT, strategies=["tp2d-2x2-dp1"]).best.estimate
+    charged = plan(COSTS, cluster, 16, world_size=4, shape=GPT, strategies=[name]).best.estimate
+    uncharged = plan(COSTS, free, 16, world_size=4, shape=GPT, strategies=[name]).best.estimate
     calls = charged.detail["collective_calls"]
-    assert calls > 100
-    assert charged.iteration_ms - uncharged.iteration_ms == pytest.approx(calls * cluster.collective_call_ms, rel=1e-6)
+    assert calls > (100 if name.startswith("tp2d") else 10)
+    assert charged.iteration_ms - uncharged.iteration_ms == pytest.approx(
+        calls * steps_per_call * cluster.collective_call_ms, rel=1e-6)
     with pytest.raises(ValueError, match="collective_call_ms must be in"):
         replace(cluster, collective_call_ms=-1.0)

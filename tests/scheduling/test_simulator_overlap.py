@@ -81,9 +81,11 @@ def test_overlap_slowdown_is_validated():
     assert ClusterSpec.from_dict(cluster(1.3, shared=True).to_dict()) == cluster(1.3, shared=True)
 
 
-def test_every_all_reduce_pays_the_clusters_call_cost():
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_every_all_reduce_pays_the_clusters_call_cost_per_ring_step(ranks):
     costs = StageCosts.uniform(1, forward_ms=1.0, backward_ms=2.0, param_bytes=1_000_000)
-    schedule = generators.data_parallel(2, 1)
+    schedule = generators.data_parallel(ranks, 1)
     base = simulate(schedule, costs, cluster())
     charged = simulate(schedule, costs, replace(cluster(), collective_call_ms=0.5))
-    assert charged.metrics["makespan_ms"] == pytest.approx(base.metrics["makespan_ms"] + 0.5)
+    # a ring all-reduce among n ranks is 2(n - 1) steps, each waiting for its two ranks
+    assert charged.metrics["makespan_ms"] == pytest.approx(base.metrics["makespan_ms"] + 0.5 * 2 * (ranks - 1))

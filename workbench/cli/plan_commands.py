@@ -84,6 +84,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--calibrate", metavar="RUN_DIR", action="append",
                    help="scale the profile's compute to what this finished run of the model measured (a pipeline "
                         "run is best). Repeat it: scheduled-pipeline runs at two micro-batch sizes fit a "
-                        "per-micro-batch cost, and an async pipeline's run calibrates the async runtime "
+                        "per-micro-batch cost, an async pipeline's run calibrates the async runtime, and a "
+                        "tensor-parallel run (tp2d, tp1d; of a GPT-2/BERT model) its own runtime "
                         "(workbench.planning.calibrate)")
     p.set_defaults(handler=_plan)

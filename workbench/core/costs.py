@@ -313,9 +313,11 @@ class ClusterSpec:
     they overlap on one device (1.0: no interference). ``shared_compute``: the
     ranks of a node time-share one compute device (CPU processes), so
     communication on any of them interferes with compute on all of them.
-    ``collective_call_ms``: what each collective call costs on top of its
-    link time (0 on GPUs; on ranks time-sharing cores a call waits until
-    every member of its group has been scheduled, about a millisecond).
+    ``collective_call_ms``: what each step of a collective costs on top of
+    its link time (0 on GPUs). On ranks time-sharing cores, each step of a
+    collective (a broadcast among q ranks has q - 1, a ring all-reduce among
+    n has 2(n - 1)) waits until both of its ranks have been scheduled, about
+    a millisecond when there are more ranks than cores.
     """
 
     name: str

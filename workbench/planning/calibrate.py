@@ -37,6 +37,18 @@ and scheduled-pipeline runtimes), and ``plan`` takes runs of either
 family: each strategy is scaled by its own family's model, or by the other
 family's when only one family was calibrated.
 
+The tensor-parallel runtimes are families of their own (``tensor2d``,
+``tensor1d``): a 2D grid runs every linear layer as q SUMMA steps of block
+products, splits and copies around its collectives, on this machine about
+3x the profile's time for the same arithmetic. Their forward and backward
+events hold the collectives, so a tensor run is calibrated against the
+planner's whole step: the measured forward + backward time less the
+communication the planner charges for it (links and collective steps, the
+cluster's own calibration), over the compute the profile predicts
+(:func:`calibrate_tensor_from_timeline`). A run of another batch size
+than the one planned (the same grid) keeps this from being circular; two
+batch sizes fit the per-call cost below (``b`` is the replica's batch).
+
 The runtime's extra work comes with every micro-batch, not with every
 sample: on this machine the ratio was about 1.2 at micro-batches of 16
 samples, 1.3 at 4, 1.5 at 2 and 2.0 at 1. So a family's runs at two or more
@@ -62,10 +74,14 @@ from ..scheduling.stagecosts import StageCosts
 from .clusters import core_sharing, load_cluster
 
 __all__ = ["RuntimeCalibration", "ComputeModel", "calibrate_from_run", "calibrate_from_timeline",
-           "CALIBRATION_STRATEGIES", "runtime_family", "compute_models", "scale_compute"]
+           "calibrate_tensor_from_timeline", "CALIBRATION_STRATEGIES", "runtime_family", "compute_models",
+           "scale_compute"]
 
 # Strategies whose forward / backward events are compute only (plus DDP, whose backward holds its all-reduce).
-CALIBRATION_STRATEGIES = ("gpipe", "1f1b", "interleaved", "gropipe", "async", "ddp")
+PIPELINE_STRATEGIES = ("gpipe", "1f1b", "interleaved", "gropipe", "async", "ddp")
+# Tensor-parallel runtimes: calibrated against the planner's whole step, less the communication it charges.
+TENSOR_STRATEGIES = ("tensor2d", "tensor1d")
+CALIBRATION_STRATEGIES = PIPELINE_STRATEGIES + TENSOR_STRATEGIES
 _LIMITS = (0.05, 20.0)  # a scale outside this is a wrong profile (another model, batch or device), not a calibration
 
 
@@ -78,8 +94,10 @@ def scale_compute(costs: ModelCosts, k: float) -> ModelCosts:
 
 
 def runtime_family(name: str) -> str:
-    """The runtime family of a run's strategy (``async``, ``ddp``, ``1f1b``, ...) or a planner kind."""
-    return "async" if name == "async" else "scheduled"
+    """The runtime family of a run's strategy (``async``, ``tensor2d``, ``ddp``, ``1f1b``, ...) or a planner kind
+    (``async``, ``tp2d``, ``dp``, ...): ``async``, ``tensor2d``, ``tensor1d`` or ``scheduled``."""
+    return {"async": "async", "tensor2d": "tensor2d", "tp2d": "tensor2d", "tensor1d": "tensor1d",
+            "tp1d": "tensor1d"}.get(name, "scheduled")
 
 
 @dataclass(frozen=True)
@@ -207,21 +225,71 @@ def calibrate_from_timeline(costs: ModelCosts, timeline: Timeline, partition: Pa
                               microbatch_size)
 
 
+def calibrate_tensor_from_timeline(costs: ModelCosts, timeline: Timeline, strategy: str, global_batch: int,
+                                   shape: Any, *, cluster: str | Path | ClusterSpec = "local",
+                                   background_load: float = 0.0, warmup: int = 2, source: str = "",
+                                   runtime: str = "") -> RuntimeCalibration:
+    """The calibration of a tensor-parallel runtime from a measured run of ``strategy`` (``tp2d-2x2-dp1``, ...).
+
+    Per iteration from ``warmup`` on, the ranks' mean forward + backward time
+    (the median over iterations) less the step communication the planner
+    charges for this strategy on ``cluster`` is the measured compute; the
+    planner's uncalibrated compute (the profile, at the ranks' processor
+    sharing) is the predicted one. ``shape``: the transformer's
+    :class:`~.tensor_costs.TransformerShape`.
+    """
+    import statistics
+
+    from .search import plan  # search imports this module
+
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    if shape is None:
+        raise ValueError(f"calibrating {strategy!r} needs the transformer's shape (shape=TransformerShape(...))")
+    steps: dict[int, dict[int, float]] = {}
+    for e in timeline:
+        if e.op in ("F", "B") and e.iteration >= warmup and e.end > e.start:
+            ranks = steps.setdefault(e.iteration, {})
+            ranks[e.rank] = ranks.get(e.rank, 0.0) + e.end - e.start
+    if not steps:
+        raise ValueError(f"no forward/backward events from iteration {warmup} on to calibrate from; run more steps")
+    measured = statistics.median(sum(r.values()) / len(r) for r in steps.values())
+    world = max(len(r) for r in steps.values())
+    planned = plan(costs, cluster, global_batch, world_size=world, shape=shape, strategies=[strategy],
+                   background_load=background_load)[strategy]
+    est = planned.estimate
+    comm = est.detail["step_comm_ms"]
+    if measured <= comm:
+        raise ValueError(f"{strategy}: the run's forward + backward took {measured:.1f} ms, less than the "
+                         f"{comm:.1f} ms of communication the planner charges for it; calibrate the cluster's links "
+                         f"(workbench.runtime.commbench) before the compute")
+    replica_batch = global_batch // planned.strategy.dp
+    return RuntimeCalibration((measured - comm) / est.compute_ms, sum(len(r) for r in steps.values()) * 2,
+                              measured - comm, est.compute_ms, source, strategy, runtime, replica_batch)
+
+
 def calibrate_from_run(costs: ModelCosts, run_dir: str | Path, *, cluster: str | Path | ClusterSpec = "local",
-                       background_load: float = 0.0, warmup: int = 2) -> RuntimeCalibration:
+                       background_load: float = 0.0, warmup: int = 2, shape: Any = None) -> RuntimeCalibration:
     """The calibration from a finished run directory (its config, partition and measured stage events).
 
     ``costs`` must profile the run's model (batch size may differ: times scale
     to the run's micro-batch; a profile of another layer count is refused).
     ``background_load``: foreign runnable processes while the run ran.
+    ``shape``: the transformer's shape, for a tensor-parallel run.
     """
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").is_file():
         raise ValueError(f"{str(run_dir)!r} is not a run directory (no config.json)")
     config = RunConfig.from_json(run_dir / "config.json")
     if config.strategy not in CALIBRATION_STRATEGIES:
-        raise ValueError(f"cannot calibrate compute from a {config.strategy!r} run: its forward/backward events "
-                         f"hold collectives; use one of {', '.join(CALIBRATION_STRATEGIES)} (a pipeline is best)")
+        raise ValueError(f"cannot calibrate compute from a {config.strategy!r} run; use one of "
+                         f"{', '.join(CALIBRATION_STRATEGIES)} (a pipeline is best)")
+    if config.strategy in TENSOR_STRATEGIES:
+        degree = round(config.tp ** 0.5) if config.strategy == "tensor2d" else config.tp
+        name = (f"tp2d-{degree}x{degree}" if config.strategy == "tensor2d" else f"tp1d-{degree}") + f"-dp{config.groups}"
+        return calibrate_tensor_from_timeline(costs, load_measured_timeline(run_dir), name, config.global_batch,
+                                              shape, cluster=cluster, background_load=background_load, warmup=warmup,
+                                              source=str(run_dir), runtime=config.strategy)
     starts = [r for r in read_events(run_dir, rank=0) if r["kind"] == "start"]
     text = starts[-1].get("partition") if starts else None
     if not text:

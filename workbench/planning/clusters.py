@@ -18,8 +18,9 @@ has are refused with the field that holds them).
 its cores (``shared_compute``), with the overlap slowdown measured by
 ``bench/bench_planner.py --overlap-probe`` (compute and a gloo all-reduce
 running at once on the 2 cores each slow down by about this factor) and the
-cost of one small collective call among 4 ranks sharing the 2 cores
-(``collective_call_ms``: each call waits until its whole group is scheduled).
+cost of one step of a small collective among 4 ranks sharing the 2 cores
+(``collective_call_ms``: each step waits until both of its ranks are
+scheduled; a ring all-reduce among n ranks takes 2(n - 1) steps).
 ``local`` reads a calibration file written by the communication benchmark
 (``workbench.runtime.commbench``, then :func:`save_local_calibration`) when
 there is one, else it is ``local-cpu``. :func:`shared_cores` says how many

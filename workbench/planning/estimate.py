@@ -96,10 +96,12 @@ class CostContext:
         return core_sharing(self.cluster, self.background_load)
 
     def calibration_factor(self, kind: str, microbatch: int) -> float:
-        """How much longer a ``kind`` strategy's runtime computes a micro-batch than the profile predicts."""
+        """How much longer a ``kind`` strategy's runtime computes a micro-batch than the profile predicts
+        (its own runtime family's model; else the scheduled runtimes'; else any calibrated family's)."""
         if not self.compute_models:
             return 1.0
-        model = self.compute_models.get(runtime_family(kind)) or next(iter(self.compute_models.values()))
+        model = (self.compute_models.get(runtime_family(kind)) or self.compute_models.get("scheduled")
+                 or next(iter(self.compute_models.values())))
         return model.factor(microbatch)
 
     def model_costs(self, recompute: bool, kind: str = "", microbatch: int = 1) -> ModelCosts:
@@ -123,13 +125,16 @@ class CostContext:
         key = self._partition_key(strategy)
         return self._projections[key] if key in self._projections else self._project(strategy)
 
-    @staticmethod
-    def _partition_key(strategy: Strategy) -> tuple:
+    def _partition_key(self, strategy: Strategy) -> tuple:
+        """What AMPA's result depends on: stages, micro-batches, the memory schedule, replicas, recomputation,
+        and the compute calibration the strategy's runtime family has at its micro-batch."""
         memory_schedule = "async" if strategy.kind == "async" else ("gpipe" if strategy.schedule == "gpipe" else "1f1b")
-        return strategy.pp * strategy.chunks, strategy.microbatches, memory_schedule, strategy.dp, strategy.recompute
+        microbatch = max(1, self.global_batch // strategy.dp // strategy.microbatches)
+        return (strategy.pp * strategy.chunks, strategy.microbatches, memory_schedule, strategy.dp, strategy.recompute,
+                self.calibration_factor(strategy.kind, microbatch))
 
     def _project(self, strategy: Strategy) -> Projection:
-        stages, m, memory_schedule, _, _ = key = self._partition_key(strategy)
+        stages, m, memory_schedule, _, _, _ = key = self._partition_key(strategy)
         # interleaved: virtual stage k runs on rank k mod p, so the chain of stages wraps around the same devices
         cluster = replace(self.cluster, devices_per_node=self.cluster.devices_per_node * strategy.chunks)
         microbatch = max(1, self.global_batch // strategy.dp // m)
@@ -245,7 +250,7 @@ def _replica_allreduce_ms(ctx: CostContext, grad_bytes: float, strategy: Strateg
         return 0.0
     unit = strategy.pp * strategy.tp
     link = ctx.collective_link or ctx.cluster.group_link([g * unit for g in range(strategy.dp)])
-    return link.allreduce_ms(grad_bytes, strategy.dp)
+    return link.allreduce_ms(grad_bytes, strategy.dp) + 2 * (strategy.dp - 1) * ctx.cluster.collective_call_ms
 
 
 def _finish(ctx: CostContext, strategy: Strategy, iteration_ms: float, memory: int, compute: float, bubble: float,
@@ -284,7 +289,8 @@ def _estimate_tensor(ctx: CostContext, strategy: Strategy) -> Estimate:
     memory = step["memory_bytes"]
     return _finish(ctx, strategy, iteration, int(memory), compute_ms, 0.0, iteration - compute_ms, "closed form",
                    make_timeline=partial(simulate_step, sized, mode, degree, device, link, call_ms=call_ms),
-                   detail={"collective_calls": step["collective_calls"], "comm_bytes": step["comm_bytes"]})
+                   detail={"collective_calls": step["collective_calls"], "comm_bytes": step["comm_bytes"],
+                           "step_comm_ms": step["step_ms"] - compute_ms, "grad_sync_ms": grad_sync})
 
 
 def estimate(ctx: CostContext, strategy: Strategy) -> Estimate:

@@ -211,9 +211,11 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
     ``calibration``: a :class:`~.calibrate.RuntimeCalibration` or the
     directory of a finished run of this model (:func:`~.calibrate.
     calibrate_from_run`), whose measured compute scales the profile's; or a
-    list of them: each runtime family (scheduled, async) is scaled by its
-    own runs, and runs of a family at two or more micro-batch sizes fit its
-    per-micro-batch cost (:func:`~.calibrate.compute_models`).
+    list of them: each runtime family (scheduled, async, tensor2d,
+    tensor1d) is scaled by its own runs (a family without any by the
+    scheduled one's), and runs of a family at two or more micro-batch sizes
+    fit its per-micro-batch cost (:func:`~.calibrate.compute_models`). A
+    tensor-parallel run also needs ``shape``.
     """
     started = time.perf_counter()
     costs = _load_costs(model)
@@ -223,7 +225,8 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
     if calibration is not None:
         given = [calibration] if isinstance(calibration, (RuntimeCalibration, str, Path)) else list(calibration)
         resolved = [c if isinstance(c, RuntimeCalibration) else
-                    calibrate_from_run(costs, c, cluster=spec, background_load=background_load) for c in given]
+                    calibrate_from_run(costs, c, cluster=spec, background_load=background_load, shape=shape)
+                    for c in given]
         models = compute_models(resolved)
         for cal in resolved:
             notes.append(f"{cal.strategy or cal.source}: {cal.family} runtime's compute calibrated by "

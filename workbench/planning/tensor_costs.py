@@ -254,7 +254,8 @@ def estimate_step(shape: TransformerShape, mode: str, degree: int, device: Devic
     ``overlap``: fraction of the communication hidden behind compute (SUMMA's double-buffered
     broadcasts can hide some; 1D's all-reduces sit on the critical path). ``optimizer_factor``: bytes of
     parameters + gradients + optimizer state per parameter byte (4 for Adam in fp32). ``call_ms``: what
-    each collective call costs beyond its link time (``ClusterSpec.collective_call_ms``).
+    each step of a collective costs beyond its link time (``ClusterSpec.collective_call_ms``): a call
+    of 2D's (a broadcast or reduce within a row or column) has q - 1 steps, an all-reduce of 1D's 2(P - 1).
     """
     _check_mode(mode, degree)
     if not 0.0 <= overlap <= 1.0:
@@ -269,7 +270,7 @@ def estimate_step(shape: TransformerShape, mode: str, degree: int, device: Devic
     else:
         volume, hops = {"forward_elements": 0.0, "total_elements": 0.0, "total_bytes": 0.0}, 0
     calls = collective_calls(shape, mode, degree, summa)["total"]
-    comm_ms = (calls * (hops * link.latency_us * 1e-3 + call_ms)
+    comm_ms = (calls * hops * (link.latency_us * 1e-3 + call_ms)
                + volume["total_bytes"] / (link.bandwidth_gbs * 1e9) * 1e3)
     params = param_bytes_per_rank(shape, mode, degree)
     activations = activation_bytes_per_rank(shape, mode, degree)

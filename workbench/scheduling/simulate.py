@@ -15,7 +15,8 @@ order; communication follows the semantics of
 * an all-reduce is launched without blocking; it starts once every member
   launched it and every member's collective stream (and the node ports it
   crosses) is free, takes the ring time plus the cluster's
-  ``collective_call_ms``; the stage's ``STEP`` waits for it.
+  ``collective_call_ms`` for each of its 2(n - 1) ring steps; the stage's
+  ``STEP`` waits for it.
 
 Ranks are advanced one action at a time in order of their clocks, so link
 contention is resolved in time order.
@@ -171,7 +172,7 @@ class _Links:
         self.bytes_by_link[link.name if link else "free"] += int(nbytes * 2 * (len(group) - 1) / len(group))
         keys = [("coll", r) for r in group] + self._ports(group)
         start = max([ready] + [self.free[k] for k in keys])
-        call = self.cluster.collective_call_ms if self.cluster else 0.0
+        call = self.cluster.collective_call_ms * 2 * (len(group) - 1) if self.cluster else 0.0  # per ring step
         end = start + (link.allreduce_ms(nbytes, len(group)) + call if link else 0.0)
         if self.interference is not None and end > start:
             end = self.interference.place("comm", group, start, end - start)
@@ -286,7 +287,8 @@ def _simulate(lowered: Schedule, costs: StageCosts, cluster: ClusterSpec | None,
         if q:  # one SUMMA step: 1/q of the rank's 1/q^2 share, plus the row and column block broadcasts
             block = (costs.param_bytes[a.stage] + costs.send_bytes[max(a.stage - 1, 0)]) / (q * q)
             link = cluster.group_link(meta["row_groups"][0]) if cluster else None
-            return base / q ** 3 + (link.transfer_ms(block) + 2 * cluster.collective_call_ms if link else 0.0)
+            # two broadcasts of q - 1 steps each
+            return base / q ** 3 + (link.transfer_ms(block) + 2 * (q - 1) * cluster.collective_call_ms if link else 0.0)
         if a.bucket is not None and a.op is not Op.FORWARD and meta.get("backward_buckets"):
             return base / meta["backward_buckets"]
         return base
