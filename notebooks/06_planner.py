@@ -137,6 +137,10 @@ config = best_local.to_config(steps=20, model_overrides=local_overrides, data={"
 # `pp4-gpipe-m16`) fit a per-micro-batch cost, and the asynchronous pipeline,
 # which binds a weight version to every forward, takes a run of its own
 # (`async-1x4-m8`): pass them all, `calibration=[run_a, run_b, run_c]`.
+# The tensor-parallel runtimes are families of their own too: run the grid
+# (`tp2d-2x2-dp1`) at half and twice the batch you plan and pass those runs
+# as well (with `shape=`); the planner takes off the communication it charges
+# and scales what is left.
 # `bench/RESULTS.md` compares ten calibrated predictions with measured runs.
 
 # %% [markdown]
