@@ -217,7 +217,7 @@ def test_calibration_from_a_real_pipeline_run(tmp_path, capsys):
 
 @pytest.mark.multiproc
 @pytest.mark.skipif(importlib.util.find_spec("workbench.runtime.entry") is None, reason="needs the training entry")
-def test_calibration_from_a_real_tensor_parallel_run(tmp_path):
+def test_calibration_from_a_real_tensor_parallel_run(tmp_path, capsys):
     from workbench.jobs import LaunchSpec, launch
     from workbench.models.zoo import build_model, get_entry
     from workbench.planning import transformer_shape
@@ -242,3 +242,11 @@ def test_calibration_from_a_real_tensor_parallel_run(tmp_path):
     assert planned.compute_ms == pytest.approx(default.compute_scale * base.compute_ms)
     with pytest.raises(ValueError, match="needs the transformer's shape"):
         calibrate_from_run(costs, job.run_dir)
+    # the CLI plans a costs file, which has no shape: the tensor run's own model config gives it
+    from workbench.cli import main
+
+    path = costs.save(tmp_path / "costs.json")
+    assert main(["plan", str(path), "--cluster", "local", "--batch", "16", "--world-size", "2", "--strategies",
+                 "pp2-1f1b-m4", "--calibrate", str(job.run_dir), "--json"]) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert any("tensor1d runtime's compute calibrated by" in n for n in notes), notes

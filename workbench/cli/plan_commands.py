@@ -37,6 +37,26 @@ def _model_costs(model: str, cluster, profile_batch: int):
     return costs, shape
 
 
+def _shape_of_runs(run_dirs: list[str] | None, batch: int):
+    """The transformer shape of the first tensor-parallel run among ``run_dirs`` (its zoo model, overrides and
+    sequence length), for planning a costs file that carries no shape; None if there is none."""
+    from ..core.config import RunConfig
+    from ..models.zoo import get_entry, list_models
+    from ..planning.search import transformer_shape
+
+    for run_dir in run_dirs or []:
+        path = Path(run_dir) / "config.json"
+        if not path.is_file():
+            continue
+        config = RunConfig.from_json(path)
+        if config.strategy in ("tensor2d", "tensor1d") and config.model in list_models():
+            entry = get_entry(config.model)
+            if entry.family in ("gpt2", "bert"):
+                return transformer_shape({**entry.config(dict(config.model_overrides)),
+                                          "seq_len": config.data.seq_len}, batch)
+    return None
+
+
 def _plan(args: argparse.Namespace) -> Result:
     from ..planning.clusters import load_cluster
     from ..planning.search import plan
@@ -49,6 +69,8 @@ def _plan(args: argparse.Namespace) -> Result:
         raise ValueError(f"--top must be >= 1, got {args.top}")
     cluster, _ = load_cluster(args.cluster)
     costs, shape = _model_costs(args.model, cluster, args.profile_batch)
+    if shape is None:  # a costs file: a tensor-parallel calibration run says what the transformer is
+        shape = _shape_of_runs(args.calibrate, args.profile_batch)
     strategies = args.strategies.split(",") if args.strategies else None
     result = plan(costs, args.cluster, args.batch, memory_cap_gib=args.memory_cap, top=args.top,
                   world_size=args.world_size, shape=shape, strategies=strategies, fine_grained=args.fine_grained,
