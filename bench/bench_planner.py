@@ -7,7 +7,8 @@ Four parts, each printed and written to ``bench/results/planner.json``:
    through a weight-bound fully connected layer, against each alone; the overlap slowdown is how much slower each
    runs while the other does (median of repeats). The same run times the small
    collectives a 2 x 2 tensor grid issues (a row and a column broadcast per
-   step, all four ranks busy): the per-call cost the ``local`` presets charge;
+   step, all four ranks busy): what the ``local`` presets charge for each
+   step of a collective (a 2-rank broadcast is one step);
    and how fast each of two processes computing at once runs against one
    alone (the cores' parallel efficiency; 1.0 means a core counts whole).
 2. Strategies on this machine, 4 CPU ranks: each round profiles the model

@@ -44,8 +44,9 @@ __all__ = ["DEVICES", "get_cluster", "cluster_names", "collective_link", "core_s
 
 # Measured on the 2-core project machine at load 3 (bench/bench_planner.py --parts overlap; bench/RESULTS.md).
 LOCAL_OVERLAP_SLOWDOWN = 1.7
-# What one small gloo collective costs a rank of 4 time-sharing the 2 cores (same probe, quiet machine:
-# 0.81 and 0.86 ms in two runs; 1.21 ms with other work on the cores; bench/RESULTS.md).
+# What one small gloo collective of one step (a broadcast between 2 ranks) costs a rank of 4 time-sharing the
+# 2 cores (same probe, quiet machine: 0.81 and 0.86 ms in two runs; 1.21 ms with other work on the cores;
+# bench/RESULTS.md); charged per step of a collective (a 4-rank ring all-reduce has 6).
 LOCAL_COLLECTIVE_CALL_MS = 0.85
 LOCAL_CALIBRATION = Path(os.environ.get("WORKBENCH_LOCAL_CLUSTER", Path.home() / ".cache" / "workbench" /
                                         "local-cluster.json"))
