@@ -20,8 +20,7 @@ def _model_costs(model: str, cluster, profile_batch: int):
 
     if Path(model).is_file():
         return ModelCosts.load(model), None
-    from ..models.zoo import get_entry, list_models
-    from ..planning.search import transformer_shape
+    from ..models.zoo import list_models
 
     if model not in list_models():
         raise ValueError(f"MODEL {model!r} is neither a ModelCosts JSON file nor a zoo model; zoo models: "
@@ -32,17 +31,26 @@ def _model_costs(model: str, cluster, profile_batch: int):
     costs = profile(model, batch=profile_batch, progress=False)
     if not cluster.shared_compute:
         costs = project(costs, cluster.device)
+    return costs, _zoo_shape(model, {}, profile_batch)
+
+
+def _zoo_shape(model: str, overrides: dict, batch: int, seq_len: int | None = None):
+    """The TransformerShape of zoo ``model`` with ``overrides`` (None unless it is a GPT-2 / BERT)."""
+    from ..models.zoo import get_entry
+    from ..planning.search import transformer_shape
+
     entry = get_entry(model)
-    shape = transformer_shape(entry.config({}), profile_batch) if entry.family in ("gpt2", "bert") else None
-    return costs, shape
+    if entry.family not in ("gpt2", "bert"):
+        return None
+    config = entry.config(overrides)
+    return transformer_shape({**config, "seq_len": seq_len} if seq_len else config, batch)
 
 
 def _shape_of_runs(run_dirs: list[str] | None, batch: int):
     """The transformer shape of the first tensor-parallel run among ``run_dirs`` (its zoo model, overrides and
     sequence length), for planning a costs file that carries no shape; None if there is none."""
     from ..core.config import RunConfig
-    from ..models.zoo import get_entry, list_models
-    from ..planning.search import transformer_shape
+    from ..models.zoo import list_models
 
     for run_dir in run_dirs or []:
         path = Path(run_dir) / "config.json"
@@ -50,10 +58,9 @@ def _shape_of_runs(run_dirs: list[str] | None, batch: int):
             continue
         config = RunConfig.from_json(path)
         if config.strategy in ("tensor2d", "tensor1d") and config.model in list_models():
-            entry = get_entry(config.model)
-            if entry.family in ("gpt2", "bert"):
-                return transformer_shape({**entry.config(dict(config.model_overrides)),
-                                          "seq_len": config.data.seq_len}, batch)
+            shape = _zoo_shape(config.model, dict(config.model_overrides), batch, config.data.seq_len)
+            if shape is not None:
+                return shape
     return None
 
 

@@ -366,6 +366,11 @@ class ClusterSpec:
         assert self.inter_node is not None
         return self.inter_node
 
+    def allreduce_call_ms(self, group_size: int) -> float:
+        """What a ring all-reduce among ``group_size`` ranks pays beyond its link time: ``collective_call_ms``
+        for each of its 2(n - 1) steps."""
+        return 2 * (group_size - 1) * self.collective_call_ms if group_size > 1 else 0.0
+
     def group_link(self, ranks: list[int]) -> LinkSpec:
         """The slowest link a collective over ``ranks`` crosses."""
         nodes = {self.node_of(r) for r in ranks}

@@ -389,8 +389,7 @@ def _allreduce_exposed(proj: Projection, result: PartitionResult, cluster: Clust
     times = []
     for k in range(S):
         link = collective or cluster.group_link([g * S + k for g in range(groups)])
-        call = cluster.collective_call_ms if cluster is not None else 0.0  # per ring step (ranks sharing cores)
-        times.append(link.allreduce_ms(grad[k], groups) + 2 * (groups - 1) * call)
+        times.append(link.allreduce_ms(grad[k], groups) + (cluster.allreduce_call_ms(groups) if cluster else 0.0))
     if delay == 1:
         return max(0.0, max(times) - result.projected_iteration_ms)
     tail = result.stage_backward_ms[result.bottleneck_stage]

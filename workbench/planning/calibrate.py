@@ -60,6 +60,7 @@ runs at one size, give the constant factor ``k``.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,7 @@ from ..core.timeline import Timeline
 from ..scheduling.sharing import solo_durations
 from ..scheduling.stagecosts import StageCosts
 from .clusters import core_sharing, load_cluster
+from .space import Strategy
 
 __all__ = ["RuntimeCalibration", "ComputeModel", "calibrate_from_run", "calibrate_from_timeline",
            "calibrate_tensor_from_timeline", "CALIBRATION_STRATEGIES", "runtime_family", "compute_models",
@@ -238,8 +240,6 @@ def calibrate_tensor_from_timeline(costs: ModelCosts, timeline: Timeline, strate
     sharing) is the predicted one. ``shape``: the transformer's
     :class:`~.tensor_costs.TransformerShape`.
     """
-    import statistics
-
     from .search import plan  # search imports this module
 
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
@@ -247,10 +247,12 @@ def calibrate_tensor_from_timeline(costs: ModelCosts, timeline: Timeline, strate
     if shape is None:
         raise ValueError(f"calibrating {strategy!r} needs the transformer's shape (shape=TransformerShape(...))")
     steps: dict[int, dict[int, float]] = {}
+    count = 0
     for e in timeline:
         if e.op in ("F", "B") and e.iteration >= warmup and e.end > e.start:
             ranks = steps.setdefault(e.iteration, {})
             ranks[e.rank] = ranks.get(e.rank, 0.0) + e.end - e.start
+            count += 1
     if not steps:
         raise ValueError(f"no forward/backward events from iteration {warmup} on to calibrate from; run more steps")
     measured = statistics.median(sum(r.values()) / len(r) for r in steps.values())
@@ -264,8 +266,8 @@ def calibrate_tensor_from_timeline(costs: ModelCosts, timeline: Timeline, strate
                          f"{comm:.1f} ms of communication the planner charges for it; calibrate the cluster's links "
                          f"(workbench.runtime.commbench) before the compute")
     replica_batch = global_batch // planned.strategy.dp
-    return RuntimeCalibration((measured - comm) / est.compute_ms, sum(len(r) for r in steps.values()) * 2,
-                              measured - comm, est.compute_ms, source, strategy, runtime, replica_batch)
+    return RuntimeCalibration((measured - comm) / est.compute_ms, count, measured - comm, est.compute_ms, source,
+                              strategy, runtime, replica_batch)
 
 
 def calibrate_from_run(costs: ModelCosts, run_dir: str | Path, *, cluster: str | Path | ClusterSpec = "local",
@@ -285,8 +287,8 @@ def calibrate_from_run(costs: ModelCosts, run_dir: str | Path, *, cluster: str |
         raise ValueError(f"cannot calibrate compute from a {config.strategy!r} run; use one of "
                          f"{', '.join(CALIBRATION_STRATEGIES)} (a pipeline is best)")
     if config.strategy in TENSOR_STRATEGIES:
-        degree = round(config.tp ** 0.5) if config.strategy == "tensor2d" else config.tp
-        name = (f"tp2d-{degree}x{degree}" if config.strategy == "tensor2d" else f"tp1d-{degree}") + f"-dp{config.groups}"
+        kind = "tp2d" if config.strategy == "tensor2d" else "tp1d"
+        name = Strategy(kind, dp=config.groups, tp=config.tp).name
         return calibrate_tensor_from_timeline(costs, load_measured_timeline(run_dir), name, config.global_batch,
                                               shape, cluster=cluster, background_load=background_load, warmup=warmup,
                                               source=str(run_dir), runtime=config.strategy)

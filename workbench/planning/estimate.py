@@ -250,7 +250,7 @@ def _replica_allreduce_ms(ctx: CostContext, grad_bytes: float, strategy: Strateg
         return 0.0
     unit = strategy.pp * strategy.tp
     link = ctx.collective_link or ctx.cluster.group_link([g * unit for g in range(strategy.dp)])
-    return link.allreduce_ms(grad_bytes, strategy.dp) + 2 * (strategy.dp - 1) * ctx.cluster.collective_call_ms
+    return link.allreduce_ms(grad_bytes, strategy.dp) + ctx.cluster.allreduce_call_ms(strategy.dp)
 
 
 def _finish(ctx: CostContext, strategy: Strategy, iteration_ms: float, memory: int, compute: float, bubble: float,

@@ -172,7 +172,7 @@ class _Links:
         self.bytes_by_link[link.name if link else "free"] += int(nbytes * 2 * (len(group) - 1) / len(group))
         keys = [("coll", r) for r in group] + self._ports(group)
         start = max([ready] + [self.free[k] for k in keys])
-        call = self.cluster.collective_call_ms * 2 * (len(group) - 1) if self.cluster else 0.0  # per ring step
+        call = self.cluster.allreduce_call_ms(len(group)) if self.cluster else 0.0
         end = start + (link.allreduce_ms(nbytes, len(group)) + call if link else 0.0)
         if self.interference is not None and end > start:
             end = self.interference.place("comm", group, start, end - start)
