@@ -129,8 +129,8 @@ balance_figure(results["uniform"], title=f"uniform: {results['uniform'].partitio
 # %%
 from workbench.profiling.projection import project
 
-v100_costs = project(costs, "V100")
 v100_cluster = get_cluster("8xV100-PCIe")
+v100_costs = project(costs, v100_cluster.device)
 v100_ampa = partition(v100_costs, num_stages, "ampa", num_microbatches=num_microbatches, cluster=v100_cluster)
 print(f"this CPU: AMPA cuts {ampa.partition} (slowest stage {ampa.bottleneck_ms:.2f} ms)")
 print(f"V100    : AMPA cuts {v100_ampa.partition} (slowest stage {v100_ampa.bottleneck_ms:.3f} ms)")

@@ -146,15 +146,21 @@ config = best_local.to_config(steps=20, model_overrides=local_overrides, data={"
 # %% [markdown]
 # ## 3. An 8-GPU server
 #
-# We do not have the server, so the profile taken here is *projected* onto a
-# V100 from each layer's FLOPs and bytes (roofline), and the planner uses the
-# preset's PCIe links. On PCIe, data parallelism's all-reduce of every weight
-# is slow; GroPipe all-reduces each stage's weights across fewer groups and
-# overlaps them with the pipeline, which pays off most for models with big
-# fully connected layers (VGG) and less for compact ones (ResNet).
+# We do not have the server, so the profile taken here is *projected* onto
+# the preset's GPU (a V100 PCIe card) from each layer's FLOPs and bytes
+# (roofline; 3x3 convolutions at cuDNN's Winograd rate), and the planner uses
+# the preset's PCIe links. Data parallelism all-reduces every weight once a
+# step, overlapped with the backward pass (the overlap slows both, by the
+# preset's `overlap_slowdown`); GroPipe all-reduces each stage's weights
+# across fewer groups, behind the pipeline, but pays its bubble. Which wins
+# depends on how much of the all-reduce the backward pass hides: GroPipe's
+# case is strongest for models with big fully connected layers (VGG) and
+# weakest for compact ones (ResNet). `bench/RESULTS.md` shows the gains at
+# several all-reduce bandwidths.
 
 # %%
-server_costs = project(profile(server_model, batch=8, repeats=1, progress=False), "V100")
+server_device = load_cluster(server_cluster)[0].device
+server_costs = project(profile(server_model, batch=8, repeats=1, progress=False), server_device)
 server = plan(server_costs, server_cluster, server_batch, kinds=("dp", "gropipe", "pipeline", "async"),
               recompute=(False,), simulate_top=24)
 dp = server["dp8"].estimate

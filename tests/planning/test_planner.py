@@ -235,3 +235,22 @@ def test_tensor_parallel_pays_for_every_step_of_every_collective_call(name, step
         calls * steps_per_call * cluster.collective_call_ms, rel=1e-6)
     with pytest.raises(ValueError, match="collective_call_ms must be in"):
         replace(cluster, collective_call_ms=-1.0)
+
+
+def test_gpu_presets_slow_compute_that_overlaps_collectives():
+    """Datasheet GPU presets charge the overlap slowdown; data parallelism's overlapped all-reduce costs more for it."""
+    from workbench.planning import clusters
+
+    v100 = clusters.get_cluster("8xV100-PCIe")
+    assert v100.device.name == "V100-PCIe" and v100.device.tflops() < clusters.get_cluster("4xV100-NVLink").device.tflops()
+    for name in ("8xV100-PCIe", "4xV100-NVLink", "8xA100-NVLink", "2x8xH100-IB"):
+        assert clusters.get_cluster(name).overlap_slowdown == clusters.DATASHEET_OVERLAP_SLOWDOWN > 1
+    costs = ModelCosts.uniform(16, forward_ms=2.0, backward_ms=4.0, param_bytes=10_000_000, activation_bytes=2_000_000,
+                               batch_size=8)
+    slowed = plan(costs, v100, 64, strategies=["dp8"])["dp8"].estimate
+    plain = plan(costs, replace(v100, overlap_slowdown=1.0), 64, strategies=["dp8"])["dp8"].estimate
+    # each layer's 10 MB of gradients takes ~1.8 ms on the ring, within the next layer's 4 ms backward: the
+    # backward that runs beside an all-reduce is slowed, so the step is, though little communication is exposed
+    assert plain.exposed_comm_ms < 6.0 and slowed.exposed_comm_ms < 6.0  # the last 25 MB bucket
+    assert slowed.compute_ms > plain.compute_ms * 1.03 and slowed.iteration_ms > plain.iteration_ms * 1.03
+    assert slowed.compute_ms + slowed.exposed_comm_ms == pytest.approx(slowed.iteration_ms, rel=1e-6)

@@ -48,7 +48,7 @@ def test_newer_gpus_are_faster_and_batch_small_fc_is_memory_bound(tmp_path):
 def test_local_cpu_is_measured_and_fits_its_own_profile(tmp_path):
     spec = DEVICES["local-cpu"]
     assert spec is measure_local_cpu() and spec.tflops("float32") > 0 and spec.memory_bandwidth_gbs > 0
-    assert set(DEVICES) == {"V100", "A100", "H100", "local-cpu"}
+    assert set(DEVICES) == {"V100", "V100-PCIe", "A100", "H100", "local-cpu"}
     costs = profile("vgg-tiny", 16, repeats=2, progress=False, cache_dir=tmp_path)
     efficiency = fit_efficiency(costs, spec)
     projected = project(costs, spec, efficiency=efficiency)
@@ -56,7 +56,7 @@ def test_local_cpu_is_measured_and_fits_its_own_profile(tmp_path):
 
 
 def test_bad_projection_inputs():
-    with pytest.raises(ValueError, match="unknown device 'B200'; known devices: V100, A100, H100, local-cpu"):
+    with pytest.raises(ValueError, match="unknown device 'B200'; known devices: V100, V100-PCIe, A100, H100, local-cpu"):
         project(hand_costs(), "B200")
     with pytest.raises(ValueError, match="device V100 has no peak for dtype 'bfloat16'"):
         project(hand_costs(), "V100", dtype="bfloat16")
@@ -71,3 +71,52 @@ def test_link_presets_order():
     assert get_link("infiniband-ndr").transfer_ms(45e6) == pytest.approx(1.0 + 0.005)
     with pytest.raises(ValueError, match="unknown link 'nvlink9'"):
         get_link("nvlink9")
+
+
+def test_winograd_convolutions_are_counted_and_projected_at_the_reduced_rate(tmp_path):
+    import torch
+
+    from workbench.profiling.flops import flop_counter
+
+    # what is counted: 3x3 stride-1 ungrouped convolutions, forward and backward; not 1x1, stride 2 or grouped
+    eligible, others = torch.nn.Conv2d(4, 8, 3, padding=1), [torch.nn.Conv2d(8, 8, 1),
+                                                              torch.nn.Conv2d(8, 8, 3, stride=2, padding=1),
+                                                              torch.nn.Conv2d(8, 8, 3, padding=1, groups=2)]
+    x = torch.randn(2, 4, 8, 8, requires_grad=True)
+    forward, backward = {}, {}
+    with flop_counter(forward) as total_forward:
+        out = eligible(x)
+        for conv in others:
+            out = conv(out)
+    with flop_counter(backward) as total_backward:
+        out.sum().backward()
+    direct = 2 * (2 * 8 * 8 * 8) * 4 * 9  # 2 FLOPs x output elements x input channels x kernel taps
+    assert forward["flops"] == direct and backward["flops"] == 2 * direct  # input and weight gradients
+    assert total_forward.get_total_flops() > direct and total_backward.get_total_flops() > 2 * direct
+
+    # the profiler records them per layer; VGG's convolutions are all 3x3 stride 1, its classifier none
+    costs = profile("vgg-tiny", 8, repeats=1, progress=False, cache_dir=tmp_path)
+    recorded = dict(zip(costs.names, costs.meta["winograd_flops"]))
+    layers = {layer.name: layer for layer in costs.layers}
+    assert recorded["conv2"][0] == layers["conv2"].flops > 0 and recorded["fc2"] == [0, 0]
+
+    # the projection charges them 2.25x less on V100 in float32, at the direct count in float16 (tensor cores)
+    device = DeviceSpec("gpu", {"float32": 1.0, "float16": 4.0}, 10 ** 9, 1e6, efficiency=1.0,
+                        winograd={"float32": 2.25})
+    conv = LayerCost("conv", 1.0, 2.0, flops=10 ** 12, param_bytes=1000, activation_bytes=1000)
+    fc = LayerCost("fc", 1.0, 2.0, flops=10 ** 12, param_bytes=1000, activation_bytes=1000)
+    hand = ModelCosts("hand", 8, "cpu", (conv, fc), input_bytes=1000,
+                      meta={"backward_flops": [2 * 10 ** 12, 2 * 10 ** 12], "winograd_flops": [[10 ** 12, 2 * 10 ** 12],
+                                                                                              [0, 0]]})
+    fast, plain = project(hand, device, overhead_us=0.0).layers
+    assert fast.forward_ms == pytest.approx(plain.forward_ms / 2.25) and fast.backward_ms == pytest.approx(
+        plain.backward_ms / 2.25)
+    half = project(hand, device, dtype="float16", overhead_us=0.0).layers
+    assert half[0].forward_ms == pytest.approx(half[1].forward_ms)
+    assert project(hand, device).meta["projection"]["winograd_reduction"] == 2.25
+    # a profile without the record (older cache, hand-made costs) is projected at the direct count
+    assert project(hand_costs(), "V100").meta["projection"]["winograd_reduction"] == 2.25
+    with pytest.raises(ValueError, match=r"winograd\[float32\] must be in \[1, 4\]"):
+        DeviceSpec("gpu", {"float32": 1.0}, 10 ** 9, 1.0, winograd={"float32": 9.0})
+    with pytest.raises(ValueError, match="winograd names dtype 'bfloat16', which has no peak_tflops"):
+        DeviceSpec("gpu", {"float32": 1.0}, 10 ** 9, 1.0, winograd={"bfloat16": 2.25})

@@ -230,6 +230,10 @@ class DeviceSpec:
 
     ``peak_tflops`` maps a dtype name to peak dense throughput; ``efficiency``
     is the fraction of peak a real layer reaches (used for projection).
+    ``winograd`` maps a dtype to how many times fewer multiplies the device's
+    library needs for a 3x3 stride-1 convolution than the direct count (cuDNN
+    runs them by Winograd F(2x2, 3x3): 2.25); a dtype it does not name runs
+    them directly.
     """
 
     name: str
@@ -237,6 +241,7 @@ class DeviceSpec:
     memory_bytes: int
     memory_bandwidth_gbs: float
     efficiency: float = 0.5
+    winograd: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -249,11 +254,23 @@ class DeviceSpec:
         _check_number(f"DeviceSpec[{self.name}]", "memory_bandwidth_gbs", self.memory_bandwidth_gbs, positive=True)
         if not (isinstance(self.efficiency, (int, float)) and 0 < self.efficiency <= 1):
             raise ValueError(f"DeviceSpec[{self.name}].efficiency must be in (0, 1], got {self.efficiency!r}")
+        if not isinstance(self.winograd, dict):
+            raise ValueError(f"DeviceSpec[{self.name}].winograd must map dtype -> reduction, got {self.winograd!r}")
+        for dtype, value in self.winograd.items():
+            if dtype not in self.peak_tflops:
+                raise ValueError(f"DeviceSpec[{self.name}].winograd names dtype {dtype!r}, which has no peak_tflops")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value <= 4:
+                raise ValueError(f"DeviceSpec[{self.name}].winograd[{dtype}] must be in [1, 4] (Winograd F(4x4, 3x3) "
+                                 f"saves at most 4x), got {value!r}")
 
     def tflops(self, dtype: str = "float32") -> float:
         if dtype not in self.peak_tflops:
             raise ValueError(f"device {self.name} has no peak for dtype {dtype!r}; known: {sorted(self.peak_tflops)}")
         return self.peak_tflops[dtype]
+
+    def winograd_reduction(self, dtype: str = "float32") -> float:
+        """How many times fewer multiplies a 3x3 stride-1 convolution needs in ``dtype`` here (1: none)."""
+        return float(self.winograd.get(dtype, 1.0))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

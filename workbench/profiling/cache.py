@@ -26,7 +26,7 @@ from ..core.costs import ModelCosts
 
 __all__ = ["cache_dir", "entry_path", "load", "store", "CACHE_FORMAT"]
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: profiles record meta["winograd_flops"]
 # Key fields whose change makes an entry stale (same file, different contents).
 _VERSION_FIELDS = ("torch", "format")
 

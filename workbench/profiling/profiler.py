@@ -13,7 +13,10 @@ One extra, untimed pass per layer counts FLOPs (torch's FlopCounterMode, 2
 FLOPs per multiply-add, forward and backward separately) and the bytes
 autograd saves for backward (a saved-tensors hook, deduplicated by storage,
 parameters excluded). Parameter, gradient and optimizer-state bytes follow
-from the parameters (Adam: 2 states, SGD with momentum: 1). Peak memory is
+from the parameters (Adam: 2 states, SGD with momentum: 1). The same pass
+counts the FLOPs of the convolutions a GPU library runs by Winograd
+(``meta["winograd_flops"]``: forward and backward per layer), which a
+projection charges at the device's reduced rate. Peak memory is
 the CUDA allocator's high-water mark on GPUs; on CPUs, which keep no such
 statistic, it is the sum of what is live at the end of forward (inputs,
 saved tensors, output, parameters, gradients), stated in ``meta``.
@@ -185,11 +188,14 @@ def _count_layer(runner: _LayerRunner, device: torch.device) -> dict[str, int]:
         _sync(device)
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
-    with flop_counter() as forward_counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    winograd_forward: dict[str, int] = {}
+    winograd_backward: dict[str, int] = {}
+    with flop_counter(winograd_forward) as forward_counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = runner.forward()
-    with flop_counter() as backward_counter:
+    with flop_counter(winograd_backward) as backward_counter:
         runner.backward(out)
     counts = {"forward_flops": forward_counter.get_total_flops(), "backward_flops": backward_counter.get_total_flops(),
+              "winograd_flops": [winograd_forward.get("flops", 0), winograd_backward.get("flops", 0)],
               "saved_bytes": sum(saved.values())}
     if device.type == "cuda":
         _sync(device)
@@ -205,7 +211,7 @@ def _measure(seq: LayerSequence, inputs: torch.Tensor, targets: torch.Tensor, de
              warmup: int, repeats: int, optimizer: str, progress: bool) -> tuple[list[LayerCost], dict[str, list]]:
     from tqdm.auto import tqdm
 
-    layers, backward_flops, samples = [], [], {"forward_ms": [], "backward_ms": []}
+    layers, backward_flops, winograd_flops, samples = [], [], [], {"forward_ms": [], "backward_ms": []}
     x = inputs
     states = OPTIMIZER_STATES[optimizer]
     bar = tqdm(total=len(seq), desc=f"profile {seq.model_name}", disable=not progress, leave=False)
@@ -230,6 +236,7 @@ def _measure(seq: LayerSequence, inputs: torch.Tensor, targets: torch.Tensor, de
                 grad_bytes=grad_bytes, optimizer_bytes=states * grad_bytes, forward_ms_spread=f_spread,
                 backward_ms_spread=b_spread, peak_bytes=int(peak), num_params=sum(p.numel() for p in runner.layer.parameters())))
             backward_flops.append(int(counts["backward_flops"]))
+            winograd_flops.append([int(f) for f in counts["winograd_flops"]])
             samples["forward_ms"].append([round(t, 4) for t in forward_ms])
             samples["backward_ms"].append([round(t, 4) for t in backward_ms])
             x = next_x
@@ -237,7 +244,7 @@ def _measure(seq: LayerSequence, inputs: torch.Tensor, targets: torch.Tensor, de
     finally:
         bar.close()
     _zero_grads(seq)
-    return layers, {"backward_flops": backward_flops, "samples_ms": samples}
+    return layers, {"backward_flops": backward_flops, "winograd_flops": winograd_flops, "samples_ms": samples}
 
 
 def _check_settings(warmup: Any, repeats: Any, optimizer: Any) -> None:

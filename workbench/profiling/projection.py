@@ -12,7 +12,10 @@ batch and element-wise layers the second. Bytes moved per pass:
   output gradient + input gradient.
 
 Backward FLOPs come from the profile (``meta["backward_flops"]``) when
-present, else 2x forward. When the target dtype differs from the profiled
+present, else 2x forward. The FLOPs of 3x3 stride-1 convolutions
+(``meta["winograd_flops"]``) count ``DeviceSpec.winograd_reduction(dtype)``
+times less on a device whose library runs them by Winograd (cuDNN in float32:
+2.25x); a profile without that record is projected at the direct count. When the target dtype differs from the profiled
 one, parameter, gradient and activation bytes scale with the element size
 (optimizer state stays as profiled: float32 master state).
 
@@ -46,6 +49,19 @@ def _backward_flops(costs: ModelCosts) -> list[int]:
     return [2 * layer.flops for layer in costs.layers]
 
 
+def _effective_flops(costs: ModelCosts, spec: DeviceSpec, dtype: str) -> tuple[list[float], list[float]]:
+    """Forward and backward FLOPs per layer as the device executes them (Winograd convolutions reduced)."""
+    forward = [float(layer.flops) for layer in costs.layers]
+    backward = [float(f) for f in _backward_flops(costs)]
+    reduction = spec.winograd_reduction(dtype)
+    recorded = costs.meta.get("winograd_flops")
+    if reduction > 1 and isinstance(recorded, list) and len(recorded) == len(costs.layers):
+        for i, (w_forward, w_backward) in enumerate(recorded):
+            forward[i] -= w_forward * (1 - 1 / reduction)
+            backward[i] -= w_backward * (1 - 1 / reduction)
+    return forward, backward
+
+
 def _pass_bytes(costs: ModelCosts) -> tuple[list[int], list[int]]:
     forward, backward = [], []
     input_bytes = costs.input_bytes
@@ -76,12 +92,13 @@ def project(costs: ModelCosts, device: DeviceSpec | str, *, dtype: str = "float3
     bandwidth = spec.memory_bandwidth_gbs * 1e9  # bytes/s
     forward_bytes, backward_bytes = _pass_bytes(costs)
     layers, bounds = [], []
-    for layer, flops_b, bytes_f, bytes_b in zip(costs.layers, _backward_flops(costs), forward_bytes, backward_bytes):
+    for layer, flops_f, flops_b, bytes_f, bytes_b in zip(costs.layers, *_effective_flops(costs, spec, dtype),
+                                                          forward_bytes, backward_bytes):
         times = []
-        for flops, nbytes in ((layer.flops, bytes_f), (flops_b, bytes_b)):
+        for flops, nbytes in ((flops_f, bytes_f), (flops_b, bytes_b)):
             compute_s, memory_s = flops / (peak * efficiency), nbytes * scale / bandwidth
             times.append(max(compute_s, memory_s) * 1e3 + overhead_us * 1e-3)
-        bounds.append("compute" if layer.flops / (peak * efficiency) >= bytes_f * scale / bandwidth else "memory")
+        bounds.append("compute" if flops_f / (peak * efficiency) >= bytes_f * scale / bandwidth else "memory")
         layers.append(replace(
             layer, forward_ms=times[0], backward_ms=times[1], forward_ms_spread=0.0, backward_ms_spread=0.0,
             param_bytes=int(layer.param_bytes * scale), grad_bytes=int((layer.grad_bytes or 0) * scale),
@@ -90,6 +107,7 @@ def project(costs: ModelCosts, device: DeviceSpec | str, *, dtype: str = "float3
     meta = {**costs.meta, "projected_from": costs.device, "cache": None,
             "projection": {"dtype": dtype, "efficiency": efficiency, "overhead_us": overhead_us,
                            "peak_tflops": spec.tflops(dtype), "memory_bandwidth_gbs": spec.memory_bandwidth_gbs,
+                           "winograd_reduction": spec.winograd_reduction(dtype),
                            "bound": bounds}}
     return replace(costs, device=spec.name, dtype=dtype, layers=tuple(layers),
                    input_bytes=int(costs.input_bytes * scale), meta=meta)
@@ -105,9 +123,9 @@ def fit_efficiency(measured: ModelCosts, device: DeviceSpec | str, *, dtype: str
     bandwidth = spec.memory_bandwidth_gbs * 1e9
     forward_bytes, backward_bytes = _pass_bytes(measured)
     flops_total, seconds_total = 0, 0.0
-    for layer, flops_b, bytes_f, bytes_b in zip(measured.layers, _backward_flops(measured), forward_bytes,
-                                                backward_bytes):
-        flops = layer.flops + flops_b
+    for layer, flops_f, flops_b, bytes_f, bytes_b in zip(measured.layers, *_effective_flops(measured, spec, dtype),
+                                                          forward_bytes, backward_bytes):
+        flops = flops_f + flops_b
         if flops / peak > (bytes_f + bytes_b) / bandwidth:
             flops_total += flops
             seconds_total += layer.compute_ms * 1e-3
