@@ -549,11 +549,11 @@ def search_speed(repeats: int = 3) -> dict:
 
 
 def _cluster_64():
-    from workbench.core.costs import ClusterSpec
+    from dataclasses import replace
+
     from workbench.planning.clusters import get_cluster
 
-    h100 = get_cluster("2x8xH100-IB")
-    return ClusterSpec("8x8xH100-IB", 8, 8, h100.device, h100.intra_node, h100.inter_node)
+    return replace(get_cluster("2x8xH100-IB"), name="8x8xH100-IB", num_nodes=8)
 
 
 def main() -> int:

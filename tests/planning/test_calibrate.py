@@ -223,7 +223,7 @@ def test_calibration_from_a_real_tensor_parallel_run(tmp_path, capsys):
     from workbench.planning import transformer_shape
     from workbench.profiling import profile
 
-    overrides, seq = {"n_embd": 64, "n_layer": 2, "n_head": 2}, 32
+    overrides, seq = {"n_embd": 128, "n_layer": 2, "n_head": 2}, 64  # compute well above the charged communication
     config = {"name": "tp1d-2-dp1", "model": "gpt2-tiny", "model_overrides": overrides, "strategy": "tensor1d",
               "tp": 2, "global_batch": 8, "steps": 4, "data": {"kind": "bytes-lm", "seq_len": seq}}
     job = launch(LaunchSpec(config=config, name="tp-cal", run_root=str(tmp_path)))
@@ -250,3 +250,10 @@ def test_calibration_from_a_real_tensor_parallel_run(tmp_path, capsys):
                  "pp2-1f1b-m4", "--calibrate", str(job.run_dir), "--json"]) == 0
     notes = json.loads(capsys.readouterr().out)["notes"]
     assert any("tensor1d runtime's compute calibrated by" in n for n in notes), notes
+    # the zoo name with the run: profiled as the run built the model (its overrides), so the run calibrates it
+    assert main(["plan", "gpt2-tiny", "--cluster", "local", "--batch", "16", "--world-size", "2", "--strategies",
+                 "tp1d-2-dp1", "--calibrate", str(job.run_dir), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert f"gpt2-tiny built as run {job.run_dir} built it: {overrides}" in out["notes"]
+    assert any("tensor1d runtime's compute calibrated by" in n for n in out["notes"])
+    assert [s["name"] for s in out["strategies"]] == ["tp1d-2-dp1"]

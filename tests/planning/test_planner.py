@@ -254,3 +254,25 @@ def test_gpu_presets_slow_compute_that_overlaps_collectives():
     assert plain.exposed_comm_ms < 6.0 and slowed.exposed_comm_ms < 6.0  # the last 25 MB bucket
     assert slowed.compute_ms > plain.compute_ms * 1.03 and slowed.iteration_ms > plain.iteration_ms * 1.03
     assert slowed.compute_ms + slowed.exposed_comm_ms == pytest.approx(slowed.iteration_ms, rel=1e-6)
+
+
+def test_cli_builds_a_zoo_model_with_model_args(tmp_path, monkeypatch, capsys):
+    from workbench.cli import main
+
+    monkeypatch.setenv("WORKBENCH_CACHE_DIR", str(tmp_path))
+    layers = {}
+    for n_layer in (2, 3):
+        assert main(["plan", "gpt2-tiny", "--cluster", "local-cpu", "--batch", "8", "--world-size", "2",
+                     "--strategies", "dp2,tp1d-2-dp1", "--model-arg", f"n_layer={n_layer}", "--model-arg",
+                     "n_embd=32", "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert {s["name"] for s in out["strategies"]} == {"dp2", "tp1d-2-dp1"}
+        layers[n_layer] = len(list(tmp_path.glob("gpt2-tiny-*.json")))
+    assert layers == {2: 1, 3: 2}  # two different models were profiled
+    for args, message in [(["--model-arg", "n_layers=3"], "unknown config keys ['n_layers'] for model 'gpt2-tiny'"),
+                          (["--model-arg", "n_layer"], "--model-arg takes KEY=VALUE")]:
+        assert main(["plan", "gpt2-tiny", "--cluster", "local-cpu", "--batch", "8", *args]) == 2
+        assert message in capsys.readouterr().err
+    path = COSTS.save(tmp_path / "costs.json")
+    assert main(["plan", str(path), "--cluster", "local-cpu", "--batch", "8", "--model-arg", "n_layer=3"]) == 2
+    assert "--model-arg applies to a zoo model" in capsys.readouterr().err

@@ -3,7 +3,10 @@
 MODEL is a ModelCosts JSON file or a zoo model name; a name is profiled on
 this machine first (cached) and, for a cluster of other devices, projected
 onto them from its FLOPs and bytes. Transformers from the zoo also get their
-shape, so tensor-parallel strategies are considered.
+shape, so tensor-parallel strategies are considered. A zoo model is built
+with ``--model-arg KEY=VALUE`` overrides, or else with those of the first
+``--calibrate`` run of the same model, so that the profile describes the
+model the runs trained.
 """
 
 from __future__ import annotations
@@ -14,13 +17,46 @@ from pathlib import Path
 from . import Result
 
 
-def _model_costs(model: str, cluster, profile_batch: int):
-    """(ModelCosts, TransformerShape or None) for a costs file or a zoo model name."""
+def _parse_model_args(items: list[str] | None) -> dict:
+    """``["n_layer=4", "tie_word_embeddings=false"]`` -> ``{"n_layer": 4, "tie_word_embeddings": False}``."""
+    import json
+
+    overrides = {}
+    for item in items or []:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--model-arg takes KEY=VALUE (e.g. n_layer=4), got {item!r}")
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text  # a bare word is a string
+        overrides[key.strip()] = value
+    return overrides
+
+
+def _run_model(run_dirs: list[str] | None, model: str):
+    """(overrides, sequence length, run directory) of the first ``--calibrate`` run of zoo ``model``, or None."""
+    from ..core.config import RunConfig
+
+    for run_dir in run_dirs or []:
+        path = Path(run_dir) / "config.json"
+        if path.is_file():
+            config = RunConfig.from_json(path)
+            if config.model == model:
+                return dict(config.model_overrides), config.data.seq_len, run_dir
+    return None
+
+
+def _model_costs(model: str, cluster, profile_batch: int, model_args: list[str] | None = None,
+                 run_dirs: list[str] | None = None):
+    """(ModelCosts, TransformerShape or None, notes) for a costs file or a zoo model name."""
     from ..core.costs import ModelCosts
 
     if Path(model).is_file():
-        return ModelCosts.load(model), None
-    from ..models.zoo import list_models
+        if model_args:
+            raise ValueError("--model-arg applies to a zoo model; MODEL is a costs file, whose model is fixed")
+        return ModelCosts.load(model), None, []
+    from ..models.zoo import build_model, get_entry, list_models
 
     if model not in list_models():
         raise ValueError(f"MODEL {model!r} is neither a ModelCosts JSON file nor a zoo model; zoo models: "
@@ -28,10 +64,21 @@ def _model_costs(model: str, cluster, profile_batch: int):
     from ..profiling import profile
     from ..profiling.projection import project
 
-    costs = profile(model, batch=profile_batch, progress=False)
+    overrides, seq_len, notes = _parse_model_args(model_args), None, []
+    run = _run_model(run_dirs, model)
+    if run is not None:
+        run_overrides, seq_len, run_dir = run
+        if not model_args:
+            overrides = run_overrides
+            if overrides:
+                notes.append(f"{model} built as run {run_dir} built it: {overrides}")
+        elif run_overrides != overrides:
+            notes.append(f"note: run {run_dir} trained {model} with {run_overrides}, planned with {overrides}")
+    get_entry(model).config(overrides)  # unknown keys: a clear error before profiling
+    costs = profile(build_model(model, **overrides) if overrides else model, batch=profile_batch, progress=False)
     if not cluster.shared_compute:
         costs = project(costs, cluster.device)
-    return costs, _zoo_shape(model, {}, profile_batch)
+    return costs, _zoo_shape(model, overrides, profile_batch, seq_len), notes
 
 
 def _zoo_shape(model: str, overrides: dict, batch: int, seq_len: int | None = None):
@@ -75,7 +122,7 @@ def _plan(args: argparse.Namespace) -> Result:
     if args.top is not None and args.top < 1:
         raise ValueError(f"--top must be >= 1, got {args.top}")
     cluster, _ = load_cluster(args.cluster)
-    costs, shape = _model_costs(args.model, cluster, args.profile_batch)
+    costs, shape, model_notes = _model_costs(args.model, cluster, args.profile_batch, args.model_arg, args.calibrate)
     if shape is None:  # a costs file: a tensor-parallel calibration run says what the transformer is
         shape = _shape_of_runs(args.calibrate, args.profile_batch)
     strategies = args.strategies.split(",") if args.strategies else None
@@ -93,8 +140,10 @@ def _plan(args: argparse.Namespace) -> Result:
     if result.infeasible:
         lines.append(f"{len(result.infeasible)} infeasible, e.g. {result.infeasible[0]['name']}: "
                      f"{result.infeasible[0]['reason']}")
-    lines += result.notes
-    return Result("\n".join(lines), result.to_dict())
+    lines += model_notes + result.notes
+    data = result.to_dict()
+    data["notes"] = model_notes + list(data.get("notes", []))
+    return Result("\n".join(lines), data)
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -108,6 +157,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--world-size", type=int, help="devices to use (default: the whole cluster)")
     p.add_argument("--strategies", help="evaluate only these comma-separated names, e.g. dp4,gropipe-2x2-1f1b-m4-d1")
     p.add_argument("--profile-batch", type=int, default=8, help="batch a zoo model is profiled at (default 8)")
+    p.add_argument("--model-arg", metavar="KEY=VALUE", action="append",
+                   help="a zoo model's config override, e.g. n_layer=4 (repeat it; default: the overrides of the "
+                        "first --calibrate run of the same model)")
     p.add_argument("--fine-grained", action="store_true",
                    help="also choose activation recomputation per layer (dynamic programming under the memory cap)")
     p.add_argument("--calibrate", metavar="RUN_DIR", action="append",
