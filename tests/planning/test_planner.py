@@ -224,17 +224,47 @@ def test_local_pipelines_share_the_cores_by_what_runs_at_once():
 def test_tensor_parallel_pays_for_every_step_of_every_collective_call(name, steps_per_call):
     # 2D: broadcasts / reduces within a row or column of q = 2 ranks (q - 1 = 1 step); 1D: ring all-reduces among
     # P = 4 ranks (2 (P - 1) = 6 steps)
+    from workbench.planning.clusters import shared_cores
+
     cluster, _ = load_cluster("local-cpu")
     assert cluster.collective_call_ms > 0
     free = replace(cluster, collective_call_ms=0.0)
-    charged = plan(COSTS, cluster, 16, world_size=4, shape=GPT, strategies=[name]).best.estimate
-    uncharged = plan(COSTS, free, 16, world_size=4, shape=GPT, strategies=[name]).best.estimate
+    crowded = 2 * shared_cores(cluster)  # other work enough that every step waits its whole measured cost
+    charged = plan(COSTS, cluster, 16, world_size=4, shape=GPT, strategies=[name],
+                   background_load=crowded).best.estimate
+    uncharged = plan(COSTS, free, 16, world_size=4, shape=GPT, strategies=[name],
+                     background_load=crowded).best.estimate
     calls = charged.detail["collective_calls"]
     assert calls > (100 if name.startswith("tp2d") else 10)
     assert charged.iteration_ms - uncharged.iteration_ms == pytest.approx(
         calls * steps_per_call * cluster.collective_call_ms, rel=1e-6)
     with pytest.raises(ValueError, match="collective_call_ms must be in"):
         replace(cluster, collective_call_ms=-1.0)
+
+
+def test_collective_steps_wait_only_when_the_cores_are_oversubscribed(monkeypatch):
+    from workbench.planning import clusters, search
+
+    assert [clusters.collective_wait_fraction(r, 2, b) for r, b in [(2, 0), (3, 0), (4, 0), (2, 1), (8, 0)]] == [
+        0.0, 0.5, 1.0, 0.5, 1.0]
+    monkeypatch.setattr(search, "shared_cores", lambda cluster: 2 if cluster.shared_compute else None)
+    cluster, _ = load_cluster("local-cpu")
+    free = replace(cluster, collective_call_ms=0.0)
+
+    def step(c, world, background):
+        return plan(COSTS, c, 16, world_size=world, shape=GPT, strategies=[f"tp1d-{world}-dp1"],
+                    background_load=background).best.estimate
+
+    # 2 ranks on 2 idle cores: no step waits; with 2 other runnable processes every step waits the whole cost
+    assert step(cluster, 2, 0.0).iteration_ms == pytest.approx(step(free, 2, 0.0).iteration_ms)
+    crowded, crowded_free = step(cluster, 2, 2.0), step(free, 2, 2.0)
+    assert crowded.iteration_ms - crowded_free.iteration_ms == pytest.approx(
+        crowded.detail["collective_calls"] * 2 * cluster.collective_call_ms, rel=1e-6)  # 2 (P - 1) = 2 steps a call
+    # 4 ranks on 3 cores: one process queued for a core, a third of it
+    monkeypatch.setattr(search, "shared_cores", lambda cluster: 3 if cluster.shared_compute else None)
+    four, four_free = step(cluster, 4, 0.0), step(free, 4, 0.0)
+    assert four.iteration_ms - four_free.iteration_ms == pytest.approx(
+        four.detail["collective_calls"] * 6 * cluster.collective_call_ms / 3, rel=1e-6)
 
 
 def test_gpu_presets_slow_compute_that_overlaps_collectives():

@@ -22,7 +22,9 @@ its cores (``shared_compute``), with the overlap slowdown measured by
 running at once on the 2 cores each slow down by about this factor) and the
 cost of one step of a small collective among 4 ranks sharing the 2 cores
 (``collective_call_ms``: each step waits until both of its ranks are
-scheduled; a ring all-reduce among n ranks takes 2(n - 1) steps).
+scheduled; a ring all-reduce among n ranks takes 2(n - 1) steps). The
+planner charges the part of it :func:`collective_wait_fraction` gives for
+the ranks it plans and the work beside them (none while each has a core).
 ``local`` reads a calibration file written by the communication benchmark
 (``workbench.runtime.commbench``, then :func:`save_local_calibration`) when
 there is one, else it is ``local-cpu``. :func:`shared_cores` says how many
@@ -40,7 +42,8 @@ from ..core.costs import ClusterSpec, DeviceSpec, LinkSpec
 from ..core.devices import DATASHEET_DEVICES, GIB
 from ..scheduling.sharing import CoreSharing, sharing_slowdown
 
-__all__ = ["DEVICES", "get_cluster", "cluster_names", "collective_link", "core_sharing", "get_device", "load_cluster",
+__all__ = ["DEVICES", "get_cluster", "cluster_names", "collective_link", "collective_wait_fraction", "core_sharing",
+           "get_device", "load_cluster",
            "shared_cores", "time_sharing_slowdown", "save_local_calibration", "LOCAL_CALIBRATION", "LOCAL_OVERLAP_SLOWDOWN",
            "LOCAL_COLLECTIVE_CALL_MS", "DATASHEET_OVERLAP_SLOWDOWN"]
 
@@ -123,6 +126,20 @@ def shared_cores(cluster: ClusterSpec) -> int | None:
     if not cluster.shared_compute:
         return None
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def collective_wait_fraction(ranks_on_node: int, cores: int, background_load: float = 0.0) -> float:
+    """How much of ``collective_call_ms`` a collective step pays when ``ranks_on_node`` ranks and
+    ``background_load`` other runnable processes share ``cores``.
+
+    The step waits until both of its ranks hold a core. While every runnable
+    process has one there is no wait (2 ranks on the 2 cores: a 2-rank
+    all-reduce of 1-64 KiB took 0.3-0.45 ms, about 0.2 ms a step, link
+    latency included); the wait grows with the processes queued for a core,
+    to the whole measured cost (4 ranks on 2 cores: 0.85 ms a step) once
+    the cores are oversubscribed twice.
+    """
+    return min(1.0, max(0.0, (ranks_on_node + background_load - cores) / cores))
 
 
 def core_sharing(cluster: ClusterSpec | None, background_load: float = 0.0) -> CoreSharing | None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -36,7 +36,7 @@ from ..core.costs import ClusterSpec, LinkSpec, ModelCosts
 from ..core.timeline import Timeline
 from ..scheduling.simulate import SimResult
 from .calibrate import ComputeModel, RuntimeCalibration, calibrate_from_run, compute_models
-from .clusters import load_cluster
+from .clusters import collective_wait_fraction, load_cluster, shared_cores
 from .estimate import GIB, CostContext, Estimate, estimate, project
 from .space import STRATEGY_KINDS, Strategy, enumerate_strategies
 from .tensor_costs import TransformerShape
@@ -246,6 +246,10 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
         raise ValueError(f"memory_cap_gib must be a number > 0 (GiB per device), got {memory_cap_gib!r}")
     if isinstance(background_load, bool) or not isinstance(background_load, (int, float)) or background_load < 0:
         raise ValueError(f"background_load must be a number >= 0 (runnable processes), got {background_load!r}")
+    cores = shared_cores(spec)
+    if cores and spec.collective_call_ms:  # collective steps wait for a core only when the cores are oversubscribed
+        wait = collective_wait_fraction(min(world, spec.devices_per_node), cores, background_load)
+        spec = replace(spec, collective_call_ms=spec.collective_call_ms * wait)
     cap = int(memory_cap_gib * GIB) if memory_cap_gib is not None else None
     ctx = CostContext(costs, spec, global_batch, coll, cap, shape.with_batch(global_batch) if shape else None,
                       optimizer, world, background_load, models)
