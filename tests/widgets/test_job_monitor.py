@@ -29,6 +29,8 @@ def test_update_fills_curves_table_logs_and_timeline(tmp_path):
     assert isinstance(traces["rank 0"].y, np.ndarray) and traces["rank 0"].y.tolist() == pytest.approx(
         [1.0 / (s + 1) for s in range(6)])
     assert [t.name for t in monitor.rate_fig.data] == ["rank 0", "rank 1"]
+    # the two curves side by side fit a notebook's output area, and updates keep their size
+    assert monitor.loss_fig.layout.width == monitor.rate_fig.layout.width and monitor.loss_fig.layout.width * 2 <= 1000
     assert "SUCCEEDED" in monitor.header.value and monitor.table.value.count("<tr>") == 3
     assert monitor.log_box.value.splitlines() == ["[rank1]:step 2 on rank 1", "[rank1]:step 3 on rank 1",
                                                   "[rank1]:step 4 on rank 1", "[rank1]:step 5 on rank 1"]

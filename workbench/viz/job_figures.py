@@ -57,8 +57,11 @@ def rank_color(rank: int) -> str:
 
 
 def metric_figure(metrics: Mapping[int, Mapping[str, np.ndarray]], field: str, *, title: str,
-                  max_points: int = 2000) -> go.Figure:
-    """One line per rank of ``field`` against step; dashed lines where torchrun restarted."""
+                  max_points: int = 2000, width: int | None = None) -> go.Figure:
+    """One line per rank of ``field`` against step; dashed lines where torchrun restarted.
+
+    ``width`` in pixels (None: plotly's default, 700).
+    """
     fig = go.Figure()
     for rank, columns in sorted(metrics.items()):
         x, y = _thin_pair(columns["step"], columns[field], max_points)
@@ -66,7 +69,7 @@ def metric_figure(metrics: Mapping[int, Mapping[str, np.ndarray]], field: str, *
                                  line={"color": rank_color(rank)}, marker={"size": 4}))
     for step in sorted({s for columns in metrics.values() for s in restart_steps(columns)}):
         fig.add_vline(x=step, line_dash="dash", line_color="gray", annotation_text="restart")
-    fig.update_layout(title=title, xaxis_title="step", yaxis_title=field, height=280,
+    fig.update_layout(title=title, xaxis_title="step", yaxis_title=field, height=280, width=width,
                       margin={"l": 50, "r": 10, "t": 40, "b": 40}, legend={"orientation": "h"})
     return fig
 
