@@ -27,7 +27,7 @@ import os
 import signal
 import subprocess
 import sys
-import threading
+import time
 from pathlib import Path
 
 from .process import NODE_ENV, create_time, kill_processes, pdeathsig_preexec
@@ -58,23 +58,27 @@ def main(argv: list[str] | None = None) -> int:
     command = argv[split + 1:]
     if args.parent is not None and os.getppid() != args.parent:
         return 143  # the launcher died before the parent-death signal was armed
-    stop = threading.Event()
+    # The handlers only record the signal. Taking a lock in one (threading.Event.set) can deadlock: the
+    # handler runs in the main thread between bytecodes, possibly while that thread holds the same lock
+    # inside Event.wait, and the guard would hang forever with its run half-stopped.
+    stopped: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, lambda signum, _frame: stopped.append(signum))
     env = {**os.environ, NODE_ENV: str(args.node)}
     torchrun = subprocess.Popen(command, env=env, preexec_fn=pdeathsig_preexec)
     root = [(torchrun.pid, create_time(torchrun.pid))]
     while torchrun.poll() is None:
-        if stop.wait(0.2):
+        if stopped:
             kill_processes(args.run_id, root, grace_s=args.grace, node=args.node)
             break
+        time.sleep(0.2)
     code = torchrun.wait()
     code = code if code >= 0 else 128 - code  # killed by signal N -> 128 + N, as a shell reports it
     kill_processes(args.run_id, root, grace_s=1.0, node=args.node)
     exit_code_path(args.run_dir, args.node).write_text(f"{code}\n")
     from .job import Job, request_cancel
 
-    if stop.is_set():
+    if stopped:
         request_cancel(Path(args.run_dir), "stopped by a signal to its guard (cancel, or the launching process died)")
     Job(args.run_dir).status()
     return code
