@@ -34,17 +34,20 @@ def _parse_model_args(items: list[str] | None) -> dict:
     return overrides
 
 
-def _run_model(run_dirs: list[str] | None, model: str):
-    """(overrides, sequence length, run directory) of the first ``--calibrate`` run of zoo ``model``, or None."""
+def _run_configs(run_dirs: list[str] | None):
+    """(run directory, RunConfig) of each ``--calibrate`` run that has a config (the others fail later, clearly)."""
     from ..core.config import RunConfig
 
     for run_dir in run_dirs or []:
         path = Path(run_dir) / "config.json"
         if path.is_file():
-            config = RunConfig.from_json(path)
-            if config.model == model:
-                return dict(config.model_overrides), config.data.seq_len, run_dir
-    return None
+            yield run_dir, RunConfig.from_json(path)
+
+
+def _run_model(run_dirs: list[str] | None, model: str):
+    """(overrides, sequence length, run directory) of the first ``--calibrate`` run of zoo ``model``, or None."""
+    return next(((dict(config.model_overrides), config.data.seq_len, run_dir)
+                 for run_dir, config in _run_configs(run_dirs) if config.model == model), None)
 
 
 def _model_costs(model: str, cluster, profile_batch: int, model_args: list[str] | None = None,
@@ -56,7 +59,7 @@ def _model_costs(model: str, cluster, profile_batch: int, model_args: list[str] 
         if model_args:
             raise ValueError("--model-arg applies to a zoo model; MODEL is a costs file, whose model is fixed")
         return ModelCosts.load(model), None, []
-    from ..models.zoo import build_model, get_entry, list_models
+    from ..models.zoo import build_model, list_models
 
     if model not in list_models():
         raise ValueError(f"MODEL {model!r} is neither a ModelCosts JSON file nor a zoo model; zoo models: "
@@ -74,7 +77,6 @@ def _model_costs(model: str, cluster, profile_batch: int, model_args: list[str] 
                 notes.append(f"{model} built as run {run_dir} built it: {overrides}")
         elif run_overrides != overrides:
             notes.append(f"note: run {run_dir} trained {model} with {run_overrides}, planned with {overrides}")
-    get_entry(model).config(overrides)  # unknown keys: a clear error before profiling
     costs = profile(build_model(model, **overrides) if overrides else model, batch=profile_batch, progress=False)
     if not cluster.shared_compute:
         costs = project(costs, cluster.device)
@@ -96,14 +98,9 @@ def _zoo_shape(model: str, overrides: dict, batch: int, seq_len: int | None = No
 def _shape_of_runs(run_dirs: list[str] | None, batch: int):
     """The transformer shape of the first tensor-parallel run among ``run_dirs`` (its zoo model, overrides and
     sequence length), for planning a costs file that carries no shape; None if there is none."""
-    from ..core.config import RunConfig
     from ..models.zoo import list_models
 
-    for run_dir in run_dirs or []:
-        path = Path(run_dir) / "config.json"
-        if not path.is_file():
-            continue
-        config = RunConfig.from_json(path)
+    for _, config in _run_configs(run_dirs):
         if config.strategy in ("tensor2d", "tensor1d") and config.model in list_models():
             shape = _zoo_shape(config.model, dict(config.model_overrides), batch, config.data.seq_len)
             if shape is not None:

@@ -47,25 +47,23 @@ def _winograd_eligible(w_shape, stride, dilation, transposed, groups) -> bool:
 
 def _winograd_mapping(tally: dict[str, int]) -> dict:
     """Convolution formulas that count as torch does and add eligible convolutions' FLOPs to ``tally``."""
-    forward, backward = flop_registry[aten.convolution], flop_registry[aten.convolution_backward]
 
-    def convolution(x_shape, w_shape, bias, stride, padding, dilation, transposed, output_padding=None, groups=1,
-                    *, out_shape=None):
-        flops = forward(x_shape, w_shape, bias, stride, padding, dilation, transposed, output_padding, groups,
-                        out_val=out_shape)
-        if _winograd_eligible(w_shape, stride, dilation, transposed, groups):
-            tally["flops"] = tally.get("flops", 0) + flops
-        return flops
+    def counting(op, offset: int):
+        # aten.convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups);
+        # aten.convolution_backward has the same arguments after a leading grad_output (offset 1)
+        formula = flop_registry[op]
 
-    def convolution_backward(grad_out_shape, x_shape, w_shape, bias, stride, padding, dilation, transposed,
-                             output_padding, groups, output_mask, *, out_shape=None):
-        flops = backward(grad_out_shape, x_shape, w_shape, bias, stride, padding, dilation, transposed,
-                         output_padding, groups, output_mask, out_val=out_shape)
-        if _winograd_eligible(w_shape, stride, dilation, transposed, groups):
-            tally["flops"] = tally.get("flops", 0) + flops
-        return flops
+        def count(*args, out_shape=None):
+            flops = formula(*args, out_val=out_shape)
+            w_shape, stride, dilation, transposed, groups = (args[offset + i] for i in (1, 3, 5, 6, 8))
+            if _winograd_eligible(w_shape, stride, dilation, transposed, groups):
+                tally["flops"] = tally.get("flops", 0) + flops
+            return flops
 
-    return {aten.convolution: convolution, aten.convolution_backward: convolution_backward}
+        return count
+
+    return {aten.convolution: counting(aten.convolution, 0),
+            aten.convolution_backward: counting(aten.convolution_backward, 1)}
 
 
 def _custom_mapping(winograd: dict[str, int] | None = None) -> dict:

@@ -15,9 +15,10 @@ Backward FLOPs come from the profile (``meta["backward_flops"]``) when
 present, else 2x forward. The FLOPs of 3x3 stride-1 convolutions
 (``meta["winograd_flops"]``) count ``DeviceSpec.winograd_reduction(dtype)``
 times less on a device whose library runs them by Winograd (cuDNN in float32:
-2.25x); a profile without that record is projected at the direct count. When the target dtype differs from the profiled
-one, parameter, gradient and activation bytes scale with the element size
-(optimizer state stays as profiled: float32 master state).
+2.25x); a profile without that record is projected at the direct count.
+When the target dtype differs from the profiled one, parameter, gradient and
+activation bytes scale with the element size (optimizer state stays as
+profiled: float32 master state).
 
 ``efficiency`` (fraction of peak a real layer reaches) defaults to the
 device's; :func:`fit_efficiency` derives it from a profile measured on that

@@ -31,7 +31,9 @@ from ..viz.job_figures import metric_figure, rank_color, restart_steps, thin, ti
 
 __all__ = ["JobMonitor", "ui_mode"]
 
-CURVE_WIDTH_PX = 480  # the loss and throughput curves, side by side
+# the loss and throughput curves, side by side: 2 x 480 px fit a notebook's output area (plotly's default
+# is 700 px each)
+CURVE_WIDTH_PX = 480
 
 
 def ui_mode() -> str:
@@ -85,7 +87,6 @@ class JobMonitor:
         # The figures are filled from the run as it stands before they become widgets, so their first
         # message to the browser holds the data (see widgets.figure): a browser that drops the later
         # updates still draws what the run had when the monitor was made, never empty axes.
-        # side by side at 2 x 480 px they fit a notebook's output area (plotly's default is 700 px each)
         self.loss_fig = metric_figure({}, "loss", title="loss", width=CURVE_WIDTH_PX)
         self.rate_fig = metric_figure({}, "samples_per_s", title="samples / s", width=CURVE_WIDTH_PX)
         self.timeline_fig = timeline_figure_pair(None, self.simulated)
