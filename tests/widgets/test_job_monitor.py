@@ -34,8 +34,11 @@ def test_update_fills_curves_table_logs_and_timeline(tmp_path):
     assert "SUCCEEDED" in monitor.header.value and monitor.table.value.count("<tr>") == 3
     assert monitor.log_box.value.splitlines() == ["[rank1]:step 2 on rank 1", "[rank1]:step 3 on rank 1",
                                                   "[rank1]:step 4 on rank 1", "[rank1]:step 5 on rank 1"]
-    rows = {y for t in monitor.timeline_fig.data for y in t.y}
-    assert rows == {"measured r0", "measured r1", "simulated r0"}
+    lanes = {name: {y for t in monitor.timeline_fig.data if t.name.endswith(f"({name})") for y in t.y}
+             for name in ("simulated", "measured")}
+    assert lanes == {"simulated": {"rank 0"}, "measured": {"rank 0", "rank 1", "rank 0 comm", "rank 1 comm"}}
+    assert list(monitor.timeline_fig.layout.yaxis.categoryarray)[::-1] == ["rank 0", "rank 0 comm", "rank 1",
+                                                                          "rank 1 comm"]  # rank 0 on top
     assert monitor.cancel_button.disabled
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .style import CATEGORY_COLORS
+from .style import CATEGORY_COLORS, MEMORY_COLOR, MEMORY_PEAK_COLOR, apply_layout
 
 __all__ = ["balance_figure", "stage_values", "update_balance_figure"]
 
@@ -63,7 +63,7 @@ def _bar_values(data: dict[str, Any]) -> dict[str, Any]:
         mem = [m / GIB for m in data["memory_bytes"]]
         fullest = max(range(n), key=mem.__getitem__)
         out["memory_gib"] = mem
-        out["memory_colors"] = ["#B279A2" if k != fullest else "#7A4F73" for k in range(n)]
+        out["memory_colors"] = [MEMORY_PEAK_COLOR if k == fullest else MEMORY_COLOR for k in range(n)]
     return out
 
 
@@ -118,6 +118,4 @@ def balance_figure(result: Any, *, title: str | None = None) -> go.Figure:
         cap = data.get("memory_cap_bytes")
         if cap:
             fig.add_hline(y=cap / GIB, line_dash="dash", line_color="red", annotation_text="cap", row=1, col=2)
-    fig.update_layout(barmode="stack", title=_title(data, title),
-                      height=380, legend={"orientation": "h", "y": -0.2})
-    return fig
+    return apply_layout(fig, barmode="stack", title=_title(data, title), height=380, legend={"y": -0.2})

@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..core.costs import ClusterSpec
-from .topology import _PALETTE
+from .style import apply_layout, palette_color
 
 __all__ = ["placement_figure"]
 
@@ -37,7 +37,7 @@ def placement_figure(placement, cluster: ClusterSpec, *, title: str | None = Non
     heaviest = max([r["bytes"] for r in placement.rows if r["what"].startswith("replica")] or [1]) or 1
     for g in range(len(placement.device_of) // S):
         devices = placement.device_of[g * S:(g + 1) * S]
-        color = _PALETTE[g % len(_PALETTE)]
+        color = palette_color(g)
         for s in range(S - 1):
             row = placement.rows[g * (S - 1) + s]
             a, b = devices[s], devices[s + 1]
@@ -58,7 +58,7 @@ def placement_figure(placement, cluster: ClusterSpec, *, title: str | None = Non
     for name, rows, pattern in (("chosen", placement.rows, ""), ("naive", placement.naive_rows, "/")):
         fig.add_trace(go.Bar(
             y=labels, x=[r["ms"] for r in rows], orientation="h", name=f"{name} mapping",
-            marker=dict(color=[_PALETTE[0] if r["link"] == cluster.intra_node.name else _PALETTE[3] for r in rows],
+            marker=dict(color=[palette_color(0 if r["link"] == cluster.intra_node.name else 3) for r in rows],
                         pattern_shape=pattern),
             text=[r["link"] for r in rows], textposition="auto",
             hovertext=[f"{name}: {r['bytes'] / 1e6:.3f} MB over {r['link']}, {r['ms']:.3f} ms" for r in rows],
@@ -69,9 +69,10 @@ def placement_figure(placement, cluster: ClusterSpec, *, title: str | None = Non
     fig.update_xaxes(visible=False, range=[-0.6, d - 0.4], row=1, col=1)
     fig.update_yaxes(autorange="reversed", row=1, col=2)
     fig.update_xaxes(title_text="ms (red: inter-node link, blue: intra-node)", row=1, col=2)
-    fig.update_layout(
+    apply_layout(
+        fig,
         title=title or (f"placement on {cluster.name}: {placement.cost_ms:.3f} ms of communication per iteration "
                         f"(naive {placement.naive_cost_ms:.3f} ms)"),
-        barmode="group", plot_bgcolor="white", height=max(320, 60 * cluster.num_nodes + 28 * len(labels) + 160),
+        barmode="group", height=max(320, 60 * cluster.num_nodes + 28 * len(labels) + 160),
         width=1000, margin=dict(l=70, r=20, t=80, b=40))
     return fig

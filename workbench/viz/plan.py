@@ -16,15 +16,14 @@ from typing import Any, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .style import CATEGORY_COLORS
+from .style import CATEGORY_COLORS, IDLE, MEMORY_COLOR, apply_layout
 
 __all__ = ["plan_breakdown_figure", "select_plan", "BREAKDOWN_PARTS"]
 
 # row key -> legend name, colour; stacked left to right in this order
 BREAKDOWN_PARTS = (("compute_ms", "compute", CATEGORY_COLORS["forward"]),
-                   ("bubble_ms", "bubble", "#BDBDBD"),
+                   ("bubble_ms", "bubble", CATEGORY_COLORS[IDLE]),
                    ("exposed_comm_ms", "exposed communication", CATEGORY_COLORS["all-reduce"]))
-_MEMORY_COLOR = "#B279A2"
 
 
 def _outline(names: Sequence[str], selected: str | None) -> list[int]:
@@ -51,15 +50,14 @@ def plan_breakdown_figure(rows: Sequence[dict[str, Any]], *, selected: str | Non
                              marker={"color": color, "line": {"width": outline, "color": "black"}},
                              hovertemplate=f"%{{y}}<br>{name} %{{x:.3f}} ms<extra></extra>"), row=1, col=1)
     fig.add_trace(go.Bar(y=names, x=[r["memory_gib"] for r in rows], name="memory", orientation="h",
-                         marker={"color": _MEMORY_COLOR, "line": {"width": outline, "color": "black"}},
+                         marker={"color": MEMORY_COLOR, "line": {"width": outline, "color": "black"}},
                          hovertemplate="%{y}<br>%{x:.3f} GiB<extra></extra>"), row=1, col=2)
     if memory_cap_gib:
         fig.add_vline(x=memory_cap_gib, line_dash="dash", line_color="red", annotation_text="cap", row=1, col=2)
     fig.update_yaxes(categoryorder="array", categoryarray=names[::-1])
-    fig.update_layout(barmode="stack", title=title or "Ranked strategies: where the iteration goes",
-                      height=max(280, 90 + 26 * len(rows)), legend={"orientation": "h", "y": -0.12},
-                      margin={"l": 200, "r": 20, "t": 70, "b": 40})
-    return fig
+    return apply_layout(fig, barmode="stack", title=title or "Ranked strategies: where the iteration goes",
+                        height=max(280, 90 + 26 * len(rows)), legend={"y": -0.12},
+                        margin={"l": 200, "r": 20, "t": 70, "b": 40})
 
 
 def select_plan(fig: go.Figure, selected: str | None) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from ..core.costs import ModelCosts
+from .style import CATEGORY_COLORS, apply_layout
 
 __all__ = ["layer_cost_bars", "layer_cost_table", "METRICS"]
 
@@ -26,18 +27,20 @@ def _title(costs: ModelCosts, what: str) -> str:
 
 def _time_bars(costs: ModelCosts) -> list[go.Bar]:
     return [
-        go.Bar(name="forward", x=costs.names, y=costs.column("forward_ms"),
+        go.Bar(name="forward", x=costs.names, y=costs.column("forward_ms"), marker_color=CATEGORY_COLORS["forward"],
                error_y={"type": "data", "array": costs.column("forward_ms_spread"), "visible": True}),
-        go.Bar(name="backward", x=costs.names, y=costs.column("backward_ms"),
+        go.Bar(name="backward", x=costs.names, y=costs.column("backward_ms"), marker_color=CATEGORY_COLORS["backward"],
                error_y={"type": "data", "array": costs.column("backward_ms_spread"), "visible": True}),
     ]
 
 
 def _flop_bars(costs: ModelCosts) -> list[go.Bar]:
-    bars = [go.Bar(name="forward", x=costs.names, y=[f / 1e9 for f in costs.column("flops")])]
+    bars = [go.Bar(name="forward", x=costs.names, y=[f / 1e9 for f in costs.column("flops")],
+                   marker_color=CATEGORY_COLORS["forward"])]
     backward = costs.meta.get("backward_flops")
     if isinstance(backward, list) and len(backward) == len(costs):
-        bars.append(go.Bar(name="backward", x=costs.names, y=[f / 1e9 for f in backward]))
+        bars.append(go.Bar(name="backward", x=costs.names, y=[f / 1e9 for f in backward],
+                           marker_color=CATEGORY_COLORS["backward"]))
     return bars
 
 
@@ -57,9 +60,8 @@ def layer_cost_bars(costs: ModelCosts, metric: str = "time") -> go.Figure:
         raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
     build, axis_title, mode = builders[metric]
     figure = go.Figure(build(costs))
-    figure.update_layout(barmode=mode, title=_title(costs, metric), xaxis_title="layer", yaxis_title=axis_title,
-                         legend={"orientation": "h", "y": -0.25})
-    return figure
+    return apply_layout(figure, barmode=mode, title=_title(costs, metric), xaxis_title="layer",
+                        yaxis_title=axis_title, legend={"y": -0.25})
 
 
 def layer_cost_table(costs: ModelCosts) -> go.Figure:
@@ -78,5 +80,4 @@ def layer_cost_table(costs: ModelCosts) -> go.Figure:
         "peak MiB": [f"{v / MB:.2f}" for v in costs.column("peak_bytes")],
     }
     figure = go.Figure(go.Table(header={"values": list(columns)}, cells={"values": list(columns.values())}))
-    figure.update_layout(title=_title(costs, "costs"))
-    return figure
+    return apply_layout(figure, title=_title(costs, "costs"))

@@ -1,16 +1,24 @@
 """The pipeline timeline (Gantt chart): what every rank did, when, and where it idled.
 
-One horizontal lane per rank for compute, plus a lane under it for the
-rank's communication (sends and all-reduces run beside compute, so they get
-their own row). Bars are coloured by kind (:mod:`workbench.viz.style`) and
-labelled with the micro-batch (``3``; ``3/i1`` in iteration 1; and the
-weight version, ``3/i1 v0``, where the schedule sets one); gaps between compute bars are drawn as pale "idle" bars so the
-bubble is visible. Several timelines (say simulated and measured) are either
-overlaid on the same lanes (each lane split in thin rows, one per run, the
-later ones translucent) or
-stacked side by side on a shared time axis. Input is the core ``Timeline``
-(or anything with a ``.timeline``), so the same function draws predicted
-and measured runs.
+Problem. Every view of a run (the schedule lessons, the partition editor,
+the planner, the job monitor and its static summary) shows a timeline, and
+the workbench's signature view puts the simulator's prediction over the
+measured run. Drawn by several functions, the same run looked different in
+each and even listed its ranks in different orders.
+
+Approach. One drawing function (:func:`add_timeline`, which
+:func:`timeline_figure` wraps) turns core ``Timeline`` values (or anything
+with a ``.timeline``) into bars, whatever their source. One horizontal lane
+per rank for compute, plus a lane under it for the rank's communication
+(sends and all-reduces run beside compute, so they get their own row);
+lanes run top to bottom from rank 0. Bars are coloured by op category
+(:mod:`workbench.viz.style`) and labelled with the micro-batch (``3``;
+``3/i1`` in iteration 1; and the weight version, ``3/i1 v0``, where the
+schedule sets one); gaps between compute bars are drawn as pale "idle" bars
+so the bubble is visible. Several timelines (say simulated and measured) are
+either overlaid on the same lanes (each lane split in thin rows, one per
+run, the first on top and the later ones translucent) or stacked side by
+side on a shared time axis.
 """
 
 from __future__ import annotations
@@ -22,11 +30,13 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..core.timeline import Timeline
-from .style import CATEGORY_COLORS, CATEGORY_ORDER, MEASURED_OPACITY, category_of
+from .style import CATEGORY_COLORS, CATEGORY_ORDER, IDLE, MEASURED_OPACITY, apply_layout, category_of
 
-__all__ = ["timeline_figure", "idle_gaps", "timeline_rows", "update_timeline_figure"]
+__all__ = ["timeline_figure", "add_timeline", "idle_gaps", "timeline_rows", "update_timeline_figure"]
 
 _COMPUTE = {"F", "B", "I", "W"}
+_COMM_CATEGORIES = {"send/recv", "all-reduce"}  # drawn on the rank's communication lane
+_LANE_PX = 28
 _MAX_LABELS = 800
 _HOVER = "%{hovertext}<br>%{customdata:.3f} ms + %{x:.3f} ms<extra></extra>"  # customdata: the start
 
@@ -60,6 +70,10 @@ def idle_gaps(timeline: Timeline, rank: int) -> list[tuple[float, float]]:
     """Intervals in ``[timeline.start, timeline.end]`` when ``rank`` runs no compute."""
     spans = [(e.start, e.end) for e in timeline.on_rank(rank) if e.op in _COMPUTE]
     return _gaps(spans, timeline.start, timeline.end)
+
+
+def _lane(e) -> str:
+    return f"rank {e.rank} comm" if category_of(e.op) in _COMM_CATEGORIES else f"rank {e.rank}"
 
 
 def _label(e) -> str:
@@ -102,16 +116,14 @@ def timeline_rows(timeline: Timeline, name: str = "simulated", *, show_idle: boo
             compute_spans.setdefault(e.rank, []).append((e.start, e.end))
         if e.end <= e.start:
             continue
-        category = category_of(e.op)
-        lane = f"rank {e.rank}" if e.op in _COMPUTE or category == "step" else f"rank {e.rank} comm"
         hover = (f"{name}: rank {e.rank} {e.label} ({e.op}) stage {e.stage}" +
                  (f"<br>{e.nbytes} bytes" if e.nbytes else ""))
-        add(category, lane, e.start, e.end, _label(e), hover)
+        add(category_of(e.op), _lane(e), e.start, e.end, _label(e), hover)
     if show_idle and timeline.events:
         first, last = timeline.start, timeline.end
         for r in timeline.ranks:
             for start, end in _gaps(compute_spans.get(r, []), first, last):
-                add("idle", f"rank {r}", start, end, "", f"{name}: rank {r} idle")
+                add(IDLE, f"rank {r}", start, end, "", f"{name}: rank {r} idle")
     return {category: rows[category] for category in CATEGORY_ORDER if category in rows}
 
 
@@ -143,7 +155,8 @@ def update_timeline_figure(fig: go.Figure, timeline: Timeline, *, name: str = "s
 
 
 def _bars(timeline: Timeline, name: str, *, width: float, opacity: float, show_labels: bool,
-          show_idle: bool, legend_seen: set, offset: float | None = None) -> list[go.Bar]:
+          show_idle: bool, legend_seen: set | None, offset: float | None) -> list[go.Bar]:
+    """One bar trace per op category; ``legend_seen`` (None: no legend) keeps one legend entry per look."""
     rows = timeline_rows(timeline, name, show_idle=show_idle)
     traces = []
     for category, row in rows.items():
@@ -151,21 +164,65 @@ def _bars(timeline: Timeline, name: str, *, width: float, opacity: float, show_l
         traces.append(go.Bar(
             y=row["y"], base=row["base"], x=row["x"], orientation="h", width=width, offset=offset,
             name=f"{category} ({name})",
-            legendgroup=f"{category}-{name}", showlegend=key not in legend_seen,
+            legendgroup=f"{category}-{name}", showlegend=legend_seen is not None and key not in legend_seen,
             marker={"color": CATEGORY_COLORS[category], "line": {"width": 0.5, "color": "white"}}, opacity=opacity,
             text=row["text"] if show_labels else None, textposition="inside", insidetextanchor="middle",
             hovertext=row["hover"], customdata=row["base"], hovertemplate=_HOVER))
-        legend_seen.add(key)
+        if legend_seen is not None:
+            legend_seen.add(key)
     return traces
 
 
 def _lanes(timelines: Sequence[Timeline]) -> list[str]:
+    """Every lane, top to bottom: rank 0, its communication lane (if it communicates), rank 1, ..."""
+    ranks = sorted({e.rank for t in timelines for e in t})
+    communicating = {e.rank for t in timelines for e in t if category_of(e.op) in _COMM_CATEGORIES}
     lanes = []
-    for r in sorted({r for t in timelines for r in t.ranks}):
+    for r in ranks:
         lanes.append(f"rank {r}")
-        if any(e.rank == r and e.op not in _COMPUTE and category_of(e.op) != "step" for t in timelines for e in t):
+        if r in communicating:
             lanes.append(f"rank {r} comm")
     return lanes
+
+
+def _names(timelines: Sequence[Timeline], names: Sequence[str] | None) -> list[str]:
+    if names is None:
+        return [t.events[0].source if t.events else f"run {i}" for i, t in enumerate(timelines)]
+    if len(names) != len(timelines):
+        raise ValueError(f"names has {len(names)} entries for {len(timelines)} timelines")
+    return list(names)
+
+
+def _draw(fig: go.Figure, timelines: Sequence[Timeline], names: Sequence[str], *, lanes: list[str],
+          row: int | None, col: int | None, show_labels: bool, show_idle: bool, legend_seen: set | None) -> None:
+    """Overlay ``timelines`` on ``lanes`` in ``fig`` (or its subplot): the one place timeline bars are drawn."""
+    share = 0.8 / len(timelines)  # overlaid runs split each lane: the first on top, the next below it
+    for i, (t, name) in enumerate(zip(timelines, names)):
+        offset = None if len(timelines) == 1 else 0.4 - (i + 1) * share
+        for trace in _bars(t, name, width=share, opacity=1.0 if i == 0 else MEASURED_OPACITY,
+                           show_labels=show_labels, show_idle=show_idle, legend_seen=legend_seen, offset=offset):
+            fig.add_trace(trace, row=row, col=col)
+    # plotly puts the first category at the bottom, so the lanes go in reversed to read rank 0 at the top
+    fig.update_yaxes(categoryorder="array", categoryarray=lanes[::-1], row=row, col=col)
+    fig.update_layout(barmode="overlay")  # bars sit at their own base and offset, never stacked or grouped
+
+
+def add_timeline(fig: go.Figure, timeline: Timeline | Sequence[Timeline], *, names: Sequence[str] | None = None,
+                 row: int | None = None, col: int | None = None, show_idle: bool = True,
+                 showlegend: bool = True) -> go.Figure:
+    """Draw one timeline, or several overlaid (say predicted and measured), into ``fig``; returns ``fig``.
+
+    ``row``/``col`` pick a subplot of a ``make_subplots`` figure (a figure
+    that shows a timeline beside other panels); the figure's ``barmode``
+    becomes "overlay". ``names`` label the timelines (default: their
+    events' source, "simulated" or "measured").
+    """
+    timelines = _as_timelines(timeline)
+    names = _names(timelines, names)
+    _draw(fig, timelines, names, lanes=_lanes(timelines), row=row, col=col,
+          show_labels=sum(len(t) for t in timelines) <= _MAX_LABELS, show_idle=show_idle,
+          legend_seen=set() if showlegend else None)
+    return fig
 
 
 def timeline_figure(timeline: Timeline | Sequence[Timeline], *, title: str | None = None, compare: str = "overlay",
@@ -178,33 +235,22 @@ def timeline_figure(timeline: Timeline | Sequence[Timeline], *, title: str | Non
     if compare not in ("overlay", "side"):
         raise ValueError(f"compare must be 'overlay' or 'side', got {compare!r}")
     timelines = _as_timelines(timeline)
-    if names is None:
-        names = [t.events[0].source if t.events else f"run {i}" for i, t in enumerate(timelines)]
-    if len(names) != len(timelines):
-        raise ValueError(f"names has {len(names)} entries for {len(timelines)} timelines")
+    names = _names(timelines, names)
     lanes = _lanes(timelines)
     show_labels = sum(len(t) for t in timelines) <= _MAX_LABELS
     seen: set = set()
-    if compare == "side" and len(timelines) > 1:
-        fig = make_subplots(rows=len(timelines), cols=1, shared_xaxes=True, subplot_titles=list(names),
-                            vertical_spacing=0.08)
+    panels = len(timelines) if compare == "side" else 1
+    if panels > 1:
+        fig = make_subplots(rows=panels, cols=1, shared_xaxes=True, subplot_titles=names, vertical_spacing=0.08)
         for i, (t, name) in enumerate(zip(timelines, names)):
-            for trace in _bars(t, name, width=0.8, opacity=1.0, show_labels=show_labels, show_idle=show_idle,
-                               legend_seen=seen):
-                fig.add_trace(trace, row=i + 1, col=1)
-            fig.update_yaxes(categoryorder="array", categoryarray=lanes[::-1], row=i + 1, col=1)
+            _draw(fig, [t], [name], lanes=lanes, row=i + 1, col=1, show_labels=show_labels, show_idle=show_idle,
+                  legend_seen=seen)
     else:
         fig = go.Figure()
-        share = 0.8 / len(timelines)  # overlaid runs split each lane: the first on top, the next below it
-        for i, (t, name) in enumerate(zip(timelines, names)):
-            offset = None if len(timelines) == 1 else 0.4 - (i + 1) * share
-            for trace in _bars(t, name, width=share, opacity=1.0 if i == 0 else MEASURED_OPACITY,
-                               show_labels=show_labels, show_idle=show_idle, legend_seen=seen, offset=offset):
-                fig.add_trace(trace)
-        fig.update_yaxes(categoryorder="array", categoryarray=lanes[::-1])
-    fig.update_layout(barmode="overlay", title=title or "Pipeline timeline", xaxis_title="time (ms)",
-                      height=max(260, 60 + 28 * len(lanes) * (len(timelines) if compare == "side" else 1)),
-                      legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 1.0, "xanchor": "right"},
-                      margin={"l": 90, "r": 20, "t": 80, "b": 40})
+        _draw(fig, timelines, names, lanes=lanes, row=None, col=None, show_labels=show_labels, show_idle=show_idle,
+              legend_seen=seen)
+    apply_layout(fig, title=title or "Pipeline timeline", height=max(260, 60 + _LANE_PX * len(lanes) * panels),
+                 legend={"y": 1.0, "yanchor": "bottom", "x": 1.0, "xanchor": "right"},
+                 margin={"l": 90, "t": 80})
     fig.update_xaxes(title_text="time (ms)")
     return fig

@@ -16,11 +16,9 @@ import plotly.graph_objects as go
 
 from ..core.costs import ClusterSpec
 from ..core.topology import Topology
+from .style import apply_layout, palette_color
 
 __all__ = ["topology_figure", "tile_positions"]
-
-_PALETTE = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#EECA3B", "#B279A2", "#FF9DA6",
-            "#9D755D", "#BAB0AC")
 
 
 def tile_positions(topology: Topology, cluster: ClusterSpec | None = None) -> list[tuple[int, int]]:
@@ -51,7 +49,7 @@ def topology_figure(topology: Topology, color_by: str | None = None, *, cluster:
             x=[positions[r][1] for r in ranks],
             y=[positions[r][0] for r in ranks],
             mode="markers+text",
-            marker=dict(symbol="square", size=min(80, 480 // max(cols, 1)), color=_PALETTE[value % len(_PALETTE)],
+            marker=dict(symbol="square", size=min(80, 480 // max(cols, 1)), color=palette_color(value),
                         line=dict(color="white", width=2)),
             text=[f"r{r}" for r in ranks],
             textfont=dict(color="white", size=13),
@@ -60,7 +58,8 @@ def topology_figure(topology: Topology, color_by: str | None = None, *, cluster:
             name=f"{axis}={value}",
         ))
     row_label = "node" if cluster is not None else (topology.names[0] if len(topology.names) > 1 else "row")
-    fig.update_layout(
+    apply_layout(
+        fig,
         title=title or f"{topology} (world size {topology.world_size}), coloured by {axis}",
         xaxis=dict(visible=False, range=[-0.6, cols - 0.4]),
         yaxis=dict(range=[rows - 0.4, -0.6], tickvals=list(range(rows)), ticktext=[f"{row_label} {i}" for i in range(rows)],
@@ -68,7 +67,6 @@ def topology_figure(topology: Topology, color_by: str | None = None, *, cluster:
         legend_title_text=axis,
         height=max(220, 110 * rows + 120),
         width=max(420, int(100 * cols + 240)),
-        plot_bgcolor="white",
         margin=dict(l=70, r=20, t=60, b=20),
     )
     if cluster is not None and math.isfinite(rows):

@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from ..core.timeline import Timeline
-from ..viz.job_figures import metric_figure, rank_color, restart_steps, thin, timeline_figure_pair
+from ..viz.job_figures import metric_figure, restart_steps, thin, timeline_figure_pair
+from ..viz.style import STATE_COLORS, palette_color
 
 __all__ = ["JobMonitor", "ui_mode"]
 
@@ -155,7 +156,7 @@ class JobMonitor:
                     name = f"rank {rank}"
                     trace = next((t for t in fig.data if t.name == name), None)
                     if trace is None:
-                        fig.add_scatter(mode="lines+markers", name=name, line={"color": rank_color(rank)},
+                        fig.add_scatter(mode="lines+markers", name=name, line={"color": palette_color(rank)},
                                         marker={"size": 4})
                         trace = fig.data[-1]
                     index = thin(np.arange(len(columns)), self.max_points)
@@ -174,22 +175,19 @@ class JobMonitor:
         self._timeline_key = key
         simulated = self.simulated if self.simulated is not None else self.job.predicted_timeline(measured)
         fresh = timeline_figure_pair(measured, simulated)
-        with self.timeline_fig.batch_update():
+        with self.timeline_fig.batch_update():  # new lanes come with a new lane order: take the whole layout
             self.timeline_fig.data = ()
-            for trace in fresh.data:
-                self.timeline_fig.add_trace(trace)
-            self.timeline_fig.layout.title = fresh.layout.title
+            self.timeline_fig.add_traces(list(fresh.data))
+            self.timeline_fig.layout = fresh.layout
 
     def _update_table(self, status) -> None:
-        color = {"RUNNING": "#2ca02c", "SUCCEEDED": "#1f77b4", "FAILED": "#d62728", "CANCELLED": "#7f7f7f",
-                 "STALLED": "#ff7f0e", "PENDING": "#bcbd22", "UNKNOWN": "#7f7f7f"}
-        head = (f"<b>{html.escape(status.run_id)}</b> <span style='color:{color.get(status.state, '#000')}'>"
+        head = (f"<b>{html.escape(status.run_id)}</b> <span style='color:{STATE_COLORS.get(status.state, '#000')}'>"
                 f"{status.state}</span> restarts: {status.restarts}")
         if status.reason:
             head += f" <i>{html.escape(status.reason)}</i>"
         self.header.value = head
         cells = "".join(
-            f"<tr><td>{r.rank}</td><td style='color:{color.get(r.state, '#000')}'>{r.state}</td>"
+            f"<tr><td>{r.rank}</td><td style='color:{STATE_COLORS.get(r.state, '#000')}'>{r.state}</td>"
             f"<td>{'-' if r.step is None else r.step}</td><td>{'-' if r.loss is None else f'{r.loss:.4g}'}</td>"
             f"<td>{'-' if r.samples_per_s is None else f'{r.samples_per_s:.1f}'}</td>"
             f"<td>{'-' if r.heartbeat_age_s is None else f'{r.heartbeat_age_s:.1f} s'}</td><td>{r.restart}</td></tr>"
