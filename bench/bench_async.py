@@ -35,6 +35,7 @@ from pathlib import Path
 
 from workbench.core.config import RunConfig
 from workbench.core.partition import Partition
+from workbench.core.plan import AsyncPipeline
 from workbench.core.timeline import Timeline
 from workbench.jobs import LaunchSpec, launch
 from workbench.planning.clusters import collective_link, core_sharing, get_cluster
@@ -52,19 +53,20 @@ MODELS = {
     "vgg-tiny": {"model": "vgg-tiny", "data": {"kind": "digits"}, "global_batch": 32,
                  "optimizer": {"name": "sgd", "lr": 0.02, "momentum": 0.9}},
 }
-CASES = {
-    "async": {"strategy": "async", "microbatches": 4, "inflight": 4},
-    "1f1b": {"strategy": "1f1b", "microbatches": 4},
-    "gpipe": {"strategy": "gpipe", "microbatches": 4},
-    "naive": {"strategy": "gpipe", "microbatches": 1},
+CASES = {  # plans on 4 stages
+    "async": {"plan": "async-1x4-m4-if4"},
+    "1f1b": {"plan": "pp4-1f1b-m4"},
+    "gpipe": {"plan": "pp4-gpipe-m4"},
+    "naive": {"plan": "pp4-gpipe-m1"},
 }
 
 
 def schedule_of(config: RunConfig):
     """The whole run's schedule: the async stream, or the flushed pipeline once per step (one group)."""
-    if config.strategy == "async":
-        return generators.async_1f1b(config.stages, config.microbatches, config.steps, inflight=config.inflight)
-    return generators.gropipe(1, config.stages, config.microbatches, inner=config.strategy, num_iterations=config.steps)
+    plan = config.plan
+    if isinstance(plan.pipeline, AsyncPipeline):
+        return plan.schedule(num_iterations=config.steps)
+    return generators.gropipe(1, plan.pp, plan.microbatches, inner=plan.pipeline.kind, num_iterations=config.steps)
 
 
 def steady_bubble(timeline: Timeline, first_iteration: int) -> float:
@@ -90,7 +92,7 @@ def predicted_memory(config: RunConfig) -> list[dict[str, int]]:
     from workbench.scheduling.stagecosts import StageCosts
 
     model = build_model(config.model, seed=config.seed, **config.model_overrides)
-    microbatch = config.global_batch // config.microbatches
+    microbatch = config.global_batch // config.plan.microbatches
     if config.data.kind == "bytes-lm":
         from workbench.models.data import bytes_lm_batches
 
@@ -99,13 +101,13 @@ def predicted_memory(config: RunConfig) -> list[dict[str, int]]:
         batch = sample_batch(model, microbatch, seed=0)
     costs = profile(copy.deepcopy(model), batch, device="cpu", progress=False, cache=False)
     optimizer = "adam" if config.optimizer.name == "adam" else "sgd-momentum"
-    stage_costs = StageCosts.from_model(costs, Partition.uniform(len(model), config.stages), microbatch,
+    stage_costs = StageCosts.from_model(costs, Partition.uniform(len(model), config.plan.pp), microbatch,
                                         optimizer=optimizer)
     return memory_breakdown(schedule_of(config), stage_costs)
 
 
 def run_case(root: str, model: str, case: str) -> dict:
-    fields = {"name": f"{model}-{case}", "stages": 4, "steps": STEPS, "seed": 0, **MODELS[model], **CASES[case]}
+    fields = {"name": f"{model}-{case}", "steps": STEPS, "seed": 0, **MODELS[model], **CASES[case]}
     job = launch(LaunchSpec(config=fields, name=f"{model}-{case}", run_root=root))
     state = job.wait(timeout=600).state
     if state != "SUCCEEDED":
@@ -114,7 +116,7 @@ def run_case(root: str, model: str, case: str) -> dict:
     measured = job.timeline()
     cluster = get_cluster("local-cpu")
     sharing = core_sharing(cluster)  # the 4 ranks share the machine's cores
-    costs = stage_costs_from_timeline(measured, config.stages, sharing)
+    costs = stage_costs_from_timeline(measured, config.plan.pp, sharing)
     predicted = simulate(schedule_of(config), costs, cluster, collective_link=collective_link("local-cpu"),
                          sharing=sharing)
     measured_step_ms = config.global_batch / throughput(job.run_dir, config) * 1e3

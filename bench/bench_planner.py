@@ -490,6 +490,7 @@ def gropipe_gain_projection(batch: int = 256) -> dict:
     import torch
 
     from workbench.core.costs import LinkSpec
+    from workbench.core.plan import GroPipe
     from workbench.planning import plan
     from workbench.planning.clusters import get_cluster
     from workbench.profiling import profile
@@ -511,7 +512,7 @@ def gropipe_gain_projection(batch: int = 256) -> dict:
                               simulate_top=40, collective_link=link)
                 dp = result["dp8"].estimate
                 gro = min((p for p in result.plans
-                           if p.strategy.kind == "gropipe" and p.estimate.method == "simulated"),
+                           if isinstance(p.strategy.pipeline, GroPipe) and p.estimate.method == "simulated"),
                           key=lambda p: p.estimate.iteration_ms)
                 gain = dp.iteration_ms / gro.estimate.iteration_ms - 1
                 gbs_used = gbs or preset.intra_node.bandwidth_gbs

@@ -26,14 +26,13 @@ from pathlib import Path
 from workbench.jobs import LaunchSpec, launch
 
 REPEATS = int(os.environ.get("BENCH_REPEATS", "3"))
-CASES = {
-    "gpipe": {"strategy": "gpipe"},
-    "1f1b": {"strategy": "1f1b"},
-    "gropipe-d0": {"strategy": "gropipe", "groups": 2, "delay": 0},
-    "gropipe-d1": {"strategy": "gropipe", "groups": 2, "delay": 1},
+CASES = {  # plans on 2 stages, 4 micro-batches
+    "gpipe": {"plan": "pp2-gpipe-m4"},
+    "1f1b": {"plan": "pp2-1f1b-m4"},
+    "gropipe-d0": {"plan": "gropipe-2x2-1f1b-m4-d0"},
+    "gropipe-d1": {"plan": "gropipe-2x2-1f1b-m4-d1"},
 }
-BASE = {"name": "predict", "model": "vgg-tiny", "stages": 2, "microbatches": 4, "global_batch": 32, "steps": 6,
-        "data": {"kind": "synthetic"}}
+BASE = {"name": "predict", "model": "vgg-tiny", "global_batch": 32, "steps": 6, "data": {"kind": "synthetic"}}
 
 
 OUT = Path(__file__).resolve().parent / "results" / "prediction.json"

@@ -88,16 +88,15 @@ def main() -> None:
     args = parser.parse_args()
     comparisons = []
     for ranks in (2, 4) if not args.quick else (2,):
-        pipe = {**VGG, "stages": ranks, "microbatches": 8, "inner": "1f1b"}
         comparisons.append((f"1f1b ours vs torch Schedule1F1B, {ranks} ranks",
-                            {**pipe, "strategy": "1f1b"}, {**pipe, "strategy": "torch-pipelining"}))
+                            {**VGG, "plan": f"pp{ranks}-1f1b-m8"}, {**VGG, "plan": f"torchpp{ranks}-1f1b-m8"}))
     models = [("vgg-tiny", VGG)] + ([] if args.quick else [("vgg-fc4096", VGG_WIDE), ("resnet18", RESNET)])
     for model_name, model in models:
-        ddp = {**model, "strategy": "ddp", "groups": 4, "microbatches": 2}
-        gro = {**model, "strategy": "gropipe", "groups": 2, "stages": 2, "microbatches": 4}
+        ddp = {**model, "plan": "dp4-m2"}
+        gro = {delay: {**model, "plan": f"gropipe-2x2-1f1b-m4-d{delay}"} for delay in (0, 1)}
         for delay in (0, 1):
-            comparisons.append((f"gropipe 2x2 delay {delay} vs ddp x4, {model_name}", {**gro, "delay": delay}, ddp))
-        comparisons.append((f"gropipe 2x2 delay 1 vs delay 0, {model_name}", {**gro, "delay": 1}, {**gro, "delay": 0}))
+            comparisons.append((f"gropipe 2x2 delay {delay} vs ddp x4, {model_name}", gro[delay], ddp))
+        comparisons.append((f"gropipe 2x2 delay 1 vs delay 0, {model_name}", gro[1], gro[0]))
     print(f"{'comparison (A vs B)':<44} {'A smp/s':>9} {'B smp/s':>9} {'A/B':>7}")
     rows = [paired(name, a, b, args.reps, args.steps, args.warmup)
             for name, a, b in comparisons if args.only in name]

@@ -13,9 +13,11 @@ from .core import (
     DeviceSpec,
     Event,
     LayerCost,
+    LayerPlan,
     LinkSpec,
     ModelCosts,
     Op,
+    ParallelPlan,
     Partition,
     Schedule,
     Timeline,
@@ -27,17 +29,16 @@ __version__ = "0.1.0"
 
 # Public names served lazily from their rooms: name -> "module:attribute".
 _LAZY: dict[str, str] = {
+    "RunConfig": "workbench.core.config:RunConfig",
     "launch": "workbench.jobs:launch",
     "attach": "workbench.jobs:attach",
     "LaunchSpec": "workbench.jobs:LaunchSpec",
     "Job": "workbench.jobs:Job",
     "simulate": "workbench.scheduling:simulate",
-    "GENERATORS": "workbench.scheduling:GENERATORS",
     "partition": "workbench.planning:partition",
     "plan": "workbench.planning:plan",
     "place": "workbench.planning.placement:place",
     "choose_inflight": "workbench.scheduling.adaptive:choose_inflight",
-    "Strategy": "workbench.planning:Strategy",
     "build_model": "workbench.models:build_model",
     "list_models": "workbench.models:list_models",
     "LayerSequence": "workbench.models:LayerSequence",
@@ -62,6 +63,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "Action", "Op", "Schedule", "parse_action", "Topology", "LayerCost", "ModelCosts",
-    "DeviceSpec", "LinkSpec", "ClusterSpec", "Partition", "Event", "Timeline", "__version__",
+    "DeviceSpec", "LinkSpec", "ClusterSpec", "Partition", "ParallelPlan", "LayerPlan", "Event", "Timeline",
+    "__version__",
     *_LAZY,
 ]

@@ -59,7 +59,7 @@ def write_synthetic_run(run_root: Path, run_id="synthetic-run", *, ranks=2, step
     t0 = time.time() - 10 if t0 is None else t0
     console = []
     for rank in range(ranks):
-        lines = [make_event("start", rank, t=t0, world_size=ranks, strategy="ddp", config={}, pid=1, host="h",
+        lines = [make_event("start", rank, t=t0, world_size=ranks, strategy=f"dp{ranks}", config={}, pid=1, host="h",
                             restart=0)]
         for step in range(steps):
             t = t0 + 0.1 * (step + 1)

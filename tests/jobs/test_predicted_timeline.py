@@ -10,7 +10,7 @@ pytestmark = [pytest.mark.multiproc,
               pytest.mark.skipif(importlib.util.find_spec("workbench.runtime.entry") is None,
                                  reason="needs the training entry workbench.runtime.entry")]
 
-CONFIG = {"name": "pred", "model": "mlp", "strategy": "1f1b", "stages": 2, "microbatches": 4, "global_batch": 16,
+CONFIG = {"name": "pred", "model": "mlp", "plan": "pp2-1f1b-m4", "global_batch": 16,
           "steps": 3, "data": {"kind": "synthetic"}}
 
 

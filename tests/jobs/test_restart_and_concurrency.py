@@ -22,8 +22,8 @@ pytestmark = [pytest.mark.multiproc, pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("workbench.runtime.entry") is None,
                                  reason="needs the training entry workbench.runtime.entry")]
 
-CONFIG = {"name": "ft", "model": "mlp", "strategy": "ddp", "groups": 2, "steps": 1200, "checkpoint_every": 20,
-          "resume": True, "collective_timeout_s": 20.0, "global_batch": 16, "microbatches": 1,
+CONFIG = {"name": "ft", "model": "mlp", "plan": "dp2", "steps": 1200, "checkpoint_every": 20,
+          "resume": True, "collective_timeout_s": 20.0, "global_batch": 16,
           "data": {"kind": "synthetic"}}
 
 

@@ -10,10 +10,11 @@ import pytest
 
 from workbench.core.costs import ModelCosts
 from workbench.core.partition import Partition
+from workbench.core.plan import ParallelPlan
 from workbench.core.timeline import Event, Timeline
 from workbench.planning import plan
-from workbench.planning.calibrate import (ComputeModel, RuntimeCalibration, calibrate_from_run, calibrate_from_timeline,
-                                          calibrate_tensor_from_timeline, compute_models, runtime_family)
+from workbench.planning.calibrate import calibrate_from_run, calibrate_from_timeline, calibrate_tensor_from_timeline
+from workbench.planning.calibration import ComputeModel, RuntimeCalibration, compute_models, runtime_family
 from workbench.planning.tensor_costs import TransformerShape
 from workbench.planning.clusters import core_sharing, get_cluster
 from workbench.scheduling import generators
@@ -113,9 +114,9 @@ def test_bad_calibration_input_is_explained(tmp_path):
         RuntimeCalibration(100.0, 1, 100.0, 1.0)
     with pytest.raises(ValueError, match="not a run directory"):
         calibrate_from_run(COSTS, tmp_path)
-    (tmp_path / "config.json").write_text(json.dumps({"name": "t", "model": "gpt2-tiny", "strategy": "torch-pipelining",
-                                                      "stages": 2, "global_batch": 8}))
-    with pytest.raises(ValueError, match="cannot calibrate compute from a 'torch-pipelining' run"):
+    (tmp_path / "config.json").write_text(json.dumps({"name": "t", "model": "gpt2-tiny", "plan": "torchpp2-1f1b-m4",
+                                                      "global_batch": 8}))
+    with pytest.raises(ValueError, match="cannot calibrate compute from a run of 'torchpp2-1f1b-m4'"):
         calibrate_from_run(COSTS, tmp_path)
     with pytest.raises(ValueError, match="needs the transformer's shape"):
         calibrate_tensor_from_timeline(COSTS, Timeline(()), "tp2d-2x2-dp1", 16, None, warmup=0)
@@ -171,8 +172,10 @@ def test_a_tensor_run_is_calibrated_against_the_planned_step_less_its_communicat
 
 
 def test_runtime_families():
-    assert [runtime_family(n) for n in ("tensor2d", "tp2d", "tensor1d", "tp1d", "async", "gropipe", "ddp", "dp")] == [
-        "tensor2d", "tensor2d", "tensor1d", "tensor1d", "async", "scheduled", "scheduled", "scheduled"]
+    names = ("tp2d-2x2-dp1", "tp1d-2-dp2", "async-1x2-m4", "gropipe-2x2-1f1b-m4-d1", "dp4", "pp4-interleaved-v2-m8",
+             "torchpp2-1f1b-m4")
+    assert [runtime_family(ParallelPlan.parse(n)) for n in names] == [
+        "tensor2d", "tensor1d", "async", "scheduled", "scheduled", "scheduled", None]
 
 
 def test_cli_calibrate_needs_a_run_directory(tmp_path, capsys):
@@ -190,7 +193,7 @@ def test_calibration_from_a_real_pipeline_run(tmp_path, capsys):
     from workbench.jobs import LaunchSpec, launch
     from workbench.profiling import profile
 
-    config = {"name": "cal", "model": "mlp", "strategy": "1f1b", "stages": 2, "microbatches": 4, "global_batch": 16,
+    config = {"name": "cal", "model": "mlp", "plan": "pp2-1f1b-m4", "global_batch": 16,
               "steps": 4, "data": {"kind": "synthetic"}}
     job = launch(LaunchSpec(config=config, name="cal", run_root=str(tmp_path)))
     assert job.wait(timeout=180).state == "SUCCEEDED"
@@ -224,8 +227,8 @@ def test_calibration_from_a_real_tensor_parallel_run(tmp_path, capsys):
     from workbench.profiling import profile
 
     overrides, seq = {"n_embd": 128, "n_layer": 2, "n_head": 2}, 64  # compute well above the charged communication
-    config = {"name": "tp1d-2-dp1", "model": "gpt2-tiny", "model_overrides": overrides, "strategy": "tensor1d",
-              "tp": 2, "global_batch": 8, "steps": 4, "data": {"kind": "bytes-lm", "seq_len": seq}}
+    config = {"name": "tp1d-2-dp1", "model": "gpt2-tiny", "model_overrides": overrides, "plan": "tp1d-2-dp1",
+              "global_batch": 8, "steps": 4, "data": {"kind": "bytes-lm", "seq_len": seq}}
     job = launch(LaunchSpec(config=config, name="tp-cal", run_root=str(tmp_path)))
     assert job.wait(timeout=180).state == "SUCCEEDED"
     costs = profile(build_model("gpt2-tiny", **overrides), batch=8, repeats=3, cache=False, progress=False)

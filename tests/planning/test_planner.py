@@ -9,7 +9,8 @@ import pytest
 
 from workbench.core.config import RunConfig
 from workbench.core.costs import LayerCost, ModelCosts
-from workbench.planning import Strategy, TransformerShape, plan
+from workbench.core.plan import GroPipe, Interleaved, ParallelPlan
+from workbench.planning import TransformerShape, plan
 from workbench.planning.clusters import load_cluster
 from workbench.planning.finegrained import choose_per_layer
 
@@ -58,13 +59,15 @@ def test_plans_turn_into_launch_configs():
     result = plan(COSTS, "8xV100-PCIe", 64, shape=GPT, strategies=["dp8", "gropipe-2x4-1f1b-m8-d1", "tp2d-2x2-dp2",
                                                                    "pp8-interleaved-v2-m8"])
     configs = {p.name: p.to_config(steps=3) for p in result.plans}
-    assert configs["dp8"].strategy == "ddp" and configs["dp8"].world_size == 8
-    g = configs["gropipe-2x4-1f1b-m8-d1"]
-    assert (g.strategy, g.groups, g.stages, g.microbatches, g.delay, g.inner) == ("gropipe", 2, 4, 8, 1, "1f1b")
-    assert g.partition == str(result["gropipe-2x4-1f1b-m8-d1"].estimate.partition) and g.steps == 3
-    t = configs["tp2d-2x2-dp2"]
-    assert (t.strategy, t.tp, t.groups) == ("tensor2d", 4, 2)
-    assert configs["pp8-interleaved-v2-m8"].chunks == 2
+    assert configs["dp8"].plan == ParallelPlan.parse("dp8") and configs["dp8"].world_size == 8
+    g = configs["gropipe-2x4-1f1b-m8-d1"].plan
+    assert (g.dp, g.pp, g.microbatches, g.pipeline) == (2, 4, 8, GroPipe(inner="1f1b", delay=1))
+    assert g.partition == str(result["gropipe-2x4-1f1b-m8-d1"].estimate.partition)
+    assert configs["gropipe-2x4-1f1b-m8-d1"].steps == 3
+    assert g.replace(partition="uniform") == result["gropipe-2x4-1f1b-m8-d1"].strategy
+    t = configs["tp2d-2x2-dp2"].plan
+    assert (t.tp_kind, t.tp, t.q, t.dp) == ("2d", 4, 2, 2)
+    assert configs["pp8-interleaved-v2-m8"].plan.pipeline == Interleaved(chunks=2)
     assert all(isinstance(c, RunConfig) for c in configs.values())
 
 
@@ -160,7 +163,7 @@ def test_strategy_names_in_plans_parse_back():
     result = plan(COSTS, "2x8xH100-IB", 64, top=20)
     assert len(result.plans) == 20 and [p.rank for p in result.plans] == list(range(1, 21))
     for p in result.plans:
-        assert Strategy.parse(p.name) == p.strategy
+        assert ParallelPlan.parse(p.name) == p.strategy
     assert json.loads(json.dumps(result.to_dict(), default=str))["best"] == result.best.name
 
 
@@ -172,7 +175,7 @@ def test_cli_ranks_strategies_as_json(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert [s["rank"] for s in data["strategies"]] == [1, 2, 3] and data["best"] == data["strategies"][0]["name"]
     for s in data["strategies"]:
-        assert Strategy.parse(s["name"]).world_size == 8
+        assert ParallelPlan.parse(s["name"]).world_size == 8
         assert s["compute_ms"] + s["bubble_ms"] + s["exposed_comm_ms"] == pytest.approx(s["iteration_ms"])
     assert main(["plan", str(path), "--cluster", "8xV100-PCIe", "--batch", "64", "--memory-cap", "0.001"]) == 2
     assert "closest is" in capsys.readouterr().err
@@ -243,11 +246,15 @@ def test_tensor_parallel_pays_for_every_step_of_every_collective_call(name, step
 
 
 def test_collective_steps_wait_only_when_the_cores_are_oversubscribed(monkeypatch):
-    from workbench.planning import clusters, search
+    from importlib import import_module
+
+    from workbench.planning import clusters
+
+    estimate = import_module("workbench.planning.estimate")  # the module: the package exports a function by its name
 
     assert [clusters.collective_wait_fraction(r, 2, b) for r, b in [(2, 0), (3, 0), (4, 0), (2, 1), (8, 0)]] == [
         0.0, 0.5, 1.0, 0.5, 1.0]
-    monkeypatch.setattr(search, "shared_cores", lambda cluster: 2 if cluster.shared_compute else None)
+    monkeypatch.setattr(estimate, "shared_cores", lambda cluster: 2 if cluster.shared_compute else None)
     cluster, _ = load_cluster("local-cpu")
     free = replace(cluster, collective_call_ms=0.0)
 
@@ -261,7 +268,7 @@ def test_collective_steps_wait_only_when_the_cores_are_oversubscribed(monkeypatc
     assert crowded.iteration_ms - crowded_free.iteration_ms == pytest.approx(
         crowded.detail["collective_calls"] * 2 * cluster.collective_call_ms, rel=1e-6)  # 2 (P - 1) = 2 steps a call
     # 4 ranks on 3 cores: one process queued for a core, a third of it
-    monkeypatch.setattr(search, "shared_cores", lambda cluster: 3 if cluster.shared_compute else None)
+    monkeypatch.setattr(estimate, "shared_cores", lambda cluster: 3 if cluster.shared_compute else None)
     four, four_free = step(cluster, 4, 0.0), step(free, 4, 0.0)
     assert four.iteration_ms - four_free.iteration_ms == pytest.approx(
         four.detail["collective_calls"] * 6 * cluster.collective_call_ms / 3, rel=1e-6)

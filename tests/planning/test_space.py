@@ -1,21 +1,22 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from workbench.planning.space import Strategy, enumerate_strategies, factorizations
+from workbench.core.plan import ParallelPlan
+from workbench.planning.space import check_plan, enumerate_strategies, factorizations
 
 
 @pytest.mark.parametrize("name", ["dp8", "gropipe-2x4-1f1b-m8-d1", "gropipe-4x2-gpipe-m4-d0-rc", "pp4-1f1b-m8",
                                   "pp2-interleaved-v2-m4", "async-2x4-m8", "tp2d-2x2-dp2", "tp1d-4-dp2"])
 def test_names_round_trip(name):
-    s = Strategy.parse(name)
+    s = ParallelPlan.parse(name)
     assert s.name == name
-    assert Strategy.parse(s.name) == s
+    assert ParallelPlan.parse(s.name) == s
 
 
 def test_world_sizes():
-    assert Strategy.parse("tp2d-2x2-dp2").world_size == 8
-    assert Strategy.parse("gropipe-2x4-1f1b-m8-d1").world_size == 8
-    assert Strategy.parse("tp1d-4-dp2").world_size == 8
+    assert ParallelPlan.parse("tp2d-2x2-dp2").world_size == 8
+    assert ParallelPlan.parse("gropipe-2x4-1f1b-m8-d1").world_size == 8
+    assert ParallelPlan.parse("tp1d-4-dp2").world_size == 8
 
 
 def test_factorizations():
@@ -43,7 +44,8 @@ def test_no_tensor_parallel_without_transformer_shape():
 def test_every_enumerated_strategy_is_valid(world, batch):
     for s in enumerate_strategies(world, num_layers=12, global_batch=batch, num_heads=12, hidden=96):
         assert s.world_size == world
-        s.check(num_layers=12, global_batch=batch, num_heads=12, hidden=96)
+        check_plan(s, num_layers=12, global_batch=batch, num_heads=12, hidden=96)
+        assert ParallelPlan.parse(s.name) == s
 
 
 @pytest.mark.parametrize(
@@ -53,19 +55,21 @@ def test_every_enumerated_strategy_is_valid(world, batch):
      ("gropipe-2x2-1f1b-m3-d0", dict(num_layers=4, global_batch=8), "3 micro-batches do not divide"),
      ("tp2d-2x2-dp1", dict(num_layers=4, global_batch=8, num_heads=3, hidden=96), "not divisible by 2"),
      ("tp1d-2-dp1", dict(num_layers=4, global_batch=8), "needs a transformer"),
-     ("pp4-interleaved-v2-m6", dict(num_layers=16, global_batch=12), "divisible by 4 stages")],
+     ("pp4-interleaved-v2-m12", dict(num_layers=6, global_batch=12), "8 stages for 6 layers")],
 )
 def test_check_explains(name, kw, fragment):
     with pytest.raises(ValueError, match=fragment):
-        Strategy.parse(name).check(**kw)
+        check_plan(ParallelPlan.parse(name), **kw)
 
 
 def test_bad_names_and_values():
-    with pytest.raises(ValueError, match="unknown strategy name"):
-        Strategy.parse("zero3-8")
+    with pytest.raises(ValueError, match="unknown plan name"):
+        ParallelPlan.parse("zero3-8")
     with pytest.raises(ValueError, match="square"):
-        Strategy.parse("tp2d-2x3-dp1")
-    with pytest.raises(ValueError, match="delay must be 0 or 1"):
-        Strategy("gropipe", dp=2, pp=2, schedule="1f1b", delay=2)
+        ParallelPlan.parse("tp2d-2x3-dp1")
+    with pytest.raises(ValueError, match="'pipeline.delay' = 2 is invalid"):
+        ParallelPlan.parse("gropipe-2x2-1f1b-m4-d2")
+    with pytest.raises(ValueError, match="interleaved 1F1B needs a multiple of pp"):
+        ParallelPlan.parse("pp4-interleaved-v2-m6")
     with pytest.raises(ValueError, match="no valid strategy"):
         enumerate_strategies(3, num_layers=4, global_batch=1, kinds=["dp"])

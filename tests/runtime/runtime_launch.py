@@ -12,11 +12,12 @@ import torch
 from workbench.core.config import RunConfig
 from workbench.runtime.events import read_events
 
-BASE = {"model": "mlp", "steps": 5, "global_batch": 16, "microbatches": 4, "seed": 3, "dump_params": True,
+BASE = {"model": "mlp", "steps": 5, "global_batch": 16, "seed": 3, "dump_params": True,
         "collective_timeout_s": 60.0, "events": {"stage_events": True, "heartbeat_s": 1.0}}
 
 
 def make_config(run_dir: Path, **fields) -> RunConfig:
+    """``fields`` over :data:`BASE`; ``plan`` a plan name (``"pp2-1f1b-m4"``), a [plan] dict or a ParallelPlan."""
     run_dir.mkdir(parents=True, exist_ok=True)
     config = RunConfig.from_dict({**BASE, **fields, "run_dir": str(run_dir)})
     config.save_json(run_dir / "config.json")

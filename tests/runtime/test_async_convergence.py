@@ -36,9 +36,13 @@ from runtime_launch import run_ok, step_losses
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
-TASK = {"model": "mlp", "stages": 4, "global_batch": 32, "seed": 0, "data": {"kind": "digits"},
+TASK = {"model": "mlp", "global_batch": 32, "seed": 0, "data": {"kind": "digits"},
         "dump_params": False, "events": {"stage_events": False, "heartbeat_s": 5.0}}
-ASYNC = {"strategy": "async", "inflight": 4}
+
+
+def async_plan(microbatches: int, *tokens: str) -> str:
+    """The 4-stage asynchronous pipeline, 4 micro-batches in flight per stage (``tokens``: e.g. ``nostash``)."""
+    return "-".join([f"async-1x4-m{microbatches}", *tokens, "if4"])
 
 
 def final_loss(run_dir) -> float:
@@ -48,10 +52,10 @@ def final_loss(run_dir) -> float:
 
 
 def test_async_reaches_the_synchronous_loss_after_the_same_samples(tmp_path):
-    task = {**TASK, "microbatches": 4, "steps": 200, "optimizer": {"name": "sgd", "lr": 0.05}}
+    task = {**TASK, "steps": 200, "optimizer": {"name": "sgd", "lr": 0.05}}
     finals = {}
-    for name, extra in (("sync", {"strategy": "1f1b"}), ("async", ASYNC)):
-        run_ok(tmp_path / name, 4, **task, **extra)
+    for name, plan in (("sync", "pp4-1f1b-m4"), ("async", async_plan(4))):
+        run_ok(tmp_path / name, 4, **task, plan=plan)
         finals[name] = final_loss(tmp_path / name)
     first = step_losses(tmp_path / "sync")[0]
     assert finals["sync"] < 0.3 * first, finals  # the task is learned
@@ -59,10 +63,11 @@ def test_async_reaches_the_synchronous_loss_after_the_same_samples(tmp_path):
 
 
 def test_without_stashing_the_backward_on_newer_weights_diverges(tmp_path):
-    task = {**TASK, "microbatches": 1, "steps": 150, "optimizer": {"name": "sgd", "lr": 0.4}}
+    task = {**TASK, "steps": 150, "optimizer": {"name": "sgd", "lr": 0.4}}
     finals = {}
-    for name, extra in (("stashed", ASYNC), ("unstashed", {**ASYNC, "stash": False})):
-        run_ok(tmp_path / name, 4, **task, **extra)
+    for name, plan in (("stashed", async_plan(1)), ("unstashed", async_plan(1, "nostash"))):
+        config = run_ok(tmp_path / name, 4, **task, plan=plan)
+        assert config.plan.pipeline.stash is (name == "stashed") and config.plan.pipeline.inflight == 4
         finals[name] = final_loss(tmp_path / name)
     first = step_losses(tmp_path / "stashed")[0]
     assert finals["stashed"] < 0.3 * first, finals  # stashing learns at this learning rate and staleness

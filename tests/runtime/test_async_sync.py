@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
 
 def test_one_in_flight_equals_synchronous_after_every_step(tmp_path):
-    config = run_ok(tmp_path, 4, strategy="async", stages=4, inflight=1, steps=3, checkpoint_every=1,
+    config = run_ok(tmp_path, 4, plan="async-1x4-m4-if1", steps=3, checkpoint_every=1,
                     optimizer={"name": "sgd", "lr": 0.1, "momentum": 0.9})
     reference = reference_train(config)
     torch.testing.assert_close(step_losses(tmp_path), reference.losses, rtol=1e-6, atol=1e-6)
@@ -54,14 +54,15 @@ def stashing_reference(config) -> dict[str, torch.Tensor]:
     from workbench.runtime.strategies.base import make_optimizer
     from workbench.scheduling.generators import async_1f1b
 
-    S, m = config.stages, config.microbatches
+    S, m = config.plan.pp, config.plan.microbatches
     model = build_model(config.model, seed=config.seed, **config.model_overrides)
     torch.manual_seed(config.seed + 1)
     partition = Partition.uniform(len(model), S)
     blocks = [model.stage(*partition.bounds[s]) for s in range(S)]
     optimizers = [make_optimizer(list(b.parameters()), config) for b in blocks]
     history = [[{n: p.detach().clone() for n, p in b.named_parameters()}] for b in blocks]
-    plan = async_1f1b(S, m, config.steps, mode=config.mode, vertical_sync=config.vertical_sync)
+    spec = config.plan.pipeline
+    plan = async_1f1b(S, m, config.steps, mode=spec.mode, vertical_sync=spec.vertical_sync)
     version = {(s, a.iteration, a.microbatch): a.version for s in range(S) for a in plan.actions(s) if a.op.value == "F"}
     batches = global_batches(config, model, 0)
     for t in range(config.steps):
@@ -82,10 +83,9 @@ def stashing_reference(config) -> dict[str, torch.Tensor]:
     return {n: p.detach() for b in blocks for n, p in b.named_parameters()}
 
 
-@pytest.mark.parametrize("options", [{}, {"mode": "2bw"}], ids=["stash", "2bw"])
-def test_async_equals_the_weight_stashing_rule_applied_by_hand(tmp_path, options):
-    config = run_ok(tmp_path, 4, strategy="async", stages=4, inflight=4, steps=4,
-                    optimizer={"name": "sgd", "lr": 0.1, "momentum": 0.9}, **options)
+@pytest.mark.parametrize("plan", ["async-1x4-m4-if4", "async-1x4-m4-2bw-if4"], ids=["stash", "2bw"])
+def test_async_equals_the_weight_stashing_rule_applied_by_hand(tmp_path, plan):
+    config = run_ok(tmp_path, 4, plan=plan, steps=4, optimizer={"name": "sgd", "lr": 0.1, "momentum": 0.9})
     expected = stashing_reference(config)
     params = dumped_params(tmp_path, [0, 1, 2, 3])
     assert sorted(params) == sorted(expected)

@@ -24,7 +24,7 @@ from workbench.scheduling.generators import async_1f1b
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
-ASYNC = {"strategy": "async", "stages": 4, "steps": 4, "microbatches": 4, "global_batch": 16, "inflight": 4}
+ASYNC = {"plan": "async-1x4-m4-if4", "steps": 4, "global_batch": 16}
 
 
 def versions_by_microbatch(run_dir):
@@ -59,7 +59,7 @@ def stashed(tmp_path_factory):
 def test_every_backward_reads_its_forwards_version_on_every_stage(stashed):
     run_dir, config = stashed
     versions = versions_by_microbatch(run_dir)
-    assert len(versions) == config.steps * config.microbatches * config.stages
+    assert len(versions) == config.steps * config.plan.microbatches * config.plan.pp
     assert all(v["B"] == v["F"] for v in versions.values())
     assert {v["F"] for v in versions.values()} == set(range(config.steps))  # several versions really in use
     plan = async_1f1b(4, 4, config.steps)
@@ -81,24 +81,26 @@ def test_versions_kept_match_the_microbatches_in_flight(stashed):
     assert json.loads((run_dir / "memory" / "rank0.json").read_text())["versions"] == 2
 
 
-@pytest.mark.parametrize("options", [{"vertical_sync": True}, {"mode": "2bw"}], ids=["vertical-sync", "2bw"])
-def test_one_version_per_microbatch_on_all_stages(tmp_path, options):
-    config = run_ok(tmp_path, 4, **ASYNC, **options)
+@pytest.mark.parametrize("plan", ["async-1x4-m4-vsync-if4", "async-1x4-m4-2bw-if4"], ids=["vertical-sync", "2bw"])
+def test_one_version_per_microbatch_on_all_stages(tmp_path, plan):
+    config = run_ok(tmp_path, 4, **{**ASYNC, "plan": plan})
     versions = versions_by_microbatch(tmp_path)
     assert all(v["B"] == v["F"] for v in versions.values())
     per_microbatch: dict[tuple, set] = defaultdict(set)
     for (rank, stage, iteration, mb), v in versions.items():
         per_microbatch[(iteration, mb)].add(v["F"])
     assert all(len(used) == 1 for used in per_microbatch.values())
-    if options.get("mode") == "2bw":
+    if config.plan.pipeline.mode == "2bw":
         assert all(used == {max(0, it - 1)} for (it, _), used in per_microbatch.items())
     else:
         stage0 = {(it, mb): v["F"] for (rank, s, it, mb), v in versions.items() if s == 0}
-        assert any(stage0[k] < stage0[(k[0], config.microbatches - 1)] for k in stage0)
+        assert config.plan.pipeline.vertical_sync
+        assert any(stage0[k] < stage0[(k[0], config.plan.microbatches - 1)] for k in stage0)
 
 
 def test_without_stashing_backward_reads_newer_weights(tmp_path):
-    run_ok(tmp_path, 4, **ASYNC, stash=False)
+    config = run_ok(tmp_path, 4, **{**ASYNC, "plan": "async-1x4-m4-nostash-if4"})
+    assert not config.plan.pipeline.stash
     versions = versions_by_microbatch(tmp_path)
     stale = [k for k, v in versions.items() if v["B"] != v["F"]]
     assert stale and all(versions[k]["B"] > versions[k]["F"] for k in stale)
@@ -106,9 +108,9 @@ def test_without_stashing_backward_reads_newer_weights(tmp_path):
 
 
 def test_async_pipelines_in_groups_stay_identical(tmp_path):
-    config = run_ok(tmp_path, 4, strategy="async", groups=2, stages=2, steps=4, microbatches=2, global_batch=16,
+    config = run_ok(tmp_path, 4, plan="async-2x2-m2", steps=4, global_batch=16,
                     optimizer={"name": "sgd", "lr": 0.1, "momentum": 0.9})
     versions = versions_by_microbatch(tmp_path)
-    assert len(versions) == 2 * config.steps * config.microbatches * config.stages
+    assert len(versions) == 2 * config.steps * config.plan.microbatches * config.plan.pp
     assert all(v["B"] == v["F"] for v in versions.values())
     torch.testing.assert_close(dumped_params(tmp_path, [2, 3]), dumped_params(tmp_path, [0, 1]), rtol=0, atol=0)

@@ -24,7 +24,7 @@ from workbench.runtime.reference import reference_train
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
-GROPIPE = {"strategy": "gropipe", "groups": 2, "stages": 2, "delay": 1, "checkpoint_every": 2,
+GROPIPE = {"plan": "gropipe-2x2-1f1b-m4-d1", "checkpoint_every": 2,
            "optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9}}
 
 

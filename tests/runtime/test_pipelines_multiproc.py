@@ -15,6 +15,7 @@ import torch
 
 from runtime_launch import dumped_params, run_ok, step_losses
 from workbench.core.ir import Op
+from workbench.core.plan import ParallelPlan
 from workbench.runtime.events import check_events_follow_schedule, load_measured_timeline
 from workbench.runtime.reference import reference_train
 from workbench.runtime.strategies.pipeline import lowered_schedule
@@ -46,24 +47,25 @@ def assert_events_follow_schedule(run_dir, config):
             check_events_follow_schedule(timeline, executed, iteration=step * config.grad_accum + r)
 
 
-@pytest.mark.parametrize(("strategy", "stages", "extra"), [
-    ("gpipe", 2, {"grad_accum": 2, "microbatches": 2}),
-    ("torch-pipelining", 2, {"optimizer": {"name": "adam", "lr": 0.01}}),
-    ("gpipe", 4, {"optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9}}),
-    ("1f1b", 4, {}),
-    ("interleaved", 2, {"chunks": 2}),
-    ("interleaved", 4, {"chunks": 2, "model_overrides": {"depth": 7}, "microbatches": 4}),
+@pytest.mark.parametrize(("plan", "extra"), [
+    ("pp2-gpipe-m2", {"grad_accum": 2}),
+    ("torchpp2-1f1b-m4", {"optimizer": {"name": "adam", "lr": 0.01}}),
+    ("pp4-gpipe-m4", {"optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9}}),
+    ("pp4-1f1b-m4", {}),
+    ("pp2-interleaved-v2-m4", {}),
+    ("pp4-interleaved-v2-m4", {"model_overrides": {"depth": 7}}),
 ])
-def test_pipeline_equals_reference(tmp_path, strategy, stages, extra):
-    config = run_ok(tmp_path, stages, strategy=strategy, stages=stages, **extra)
+def test_pipeline_equals_reference(tmp_path, plan, extra):
+    stages = ParallelPlan.parse(plan).pp
+    config = run_ok(tmp_path, stages, plan=plan, **extra)
+    assert config.world_size == stages
     assert_matches_reference(tmp_path, config, list(range(stages)))
-    if strategy != "torch-pipelining":  # torch's schedule records no per-action events
+    if config.plan.family != "torch":  # torch's schedule records no per-action events
         assert_events_follow_schedule(tmp_path, config)
 
 
 def test_gropipe_delay0_equals_reference(tmp_path):
-    config = run_ok(tmp_path, 4, strategy="gropipe", groups=2, stages=2, delay=0, inner="gpipe",
-                    optimizer={"name": "sgd", "lr": 0.1, "momentum": 0.9})
+    config = run_ok(tmp_path, 4, plan="gropipe-2x2-gpipe-m4-d0", optimizer={"name": "sgd", "lr": 0.1, "momentum": 0.9})
     assert_matches_reference(tmp_path, config, [0, 1])
     torch.testing.assert_close(dumped_params(tmp_path, [2, 3]), dumped_params(tmp_path, [0, 1]), rtol=0, atol=0)
     assert_events_follow_schedule(tmp_path, config)
@@ -71,7 +73,8 @@ def test_gropipe_delay0_equals_reference(tmp_path):
 
 @pytest.mark.parametrize("recompute", [False, True])
 def test_ddp_equals_reference(tmp_path, recompute):
-    config = run_ok(tmp_path, 2, strategy="ddp", groups=2, grad_accum=2, microbatches=2, recompute=recompute)
+    config = run_ok(tmp_path, 2, plan="dp2-m2-rc" if recompute else "dp2-m2", grad_accum=2)
+    assert config.plan.recompute is recompute
     reference = reference_train(config)
     torch.testing.assert_close(step_losses(tmp_path), reference.losses, rtol=1e-6, atol=1e-6)
     params = dumped_params(tmp_path, [0])

@@ -40,22 +40,20 @@ def test_tensor2d_launch_runs_through_entry(tmp_path):
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"tp": 3}, "nearest valid tp is 4"),
-    ({"tp": 9}, "nearest valid is q = 2"),
-    ({"tp": 16, "model_overrides": {"n_head": 6}}, "nearest valid is q = 3 (tp = 9)"),
-    ({"tp": 4, "global_batch": 7}, "grid rows = 2"),
+    ({"plan": {"mesh": {"dp": 1, "tp_row": 2, "tp_col": 3}}}, "a 2D tensor grid is square: tp_row = tp_col"),
+    ({"plan": "tp2d-3x3-dp1"}, "q = 3 does not divide the 4 attention heads; nearest valid is tp_row = tp_col = 2"),
+    ({"plan": "tp2d-4x4-dp1", "model_overrides": {"n_head": 6}}, "nearest valid is tp_row = tp_col = 3"),
+    ({"plan": "tp2d-2x2-dp1", "global_batch": 7}, "grid rows = 2"),
 ])
 def test_tensor2d_config_refuses_bad_grid(fields, message):
-    base = {"model": "gpt2-tiny", "strategy": "tensor2d", "microbatches": 1, "global_batch": 8,
-            "model_overrides": {"n_head": 4}}
-    with pytest.raises(ValueError, match="'tp'|'global_batch'") as info:
+    base = {"model": "gpt2-tiny", "global_batch": 8, "model_overrides": {"n_head": 4}}
+    with pytest.raises(ValueError, match="'mesh'|'layers.tp_degree'|'global_batch'") as info:
         RunConfig.from_dict({**base, **fields})
     assert message in str(info.value)
 
 
 def test_tensor1d_config_layout():
-    config = RunConfig.from_dict({"model": "gpt2-tiny", "strategy": "tensor1d", "groups": 2, "tp": 2,
-                                  "microbatches": 1, "global_batch": 8})
-    assert config.world_size == 4
+    config = RunConfig.from_dict({"model": "gpt2-tiny", "plan": "tp1d-2-dp2", "global_batch": 8})
+    assert config.world_size == 4 and config.plan.family == "tp1d" and config.plan.microbatches == 1
     with pytest.raises(ValueError, match="nearest valid is tp = 2"):
-        config.replace(tp=3, model_overrides={"n_head": 4})
+        config.replace(plan="tp1d-3-dp2", model_overrides={"n_head": 4})

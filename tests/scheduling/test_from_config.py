@@ -8,20 +8,19 @@ from workbench.scheduling.from_config import predict_from_measured, schedule_for
 from workbench.scheduling.stagecosts import StageCosts
 
 
-def config(**kw):
-    base = {"name": "t", "model": "mlp", "strategy": "1f1b", "stages": 2, "microbatches": 4, "global_batch": 8,
-            "steps": 1}
+def config(plan="pp2-1f1b-m4", **kw):
+    base = {"name": "t", "model": "mlp", "plan": plan, "global_batch": 8, "steps": 1}
     base.update(kw)
     return RunConfig.from_dict(base)
 
 
 def test_config_maps_to_the_generator_schedules():
     assert schedule_for_config(config()) == generators.one_f_one_b(2, 4)
-    assert schedule_for_config(config(strategy="gpipe")) == generators.gpipe(2, 4)
-    g = config(strategy="gropipe", groups=2, delay=1)
+    assert schedule_for_config(config("pp2-gpipe-m4")) == generators.gpipe(2, 4)
+    g = config("gropipe-2x2-1f1b-m4-d1")
     assert schedule_for_config(g, iteration=3) == generators.gropipe(2, 2, 4, delay=1, first_iteration=3)
-    with pytest.raises(ValueError, match="not a scheduled pipeline"):
-        schedule_for_config(config(strategy="ddp", stages=1, groups=2))
+    with pytest.raises(ValueError, match="not a pipeline the workbench schedules"):
+        schedule_for_config(config("dp2"))
 
 
 def test_prediction_from_a_measured_timeline_recovers_its_stage_times():
@@ -59,7 +58,7 @@ def test_recorded_bytes_drive_the_communication_of_the_prediction():
     timeline = Timeline(tuple(measured))
     costs = stage_costs_from_timeline(timeline, 2)
     assert costs.grad_bytes == (12_000_000, 12_000_000) and costs.send_bytes == (400_000, 0)
-    gropipe = config(strategy="gropipe", groups=2, delay=0)
+    gropipe = config("gropipe-2x2-1f1b-m4-d0")
     free = predict_from_measured(gropipe, timeline)
     linked = predict_from_measured(gropipe, timeline, cluster=get_cluster("local-cpu"),
                                    collective_link=collective_link("local-cpu"))
@@ -68,9 +67,9 @@ def test_recorded_bytes_drive_the_communication_of_the_prediction():
 
 
 def test_async_config_maps_to_one_stream_and_its_prediction_has_no_flush():
-    a = config(strategy="async", stages=2, microbatches=4, steps=3, inflight=2, mode="stash")
+    a = config("async-1x2-m4-if2", steps=3)
     assert schedule_for_config(a) == generators.async_1f1b(2, 4, 3, inflight=2)
-    two_bw = config(strategy="async", stages=2, microbatches=4, steps=3, mode="2bw")
+    two_bw = config("async-1x2-m4-2bw", steps=3)
     assert schedule_for_config(two_bw) == generators.async_1f1b(2, 4, 3, mode="2bw")
     costs = StageCosts.uniform(2, forward_ms=1.0, backward_ms=2.0)
     truth = simulate(schedule_for_config(a), costs)

@@ -65,7 +65,7 @@ def test_simulate_with_costs_cluster_figure_and_trace(capsys, costs_file, tmp_pa
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--schedule", "interleaved", "--stages", "4", "--microbatches", "6"], "multiple of num_ranks"),
+    (["--schedule", "interleaved", "--stages", "4", "--microbatches", "6"], "multiple of pp"),
     (["--schedule", "1f1b", "--microbatches", "0"], "--microbatches must be >= 1"),
     (["--schedule", "1f1b", "--stages", "9", "--cluster", "8xV100-PCIe"], "needs 9 ranks"),
 ])

@@ -7,8 +7,10 @@ from pathlib import Path
 import plotly.graph_objects as go
 import pytest
 
+
 from workbench.core.costs import LayerCost, ModelCosts
 from workbench.core.partition import Partition
+from workbench.core.plan import ParallelPlan
 from workbench.planning import partition as run_partitioner
 from workbench.widgets.partition_editor import PartitionEditor
 
@@ -171,11 +173,11 @@ def test_run_config_carries_the_edited_partition_and_dry_run_launch_writes_it(tm
                              launch_backend="dryrun", models=[])
     editor.set_cuts([3])
     config = editor.run_config()
-    assert (config.strategy, config.partition, config.groups, config.delay) == ("gropipe", "0-2|3-7", 2, 1)
-    assert config.global_batch == 32 and config.microbatches == 4
+    assert config.plan == ParallelPlan.parse("gropipe-2x2-1f1b-m4-d1@0-2|3-7")
+    assert config.global_batch == 32 and config.plan.microbatches == 4
     job = editor.launch()
     written = json.loads((Path(job.run_dir) / "config.json").read_text())
-    assert written["partition"] == "0-2|3-7" and written["strategy"] == "gropipe"
+    assert ParallelPlan.from_dict(written["plan"]) == config.plan
     assert editor.monitor is None
 
 
@@ -203,6 +205,7 @@ def test_launch_trains_the_edited_partition_under_torchrun(tmp_path):
         editor.monitor.stop()
     assert status.state == "SUCCEEDED", status.text()
     written = json.loads((Path(editor.job.run_dir) / "config.json").read_text())
-    assert written["partition"] == str(editor.state.partition) and written["strategy"] == "1f1b"
+    assert written["plan"]["partition"] == str(editor.state.partition)
+    assert written["plan"]["pipeline"] == {"kind": "1f1b"}
     metrics = editor.job.metrics()
     assert sorted(metrics["step"].unique().tolist()) == [1, 2, 3]

@@ -92,7 +92,7 @@ def test_helpers_and_bad_input():
         ScheduleExplorer(comm_ratio=-1)
     explorer = ScheduleExplorer("interleaved", stages=4, microbatches=8)
     explorer.microbatches.value = 6
-    assert "multiple of num_ranks=4" in explorer.error.value
+    assert "interleaved 1F1B needs a multiple of pp (4)" in explorer.error.value
 
 
 def test_without_a_widget_frontend_it_shows_the_summary_and_a_static_figure(monkeypatch):

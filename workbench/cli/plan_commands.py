@@ -101,7 +101,7 @@ def _shape_of_runs(run_dirs: list[str] | None, batch: int):
     from ..models.zoo import list_models
 
     for _, config in _run_configs(run_dirs):
-        if config.strategy in ("tensor2d", "tensor1d") and config.model in list_models():
+        if config.plan.tp > 1 and config.model in list_models():
             shape = _zoo_shape(config.model, dict(config.model_overrides), batch, config.data.seq_len)
             if shape is not None:
                 return shape
@@ -138,6 +138,9 @@ def _plan(args: argparse.Namespace) -> Result:
         lines.append(f"{len(result.infeasible)} infeasible, e.g. {result.infeasible[0]['name']}: "
                      f"{result.infeasible[0]['reason']}")
     lines += model_notes + result.notes
+    if args.emit_config:
+        config = result.best.to_config(global_batch=args.batch, name=result.best.name.replace("@", "-at-"))
+        lines.append(f"wrote the run config of {result.best.name} to {config.save_toml(args.emit_config)}")
     data = result.to_dict()
     data["notes"] = model_notes + list(data.get("notes", []))
     return Result("\n".join(lines), data)
@@ -159,6 +162,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                         "first --calibrate run of the same model)")
     p.add_argument("--fine-grained", action="store_true",
                    help="also choose activation recomputation per layer (dynamic programming under the memory cap)")
+    p.add_argument("--emit-config", metavar="PATH.toml",
+                   help="write the best plan's run config (model, plan with its partition, batch) as TOML, ready "
+                        "for `workbench run` (a plan the runtime cannot run yet is refused with the reason)")
     p.add_argument("--calibrate", metavar="RUN_DIR", action="append",
                    help="scale the profile's compute to what this finished run of the model measured (a pipeline "
                         "run is best). Repeat it: scheduled-pipeline runs at two micro-batch sizes fit a "

@@ -40,17 +40,15 @@ def check_against_model(config: RunConfig) -> None:
     if config.model not in list_models():
         raise ValueError(f"config field 'model' = {config.model!r} is not in the zoo; valid: "
                          f"{', '.join(list_models())}")
-    if config.partition in ("uniform", "ampa") or config.strategy == "ddp":
+    text = config.plan.partition
+    if text in ("uniform", "ampa") or config.plan.num_virtual_stages == 1:
         return
     num_layers = len(build_model(config.model, seed=config.seed, **config.model_overrides))
     try:
-        partition = Partition.parse(config.partition, num_layers)
+        Partition.parse(text, num_layers)  # its stage count was checked with the plan
     except ValueError as exc:
-        raise ValueError(f"config field 'partition' = {config.partition!r} does not fit model {config.model!r} "
+        raise ValueError(f"plan field 'partition' = {text!r} does not fit model {config.model!r} "
                          f"with {num_layers} layers (0-{num_layers - 1}): {exc}") from None
-    if partition.num_stages != config.num_virtual_stages:
-        raise ValueError(f"config field 'partition' = {config.partition!r} has {partition.num_stages} stages; "
-                         f"strategy {config.strategy!r} needs {config.num_virtual_stages} (stages x chunks)")
 
 
 def torchrun_command(config_path: Path, nproc: int) -> list[str]:
@@ -62,15 +60,15 @@ def prepare_run(config: RunConfig, run_root: str | Path, nproc: int | None = Non
     """Validate, make a fresh run directory with config.json and command.txt; return it and the command."""
     nproc = config.world_size if nproc is None else nproc
     if nproc != config.world_size:
-        raise ValueError(f"--nproc {nproc} does not match strategy {config.strategy!r} with groups={config.groups} "
-                         f"x stages={config.stages} x tp={config.tp} = {config.world_size} processes; use --nproc "
-                         f"{config.world_size} or change groups/stages/tp in the config")
+        raise ValueError(f"--nproc {nproc} does not match plan {config.plan.name!r}, whose mesh {config.plan.mesh} "
+                         f"has {config.world_size} processes; use --nproc {config.world_size} or change the "
+                         f"plan's mesh in the config")
     check_against_model(config)
     root = Path(run_root)
     root.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for attempt in range(1000):
-        run_dir = root / (f"{stamp}-{config.name}-{config.strategy}" + (f"-{attempt}" if attempt else ""))
+        run_dir = root / (f"{stamp}-{config.name}-{config.plan.family}" + (f"-{attempt}" if attempt else ""))
         try:
             run_dir.mkdir()
             break

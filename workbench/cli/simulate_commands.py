@@ -4,26 +4,26 @@ from __future__ import annotations
 
 import argparse
 
+from ..core.plan import PIPELINE_KINDS, GroPipe, ParallelPlan
+from ..core.topology import Topology
 from . import Result
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "async", "gropipe", "dp")
+SCHEDULES = (*(k for k in PIPELINE_KINDS if k not in ("none", "torch")), "dp")
+
+
+def _plan(args: argparse.Namespace) -> ParallelPlan:
+    """The plan the flags describe: a pipeline kind with its options, or ``dp`` (data parallelism)."""
+    if args.schedule == "dp":
+        return ParallelPlan(Topology(dp=args.groups))
+    replicas = args.groups if args.schedule == GroPipe.kind else 1
+    return ParallelPlan.for_pipeline(args.schedule, args.stages, args.microbatches, groups=replicas,
+                                     chunks=args.chunks, inner=args.inner, delay=args.delay)
 
 
 def _build_schedule(args: argparse.Namespace):
-    from ..scheduling import generators as g
-
-    if args.schedule == "gpipe":
-        return g.gpipe(args.stages, args.microbatches)
-    if args.schedule == "1f1b":
-        return g.one_f_one_b(args.stages, args.microbatches)
-    if args.schedule == "interleaved":
-        return g.interleaved(args.stages, args.microbatches, args.chunks)
-    if args.schedule == "async":
-        return g.async_1f1b(args.stages, args.microbatches, args.iterations)
-    if args.schedule == "gropipe":
-        return g.gropipe(args.groups, args.stages, args.microbatches, inner=args.inner, delay=args.delay,
-                         num_iterations=args.iterations)
-    return g.data_parallel(args.groups, args.buckets)
+    plan = _plan(args)
+    many = plan.iterates_across_steps or isinstance(plan.pipeline, GroPipe)
+    return plan.schedule(num_iterations=args.iterations if many else 1, num_buckets=args.buckets)
 
 
 def _stage_costs(args: argparse.Namespace, schedule, cluster):
@@ -38,7 +38,8 @@ def _stage_costs(args: argparse.Namespace, schedule, cluster):
         return None
     costs = ModelCosts.load(args.costs)
     num_stages = schedule.num_stages
-    dp = args.schedule == "dp"
+    plan = _plan(args)
+    dp = plan.num_virtual_stages == 1
     microbatches = 1 if dp else args.microbatches
     if costs.batch_size % microbatches:
         raise ValueError(f"--microbatches {microbatches} does not divide the profile's batch of {costs.batch_size}")
@@ -50,9 +51,7 @@ def _stage_costs(args: argparse.Namespace, schedule, cluster):
             raise ValueError(f"--partition has {part.num_stages} stages but the {args.schedule} schedule needs "
                              f"{num_stages}")
     else:
-        inner = args.inner if args.schedule == "gropipe" else args.schedule
-        sched = inner if inner in ("gpipe", "1f1b", "async") else "1f1b"
-        part = ampa(costs, num_stages, num_microbatches=microbatches, schedule=sched,
+        part = ampa(costs, num_stages, num_microbatches=microbatches, schedule=plan.memory_schedule,
                     memory_cap_bytes=10**18).partition
     return StageCosts.from_model(costs, part, costs.batch_size // microbatches,
                                  device=cluster.device if cluster else None)

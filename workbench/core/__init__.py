@@ -3,6 +3,7 @@
 from .costs import ClusterSpec, DeviceSpec, LayerCost, LinkSpec, ModelCosts
 from .ir import Action, Op, Schedule, parse_action
 from .partition import Partition
+from .plan import LayerPlan, ParallelPlan
 from .timeline import Event, Timeline
 from .topology import Topology
 
@@ -10,6 +11,6 @@ __all__ = [
     "Action", "Op", "Schedule", "parse_action",
     "Topology",
     "LayerCost", "ModelCosts", "DeviceSpec", "LinkSpec", "ClusterSpec",
-    "Partition",
+    "Partition", "ParallelPlan", "LayerPlan",
     "Event", "Timeline",
 ]

@@ -1,17 +1,35 @@
 """Run configs: one typed, validated value per training launch.
 
-A launch is described by hand in TOML (``launch/*.toml``) or by a notebook
-in JSON (``config.json`` in the run directory). Both load into the same
-:class:`RunConfig`, which checks every field at construction so a bad value
-fails in the notebook or the CLI, before any process starts, with a message
-naming the field, the value and what would be valid.
+A run config is the model, the data, the parallel plan and the training
+options. It is written by hand in TOML (``launch/*.toml``) or by a notebook
+or the planner in JSON (``config.json`` in the run directory); both load into
+the same :class:`RunConfig`, which checks every field at construction so a
+bad value fails in the notebook or the CLI, before any process starts, with
+a message naming the field, the value and what would be valid::
 
-The layout of the processes follows from the strategy: ``world_size`` is
-``groups * stages * tp`` (data-parallel groups times pipeline stages times
-tensor-parallel ranks); pipeline strategies need one group, data-parallel
-ones one stage, and only "tensor" layouts use ``tp > 1``.
-``STRATEGY_LAYOUTS`` is the table that says which; a new strategy is one line there and one in
-``workbench.runtime.strategies``.
+    name = "gropipe-vgg"
+    model = "vgg-tiny"
+    global_batch = 64
+    steps = 30
+
+    [plan]                      # a workbench.core.plan.ParallelPlan
+    mesh = { dp = 2, pp = 2 }   # 2 groups x 2 stages: world size 4
+    microbatches = 4
+    partition = "0-2|3-4"
+
+    [plan.pipeline]
+    kind = "gropipe"
+    inner = "1f1b"
+    delay = 1
+
+    [optimizer]
+    name = "sgd"
+    lr = 0.02
+
+``plan`` may also be a plan name (``plan = "pp2-1f1b-m4"``; see :mod:`workbench.core.plan`).
+The world size is the plan's mesh. Besides the plan's own checks, the config
+refuses what today's runtime cannot run (per-layer options, sharded data
+parallelism, tensor parallelism inside a pipeline) before launch.
 
 Stdlib only (``tomllib``, ``dataclasses``): the planner and the job monitor
 read configs without importing torch.
@@ -21,31 +39,29 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunConfig", "OptimizerConfig", "DataConfig", "EventsConfig", "STRATEGY_LAYOUTS", "read_toml"]
+from .plan import AsyncPipeline, NoPipeline, ParallelPlan, TorchPipelining, plan_error
 
-# strategy -> layout: "pipeline" (groups == 1), "grouped" (groups x stages), "data" (stages == 1),
-# "tensor" (stages == 1, tp ranks per group)
-STRATEGY_LAYOUTS: dict[str, str] = {
-    "gpipe": "pipeline",
-    "1f1b": "pipeline",
-    "interleaved": "pipeline",
-    "torch-pipelining": "pipeline",
-    "gropipe": "grouped",
-    "async": "grouped",
-    "ddp": "data",
-    "tensor2d": "tensor",
-    "tensor1d": "tensor",
-}
+__all__ = ["RunConfig", "OptimizerConfig", "DataConfig", "EventsConfig", "MOVED_TO_PLAN", "read_toml", "to_toml"]
+
 OPTIMIZERS = ("sgd", "adam")
 DATA_KINDS = ("synthetic", "digits", "bytes-lm")
 PRECISIONS = ("auto", "fp32", "bf16")
-INNER_SCHEDULES = ("gpipe", "1f1b")
-ASYNC_MODES = ("stash", "2bw")  # weight versions of strategy "async" (PipeDream stashing, PipeDream-2BW)
+# flat keys of the earlier config format -> where each lives now
+MOVED_TO_PLAN: dict[str, str] = {
+    "strategy": "[plan] (plan = \"NAME\", or mesh + [plan.pipeline] kind)",
+    "groups": "[plan] mesh.dp", "stages": "[plan] mesh.pp", "tp": "[plan] mesh.tp (1D) or mesh.tp_row/tp_col (2D)",
+    "chunks": "[plan.pipeline] chunks (kind = \"interleaved\")", "inner": "[plan.pipeline] inner",
+    "delay": "[plan.pipeline] delay", "stash": "[plan.pipeline] stash", "vertical_sync": "[plan.pipeline] vertical_sync",
+    "mode": "[plan.pipeline] mode", "inflight": "[plan.pipeline] inflight",
+    "memory_cap_mb": "[plan.pipeline] memory_cap_mb", "partition": "[plan] partition",
+    "microbatches": "[plan] microbatches", "recompute": "[[plan.layers]] recompute (or a '-rc' plan name)",
+}
 
 
 def _fail(field_name: str, value: Any, valid: str) -> ValueError:
@@ -120,32 +136,17 @@ class EventsConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything one training launch needs; validated at construction.
+    """Everything one training launch needs: model + data + plan + training options; validated at construction.
 
-    ``partition`` is ``"uniform"``, ``"ampa"`` (profile, then balance) or
-    explicit text such as ``"0-3|4-9"`` with one range per (virtual) stage.
     ``global_batch`` is the batch of one optimizer step; it is split into
-    ``grad_accum`` rounds, each round across ``groups`` and then into
-    ``microbatches`` micro-batches per group.
+    ``grad_accum`` rounds, each round across the plan's ``dp`` replicas and
+    then into its ``microbatches`` micro-batches.
     """
 
     model: str
-    strategy: str
+    plan: ParallelPlan
     name: str = "run"
     model_overrides: dict[str, Any] = field(default_factory=dict)
-    groups: int = 1
-    stages: int = 1
-    tp: int = 1
-    chunks: int = 1
-    inner: str = "1f1b"
-    delay: int = 0
-    stash: bool = True
-    vertical_sync: bool = False
-    mode: str = "stash"
-    inflight: str | int = "auto"
-    memory_cap_mb: float = 0.0
-    partition: str = "uniform"
-    microbatches: int = 4
     global_batch: int = 32
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     steps: int = 10
@@ -156,7 +157,6 @@ class RunConfig:
     run_dir: str = ""
     device: str = "auto"
     precision: str = "auto"
-    recompute: bool = False
     grad_accum: int = 1
     collective_timeout_s: float = 120.0
     events: EventsConfig = field(default_factory=EventsConfig)
@@ -165,6 +165,7 @@ class RunConfig:
     fail_rank: int = 0
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "plan", ParallelPlan.from_dict(self.plan))
         object.__setattr__(self, "optimizer", _build(OptimizerConfig, "optimizer", self.optimizer))
         object.__setattr__(self, "data", _build(DataConfig, "data", self.data))
         object.__setattr__(self, "events", _build(EventsConfig, "events", self.events))
@@ -172,153 +173,107 @@ class RunConfig:
             raise _fail("model", self.model, "expected a model name such as 'vgg-tiny', 'resnet18', 'mlp'")
         if not isinstance(self.model_overrides, dict):
             raise _fail("model_overrides", self.model_overrides, "expected a table of model constructor overrides")
-        _check_choice("strategy", self.strategy, list(STRATEGY_LAYOUTS))
-        for name in ("groups", "stages", "tp", "chunks", "microbatches", "global_batch", "steps", "grad_accum"):
+        for name in ("global_batch", "steps", "grad_accum"):
             _check_int(name, getattr(self, name), 1)
         for name in ("seed", "checkpoint_every"):
             _check_int(name, getattr(self, name), 0)
         _check_int("fail_at_step", self.fail_at_step, -1)
         _check_int("fail_rank", self.fail_rank, 0)
-        _check_choice("delay", self.delay, (0, 1))
-        _check_choice("inner", self.inner, INNER_SCHEDULES)
         _check_choice("precision", self.precision, PRECISIONS)
         _check_number("collective_timeout_s", self.collective_timeout_s, 0.0, strict=True)
-        for name in ("resume", "recompute", "dump_params", "stash", "vertical_sync"):
+        for name in ("resume", "dump_params"):
             _check_bool(name, getattr(self, name))
         if not isinstance(self.run_dir, str):
             raise _fail("run_dir", self.run_dir, "expected a directory path string")
         if self.device != "auto" and self.device not in ("cpu", "cuda") and not str(self.device).startswith("cuda:"):
             raise _fail("device", self.device, "valid options are auto, cpu, cuda, cuda:N")
-        if not isinstance(self.partition, str) or not self.partition.strip():
-            raise _fail("partition", self.partition, "expected 'uniform', 'ampa' or text like '0-3|4-9'")
-        self._check_layout()
+        self._check_runnable()
+        self._check_batch()
 
-    def _check_layout(self) -> None:
-        layout = STRATEGY_LAYOUTS[self.strategy]
-        if layout == "pipeline" and self.groups != 1:
-            raise _fail("groups", self.groups, f"strategy {self.strategy!r} runs one pipeline: set groups = 1 "
-                        f"(use strategy 'gropipe' for several groups)")
-        if layout != "tensor" and self.tp != 1:
-            raise _fail("tp", self.tp, f"strategy {self.strategy!r} has no tensor parallelism: set tp = 1")
-        if layout in ("data", "tensor") and self.stages != 1:
-            raise _fail("stages", self.stages, f"strategy {self.strategy!r} does not cut the model into pipeline "
-                        f"stages: set stages = 1 (use 'gropipe' for groups x stages)")
-        if self.strategy == "interleaved":
-            if self.chunks < 2:
-                raise _fail("chunks", self.chunks, "strategy 'interleaved' needs chunks >= 2 per rank")
-            if self.microbatches % self.stages:
-                raise _fail("microbatches", self.microbatches,
-                            f"interleaved needs a multiple of stages ({self.stages})")
-        elif self.chunks != 1:
-            raise _fail("chunks", self.chunks, f"only strategy 'interleaved' uses chunks; set chunks = 1 "
-                        f"for {self.strategy!r}")
-        if self.delay and self.strategy != "gropipe":
-            raise _fail("delay", self.delay, f"only strategy 'gropipe' has a delayed update; set delay = 0")
-        self._check_async()
-        if self.strategy == "torch-pipelining" and (self.grad_accum != 1 or self.stages < 2):
-            bad, value = ("grad_accum", self.grad_accum) if self.grad_accum != 1 else ("stages", self.stages)
-            raise _fail(bad, value, "strategy 'torch-pipelining' needs grad_accum = 1 (torch rescales gradients "
-                        "every step) and stages >= 2")
-        if layout == "tensor":
-            self._check_tensor_layout()
-        per_round = self.groups * self.microbatches * self.grad_accum
-        if self.global_batch % per_round:
-            raise _fail("global_batch", self.global_batch,
-                        f"must be divisible by groups x microbatches x grad_accum = {per_round}")
-        if self.fail_at_step >= 0 and self.fail_rank >= self.world_size:
-            raise _fail("fail_rank", self.fail_rank, f"must be a rank below world size {self.world_size}")
+    def _check_runnable(self) -> None:
+        """Refuse, before launch, what the runtime cannot run yet, and options that contradict the plan."""
+        plan = self.plan
+        if not plan.is_uniform:
+            raise plan_error("layers", plan.name, "per-layer options are not run by the runtime yet; give one "
+                             "option for all layers ([[plan.layers]] layers = 'all')")
+        layer = plan.layer
+        if layer.dp != "replicate":
+            raise plan_error("layers.dp", layer.dp, "the runtime replicates data-parallel layers (DDP); sharded "
+                             "data parallelism ('zero2', 'fsdp') is not run yet")
+        if plan.tp > 1 and not isinstance(plan.pipeline, NoPipeline):
+            raise plan_error("mesh", str(plan.mesh), "the runtime does not combine tensor parallelism with a "
+                             "pipeline yet: use pp = 1 with tp, or no tp axis with a pipeline")
+        one_batch = plan.tp > 1 or isinstance(plan.pipeline, (AsyncPipeline, TorchPipelining))
+        if one_batch and self.grad_accum != 1:
+            raise _fail("grad_accum", self.grad_accum, f"plan {plan.name!r} trains one batch per step (tensor "
+                        "parallelism and torch's pipelining rescale nothing; the asynchronous pipeline coalesces "
+                        "more micro-batches instead): set grad_accum = 1")
+        if plan.tp > 1 and layer.recompute:
+            raise plan_error("layers.recompute", True, f"the tensor-parallel runtime does not recompute "
+                             f"activations; set recompute = false")
+        if plan.iterates_across_steps and self.resume:
+            raise _fail("resume", self.resume, "the asynchronous pipeline keeps micro-batches of the next iteration "
+                        "in flight across steps, which a checkpoint does not hold; set resume = false")
+        if plan.tp > 1:
+            self._check_heads()
 
-    def _check_async(self) -> None:
-        """Options of strategy 'async': weight versions, micro-batches in flight, memory cap."""
-        _check_choice("mode", self.mode, ASYNC_MODES)
-        if self.inflight != "auto" and (isinstance(self.inflight, bool) or not isinstance(self.inflight, int)
-                                        or self.inflight < 1):
-            raise _fail("inflight", self.inflight, "expected 'auto' or an int >= 1 (micro-batches in flight per stage)")
-        _check_number("memory_cap_mb", self.memory_cap_mb, 0.0)
-        defaults = {"stash": True, "vertical_sync": False, "mode": "stash", "inflight": "auto", "memory_cap_mb": 0.0}
-        if self.strategy != "async":
-            for name, default in defaults.items():
-                if getattr(self, name) != default:
-                    raise _fail(name, getattr(self, name), f"only strategy 'async' uses {name!r}; remove it or set "
-                                f"strategy = 'async'")
-            return
-        if self.mode == "2bw" and not self.stash:
-            raise _fail("stash", self.stash, "mode '2bw' keeps two weight versions; set stash = true (stash = false "
-                        "is the unstashed mode 'stash' shown for comparison)")
-        if self.vertical_sync and not self.stash:
-            raise _fail("vertical_sync", self.vertical_sync, "vertical sync runs later stages on older stashed "
-                        "versions; it needs stash = true")
-        if self.mode == "2bw" and self.vertical_sync:
-            raise _fail("vertical_sync", self.vertical_sync, "mode '2bw' already uses one version per iteration on "
-                        "every stage; vertical_sync applies to mode 'stash'")
-        if self.mode == "2bw" and self.microbatches < self.stages:
-            raise _fail("microbatches", self.microbatches, f"mode '2bw' coalesces gradients over at least the "
-                        f"pipeline depth: use microbatches >= stages ({self.stages})")
-        if self.stages < 2:
-            raise _fail("stages", self.stages, "strategy 'async' pipelines the model: use stages >= 2")
-        if self.grad_accum != 1:
-            raise _fail("grad_accum", self.grad_accum, "strategy 'async' updates after each mini-batch's "
-                        "micro-batches: set grad_accum = 1 (more micro-batches coalesce more)")
-        if self.resume:
-            raise _fail("resume", self.resume, "strategy 'async' keeps micro-batches of the next iteration in flight "
-                        "across steps, which a checkpoint does not hold; set resume = false")
-
-    def _check_tensor_layout(self) -> None:
-        """tensor2d: tp a square q x q grid, heads divisible by q; both: one step is one batch (no accumulation)."""
-        if self.grad_accum != 1:
-            raise _fail("grad_accum", self.grad_accum, f"strategy {self.strategy!r} trains one batch per step: "
-                        f"set grad_accum = 1")
-        if self.recompute:
-            raise _fail("recompute", self.recompute, f"strategy {self.strategy!r} does not recompute activations; "
-                        f"set recompute = false")
-        degree = self.tp
-        if self.strategy == "tensor2d":
-            side = math.isqrt(self.tp)
-            if side * side != self.tp:
-                low, high = side * side, (side + 1) ** 2
-                nearest = low if self.tp - low <= high - self.tp else high
-                raise _fail("tp", self.tp, f"strategy 'tensor2d' runs on a q x q grid, so tp must be a square; "
-                            f"nearest valid tp is {nearest} (q = {math.isqrt(nearest)})")
-            degree = side
+    def _check_heads(self) -> None:
+        """The attention heads must split over the tensor-parallel degree (q for a 2D grid)."""
+        plan = self.plan
+        degree = plan.q if plan.tp_kind == "2d" else plan.tp
         heads = self.model_overrides.get("n_head", self.model_overrides.get("num_attention_heads"))
         if isinstance(heads, int) and heads >= 1 and heads % degree:
             valid = [d for d in range(1, heads + 1) if heads % d == 0]
             nearest = min(valid, key=lambda d: (abs(d - degree), d))
-            what = f"q = {degree}" if self.strategy == "tensor2d" else f"tp = {degree}"
-            fix = f"q = {nearest} (tp = {nearest * nearest})" if self.strategy == "tensor2d" else f"tp = {nearest}"
-            raise _fail("tp", self.tp, f"{what} does not divide the {heads} attention heads; nearest valid is {fix}")
-        rows = degree if self.strategy == "tensor2d" else 1
-        if self.global_batch % (self.groups * rows):
+            what, fix = ((f"q = {degree}", f"tp_row = tp_col = {nearest}") if plan.tp_kind == "2d"
+                         else (f"tp = {degree}", f"tp = {nearest}"))
+            raise plan_error("mesh", str(plan.mesh), f"{what} does not divide the {heads} attention heads; "
+                             f"nearest valid is {fix}")
+
+    def _check_batch(self) -> None:
+        plan = self.plan
+        per_round = plan.dp * plan.microbatches * self.grad_accum
+        if self.global_batch % per_round:
             raise _fail("global_batch", self.global_batch,
-                        f"must be divisible by groups x grid rows = {self.groups * rows}")
+                        f"must be divisible by dp x microbatches x grad_accum = {per_round}")
+        if plan.tp_kind == "2d" and self.global_batch % (plan.dp * plan.q):
+            raise _fail("global_batch", self.global_batch,
+                        f"must be divisible by dp x grid rows = {plan.dp * plan.q}")
+        if self.fail_at_step >= 0 and self.fail_rank >= self.world_size:
+            raise _fail("fail_rank", self.fail_rank, f"must be a rank below world size {self.world_size}")
 
     # -- derived ----------------------------------------------------------------------
     @property
     def world_size(self) -> int:
-        """Processes the strategy needs: data-parallel groups x pipeline stages x tensor-parallel ranks."""
-        return self.groups * self.stages * self.tp
-
-    @property
-    def num_virtual_stages(self) -> int:
-        return self.stages * self.chunks
+        """Processes the plan needs: its mesh's size (replicas x stages x tensor-parallel ranks)."""
+        return self.plan.world_size
 
     @property
     def microbatch_size(self) -> int:
-        return self.global_batch // (self.groups * self.microbatches * self.grad_accum)
+        return self.global_batch // (self.plan.dp * self.plan.microbatches * self.grad_accum)
 
     # -- io ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data.update(plan=self.plan.to_dict(), optimizer=asdict(self.optimizer), data=asdict(self.data),
+                    events=asdict(self.events), model_overrides=dict(self.model_overrides))
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
         if not isinstance(data, dict):
             raise ValueError(f"a run config must be a table/dict, got {type(data).__name__}")
+        moved = [k for k in data if k in MOVED_TO_PLAN]
+        if moved:
+            key = moved[0]
+            raise ValueError(f"config field {key!r} has moved into the parallel plan: use {MOVED_TO_PLAN[key]}. "
+                             f"For example: plan = \"pp2-1f1b-m4\", or a [plan] table with "
+                             f"mesh = {{dp = 1, pp = 2}}, microbatches = 4 and [plan.pipeline] kind = \"1f1b\"")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise _fail(unknown[0], data[unknown[0]], f"unknown field; valid fields are {sorted(known)}")
-        for required in ("model", "strategy"):
+        for required in ("model", "plan"):
             if required not in data:
                 raise ValueError(f"config field {required!r} is missing; it is required")
         return cls(**data)
@@ -336,6 +291,15 @@ class RunConfig:
         path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
         return path
 
+    def to_toml(self) -> str:
+        """The config as TOML that :meth:`from_toml` reads back (the form ``launch/*.toml`` are written in)."""
+        return to_toml(self.to_dict())
+
+    def save_toml(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(self.to_toml())
+        return path
+
     def replace(self, **changes: Any) -> "RunConfig":
         data = self.to_dict()
         data.update(changes)
@@ -351,3 +315,52 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         return tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+
+
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _toml_key(key: str) -> str:
+    return key if _BARE_KEY.match(key) else json.dumps(key)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"TOML cannot hold the number {value!r}")
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # JSON's escapes are TOML basic-string escapes
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    raise ValueError(f"TOML cannot hold a {type(value).__name__}: {value!r}")
+
+
+def to_toml(data: dict[str, Any], _prefix: str = "") -> str:
+    """A dict of TOML-able values as TOML text: scalars first, then ``[tables]`` and ``[[arrays of tables]]``.
+
+    Small (flat) tables without nested tables are written inline, the way
+    ``mesh = { dp = 2, pp = 2 }`` reads best; the rest as sections.
+    """
+    def is_table_list(v: Any) -> bool:
+        return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
+
+    def inline(v: Any) -> bool:
+        return isinstance(v, dict) and len(v) <= 4 and not any(isinstance(x, (dict, list)) for x in v.values())
+
+    lines = [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in data.items()
+             if not (isinstance(v, dict) and not inline(v)) and not is_table_list(v)]
+    for key, value in data.items():
+        name = f"{_prefix}{_toml_key(key)}"
+        if isinstance(value, dict) and not inline(value):
+            lines += ["", f"[{name}]", to_toml(value, f"{name}.").strip("\n")]
+        elif is_table_list(value):
+            for entry in value:
+                lines += ["", f"[[{name}]]", to_toml(entry, f"{name}.").strip("\n")]
+    return "\n".join(line for i, line in enumerate(lines) if line or (i and lines[i - 1])).strip("\n") + "\n"

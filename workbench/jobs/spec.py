@@ -1,12 +1,12 @@
 """What to launch: the run config, the processes, the place, and the cluster options.
 
 A launch goes wrong most expensively after the processes have started (a
-world size that does not match the strategy surfaces as a hang in the first
+world size that does not match the plan surfaces as a hang in the first
 collective; a Slurm option the cluster cannot honour surfaces an hour later
 in the queue). So :class:`LaunchSpec` and :class:`SlurmOptions` check every
 field when they are built, and :func:`check_launchable` checks what depends on
 the machine (the entry module can be found with the spec's environment, the
-world size matches what the strategy needs) before a backend starts anything.
+world size matches what the plan's mesh needs) before a backend starts anything.
 Every refusal is a ``ValueError`` naming the field, the value and the fix.
 
 The spec is plain data: it round-trips through JSON (``spec.json`` in the run
@@ -214,7 +214,7 @@ def _run_config_class():
 
 
 def required_world_size(config: Any, entry: str) -> int | None:
-    """Processes the strategy in ``config`` needs, or None when the config does not say.
+    """Processes the plan in ``config`` needs (its mesh's size), or None when the config does not say.
 
     A ``RunConfig`` (or a dict for the default entry, parsed as one when the
     class is available) answers with its ``world_size`` and validates itself

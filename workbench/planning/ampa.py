@@ -40,6 +40,7 @@ from typing import Any, Sequence
 
 from ..core.costs import ClusterSpec, LinkSpec, ModelCosts
 from ..core.partition import Partition
+from ..core.topology import Topology
 from ..scheduling.stagecosts import layer_times_ms, optimizer_bytes
 
 __all__ = ["ampa", "search", "PartitionResult", "SearchCandidate", "Projection", "in_flight", "SCHEDULES"]
@@ -386,9 +387,10 @@ def _allreduce_exposed(proj: Projection, result: PartitionResult, cluster: Clust
         return 0.0
     S = proj.num_stages
     grad = [proj.pre_param[b + 1] - proj.pre_param[a] for a, b in result.partition.bounds]
+    layout = Topology(dp=groups, pp=S)  # stage k of every group: the ranks that all-reduce its gradients
     times = []
     for k in range(S):
-        link = collective or cluster.group_link([g * S + k for g in range(groups)])
+        link = collective or cluster.group_link(layout.group_of(layout.rank(dp=0, pp=k), "dp"))
         times.append(link.allreduce_ms(grad[k], groups) + (cluster.allreduce_call_ms(groups) if cluster else 0.0))
     if delay == 1:
         return max(0.0, max(times) - result.projected_iteration_ms)

@@ -61,133 +61,22 @@ runs at one size, give the constant factor ``k``.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ..core.config import RunConfig
 from ..core.costs import ClusterSpec, ModelCosts
 from ..core.partition import Partition
+from ..core.plan import ParallelPlan
 from ..core.rundir import load_measured_timeline, read_events
 from ..core.timeline import Timeline
 from ..scheduling.sharing import solo_durations
 from ..scheduling.stagecosts import StageCosts
+from .calibration import RuntimeCalibration, runtime_family
 from .clusters import core_sharing, load_cluster
-from .space import Strategy
+from .estimate import cost_context, estimate
 
-__all__ = ["RuntimeCalibration", "ComputeModel", "calibrate_from_run", "calibrate_from_timeline",
-           "calibrate_tensor_from_timeline", "CALIBRATION_STRATEGIES", "runtime_family", "compute_models",
-           "scale_compute"]
-
-# Strategies whose forward / backward events are compute only (plus DDP, whose backward holds its all-reduce).
-PIPELINE_STRATEGIES = ("gpipe", "1f1b", "interleaved", "gropipe", "async", "ddp")
-# Tensor-parallel runtimes: calibrated against the planner's whole step, less the communication it charges.
-TENSOR_STRATEGIES = ("tensor2d", "tensor1d")
-CALIBRATION_STRATEGIES = PIPELINE_STRATEGIES + TENSOR_STRATEGIES
-_LIMITS = (0.05, 20.0)  # a scale outside this is a wrong profile (another model, batch or device), not a calibration
-
-
-def scale_compute(costs: ModelCosts, k: float) -> ModelCosts:
-    """``costs`` with every layer's forward and backward time multiplied by ``k``."""
-    if k == 1.0:
-        return costs
-    return replace(costs, layers=tuple(replace(l, forward_ms=l.forward_ms * k, backward_ms=l.backward_ms * k)
-                                       for l in costs.layers))
-
-
-def runtime_family(name: str) -> str:
-    """The runtime family of a run's strategy (``async``, ``tensor2d``, ``ddp``, ``1f1b``, ...) or a planner kind
-    (``async``, ``tp2d``, ``dp``, ...): ``async``, ``tensor2d``, ``tensor1d`` or ``scheduled``."""
-    return {"async": "async", "tensor2d": "tensor2d", "tp2d": "tensor2d", "tensor1d": "tensor1d",
-            "tp1d": "tensor1d"}.get(name, "scheduled")
-
-
-@dataclass(frozen=True)
-class RuntimeCalibration:
-    """How much longer the runtime's ranks computed than the profile predicts (solo time over profile time)."""
-
-    compute_scale: float
-    events: int
-    measured_ms: float
-    predicted_ms: float
-    source: str = ""
-    strategy: str = ""
-    runtime: str = ""  # the run's runtime (RunConfig.strategy); empty: a scheduled one
-    microbatch_size: int = 0  # samples per forward event of the run (0: not recorded)
-
-    @property
-    def family(self) -> str:
-        return runtime_family(self.runtime)
-
-    def __post_init__(self) -> None:
-        lo, hi = _LIMITS
-        if not (isinstance(self.compute_scale, (int, float)) and lo <= self.compute_scale <= hi):
-            raise ValueError(f"compute_scale {self.compute_scale!r} is outside [{lo}, {hi}]: the profile does not "
-                             f"describe this run (another model, batch size or device?)")
-
-    def apply(self, costs: ModelCosts) -> ModelCosts:
-        """``costs`` with every layer's forward and backward time multiplied by ``compute_scale``."""
-        scaled = scale_compute(costs, self.compute_scale)
-        return replace(scaled, meta={**costs.meta, "runtime_calibration": self.to_dict()})
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"compute_scale": self.compute_scale, "events": self.events, "measured_ms": self.measured_ms,
-                "predicted_ms": self.predicted_ms, "source": self.source, "strategy": self.strategy,
-                "runtime": self.runtime, "microbatch_size": self.microbatch_size}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "RuntimeCalibration":
-        return cls(**data)
-
-
-@dataclass(frozen=True)
-class ComputeModel:
-    """A runtime family's compute against the profile: ``factor(b) = k + c / b`` at micro-batches of ``b``."""
-
-    family: str
-    k: float
-    c: float = 0.0
-    runs: int = 1
-    sizes: tuple[int, ...] = ()
-
-    def factor(self, microbatch: int) -> float:
-        return self.k + self.c / max(1, microbatch)
-
-    def describe(self) -> str:
-        if self.c == 0.0:
-            return f"{self.family} runtimes' compute x{self.k:.3f} the profile ({self.runs} run(s))"
-        return (f"{self.family} runtimes' compute x({self.k:.3f} + {self.c:.3f} / micro-batch) the profile "
-                f"({self.runs} runs at micro-batches of {', '.join(map(str, self.sizes))})")
-
-
-def _fit(family: str, cals: "list[RuntimeCalibration]") -> ComputeModel:
-    """Least squares of ``scale = k + c / b`` over the family's runs; a constant when that is all they allow."""
-    sizes = [c.microbatch_size for c in cals]
-    scales = [c.compute_scale for c in cals]
-    mean = sum(scales) / len(scales)
-    known = sorted({b for b in sizes if b > 0})
-    if len(known) < 2 or any(b <= 0 for b in sizes):
-        return ComputeModel(family, mean, 0.0, len(cals), tuple(known))
-    x = [1.0 / b for b in sizes]
-    mx = sum(x) / len(x)
-    c = sum((xi - mx) * (yi - mean) for xi, yi in zip(x, scales)) / sum((xi - mx) ** 2 for xi in x)
-    k = mean - c * mx
-    lo, _ = _LIMITS
-    if c < 0 or k < lo:  # the runs do not show a per-micro-batch cost (noise): keep the mean
-        return ComputeModel(family, mean, 0.0, len(cals), tuple(known))
-    return ComputeModel(family, k, c, len(cals), tuple(known))
-
-
-def compute_models(calibrations: "list[RuntimeCalibration]") -> dict[str, ComputeModel]:
-    """One :class:`ComputeModel` per runtime family with runs among those given (the planner scales a family
-    without one by the other family's model)."""
-    if not calibrations:
-        raise ValueError("no calibration given")
-    by_family: dict[str, list[RuntimeCalibration]] = {}
-    for cal in calibrations:
-        by_family.setdefault(cal.family, []).append(cal)
-    return {family: _fit(family, cals) for family, cals in by_family.items()}
-
+__all__ = ["calibrate_from_run", "calibrate_from_timeline", "calibrate_tensor_from_timeline"]
 
 def calibrate_from_timeline(costs: ModelCosts, timeline: Timeline, partition: Partition, microbatch_size: int, *,
                             cluster: str | Path | ClusterSpec = "local", background_load: float = 0.0,
@@ -240,8 +129,6 @@ def calibrate_tensor_from_timeline(costs: ModelCosts, timeline: Timeline, strate
     sharing) is the predicted one. ``shape``: the transformer's
     :class:`~.tensor_costs.TransformerShape`.
     """
-    from .search import plan  # search imports this module
-
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
     if shape is None:
@@ -257,15 +144,16 @@ def calibrate_tensor_from_timeline(costs: ModelCosts, timeline: Timeline, strate
         raise ValueError(f"no forward/backward events from iteration {warmup} on to calibrate from; run more steps")
     measured = statistics.median(sum(r.values()) / len(r) for r in steps.values())
     world = max(len(r) for r in steps.values())
-    planned = plan(costs, cluster, global_batch, world_size=world, shape=shape, strategies=[strategy],
-                   background_load=background_load)[strategy]
-    est = planned.estimate
+    spec, collective = load_cluster(cluster)
+    planned = ParallelPlan.parse(strategy)
+    est = estimate(cost_context(costs, spec, global_batch, world_size=world, collective_link=collective, shape=shape,
+                                background_load=background_load), planned)
     comm = est.detail["step_comm_ms"]
     if measured <= comm:
         raise ValueError(f"{strategy}: the run's forward + backward took {measured:.1f} ms, less than the "
                          f"{comm:.1f} ms of communication the planner charges for it; calibrate the cluster's links "
                          f"(workbench.runtime.commbench) before the compute")
-    replica_batch = global_batch // planned.strategy.dp
+    replica_batch = global_batch // planned.dp
     return RuntimeCalibration((measured - comm) / est.compute_ms, count, measured - comm, est.compute_ms, source,
                               strategy, runtime, replica_batch)
 
@@ -283,15 +171,15 @@ def calibrate_from_run(costs: ModelCosts, run_dir: str | Path, *, cluster: str |
     if not (run_dir / "config.json").is_file():
         raise ValueError(f"{str(run_dir)!r} is not a run directory (no config.json)")
     config = RunConfig.from_json(run_dir / "config.json")
-    if config.strategy not in CALIBRATION_STRATEGIES:
-        raise ValueError(f"cannot calibrate compute from a {config.strategy!r} run; use one of "
-                         f"{', '.join(CALIBRATION_STRATEGIES)} (a pipeline is best)")
-    if config.strategy in TENSOR_STRATEGIES:
-        kind = "tp2d" if config.strategy == "tensor2d" else "tp1d"
-        name = Strategy(kind, dp=config.groups, tp=config.tp).name
-        return calibrate_tensor_from_timeline(costs, load_measured_timeline(run_dir), name, config.global_batch,
-                                              shape, cluster=cluster, background_load=background_load, warmup=warmup,
-                                              source=str(run_dir), runtime=config.strategy)
+    family = runtime_family(config.plan)
+    if family is None:
+        raise ValueError(f"cannot calibrate compute from a run of {config.plan.name!r} (torch's own pipelining); "
+                         f"use a run of the workbench's pipelines, DDP or tensor parallelism (a pipeline is best)")
+    if family in ("tensor2d", "tensor1d"):
+        return calibrate_tensor_from_timeline(costs, load_measured_timeline(run_dir), config.plan.name,
+                                              config.global_batch, shape, cluster=cluster,
+                                              background_load=background_load, warmup=warmup, source=str(run_dir),
+                                              runtime=family)
     starts = [r for r in read_events(run_dir, rank=0) if r["kind"] == "start"]
     text = starts[-1].get("partition") if starts else None
     if not text:
@@ -300,4 +188,4 @@ def calibrate_from_run(costs: ModelCosts, run_dir: str | Path, *, cluster: str |
     return calibrate_from_timeline(costs, load_measured_timeline(run_dir), partition, config.microbatch_size,
                                    cluster=cluster,
                                    background_load=background_load, warmup=warmup, source=str(run_dir),
-                                   strategy=config.name or config.strategy, runtime=config.strategy)
+                                   strategy=config.name or config.plan.name, runtime=family)

@@ -45,18 +45,17 @@ from typing import Any, Callable
 
 from ..core.costs import ClusterSpec, DeviceSpec, LinkSpec, ModelCosts
 from ..core.partition import Partition
+from ..core.plan import GroPipe, NoPipeline, ParallelPlan
 from ..core.timeline import Timeline
-from ..scheduling import generators
 from ..scheduling.sharing import CoreSharing
 from ..scheduling.simulate import SimResult, simulate
 from ..scheduling.stagecosts import StageCosts
 from .ampa import PartitionResult, Projection, _allreduce_exposed, solve
-from .calibrate import ComputeModel, runtime_family, scale_compute
-from .clusters import core_sharing, shared_cores, time_sharing_slowdown
-from .space import Strategy
+from .calibration import ComputeModel, runtime_family, scale_compute
+from .clusters import collective_wait_fraction, core_sharing, shared_cores, time_sharing_slowdown
 from .tensor_costs import TransformerShape, estimate_step, simulate_step, step_flops
 
-__all__ = ["Estimate", "estimate", "project", "simulate_strategy", "CostContext", "DDP_BUCKET_BYTES"]
+__all__ = ["Estimate", "estimate", "project", "simulate_strategy", "CostContext", "cost_context", "DDP_BUCKET_BYTES"]
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket size
 GIB = 2**30
@@ -75,7 +74,7 @@ class CostContext:
     optimizer: str = "adam"
     world_size: int | None = None
     background_load: float = 0.0
-    # the runtime families' compute against the profile (planning.calibrate.compute_models); empty: as profiled
+    # the runtime families' compute against the profile (planning.calibration.compute_models); empty: as profiled
     compute_models: dict[str, ComputeModel] = field(default_factory=dict)
     _partitions: dict[tuple, PartitionResult | ValueError] = field(default_factory=dict, repr=False)
     _projections: dict[tuple, Projection] = field(default_factory=dict, repr=False)
@@ -95,23 +94,24 @@ class CostContext:
         """The cores the ranks of a node time-share, for the simulator (None: a device per rank)."""
         return core_sharing(self.cluster, self.background_load)
 
-    def calibration_factor(self, kind: str, microbatch: int) -> float:
-        """How much longer a ``kind`` strategy's runtime computes a micro-batch than the profile predicts
+    def calibration_factor(self, plan: ParallelPlan | None, microbatch: int) -> float:
+        """How much longer ``plan``'s runtime computes a micro-batch than the profile predicts
         (its own runtime family's model; else the scheduled runtimes'; else any calibrated family's)."""
         if not self.compute_models:
             return 1.0
-        model = (self.compute_models.get(runtime_family(kind)) or self.compute_models.get("scheduled")
+        family = runtime_family(plan) if plan is not None else None
+        model = (self.compute_models.get(family) or self.compute_models.get("scheduled")
                  or next(iter(self.compute_models.values())))
         return model.factor(microbatch)
 
-    def model_costs(self, recompute: bool, kind: str = "", microbatch: int = 1) -> ModelCosts:
-        """The profile for a ``kind`` strategy at micro-batches of ``microbatch``: scaled by its runtime
-        family's calibration, and with recomputation folded in (backward re-runs the forward).
+    def model_costs(self, recompute: bool, plan: ParallelPlan | None = None, microbatch: int = 1) -> ModelCosts:
+        """The profile for ``plan`` at micro-batches of ``microbatch``: scaled by its runtime family's
+        calibration, and with recomputation folded in (backward re-runs the forward).
 
         For partitioning, a recomputed layer keeps only its output (an upper
         bound of the stage input the runtime keeps).
         """
-        k = self.calibration_factor(kind, microbatch)
+        k = self.calibration_factor(plan, microbatch)
         key = (recompute, k)
         if key not in self._scaled:
             costs = scale_compute(self.costs, k)
@@ -120,31 +120,31 @@ class CostContext:
                 for l in costs.layers)) if recompute else costs
         return self._scaled[key]
 
-    def projection(self, strategy: Strategy) -> Projection:
+    def projection(self, strategy: ParallelPlan) -> Projection:
         """AMPA's per-layer prefix sums for the strategy's stages, micro-batches and schedule (cached)."""
         key = self._partition_key(strategy)
         return self._projections[key] if key in self._projections else self._project(strategy)
 
-    def _partition_key(self, strategy: Strategy) -> tuple:
+    def _partition_key(self, strategy: ParallelPlan) -> tuple:
         """What AMPA's result depends on: stages, micro-batches, the memory schedule, replicas, recomputation,
         and the compute calibration the strategy's runtime family has at its micro-batch."""
-        memory_schedule = "async" if strategy.kind == "async" else ("gpipe" if strategy.schedule == "gpipe" else "1f1b")
+        memory_schedule = strategy.memory_schedule
         microbatch = max(1, self.global_batch // strategy.dp // strategy.microbatches)
         return (strategy.pp * strategy.chunks, strategy.microbatches, memory_schedule, strategy.dp, strategy.recompute,
-                self.calibration_factor(strategy.kind, microbatch))
+                self.calibration_factor(strategy, microbatch))
 
-    def _project(self, strategy: Strategy) -> Projection:
+    def _project(self, strategy: ParallelPlan) -> Projection:
         stages, m, memory_schedule, _, _, _ = key = self._partition_key(strategy)
         # interleaved: virtual stage k runs on rank k mod p, so the chain of stages wraps around the same devices
         cluster = replace(self.cluster, devices_per_node=self.cluster.devices_per_node * strategy.chunks)
         microbatch = max(1, self.global_batch // strategy.dp // m)
-        proj = Projection(self.model_costs(strategy.recompute, strategy.kind, microbatch), stages, num_microbatches=m,
+        proj = Projection(self.model_costs(strategy.recompute, strategy, microbatch), stages, num_microbatches=m,
                           schedule=memory_schedule,
                           batch_size=self.global_batch // strategy.dp, cluster=cluster, optimizer=self.optimizer)
         self._projections[key] = proj
         return proj
 
-    def partition(self, strategy: Strategy) -> PartitionResult:
+    def partition(self, strategy: ParallelPlan) -> PartitionResult:
         """AMPA for the strategy's stages and micro-batches (cached; raises the memory failure)."""
         key = self._partition_key(strategy)
         if key not in self._partitions:
@@ -158,6 +158,22 @@ class CostContext:
         return found
 
 
+def cost_context(costs: ModelCosts, cluster: ClusterSpec, global_batch: int, *, world_size: int,
+                 collective_link: LinkSpec | None = None, memory_cap_bytes: int | None = None,
+                 shape: TransformerShape | None = None, optimizer: str = "adam", background_load: float = 0.0,
+                 compute_models: dict[str, ComputeModel] | None = None) -> CostContext:
+    """The context one search (or one calibration) estimates in: on a node whose ranks share its cores, a
+    collective step waits for a core only as far as the cores are oversubscribed, so its call cost is scaled
+    by :func:`~.clusters.collective_wait_fraction` for ``world_size`` ranks."""
+    cores = shared_cores(cluster)
+    if cores and cluster.collective_call_ms:
+        wait = collective_wait_fraction(min(world_size, cluster.devices_per_node), cores, background_load)
+        cluster = replace(cluster, collective_call_ms=cluster.collective_call_ms * wait)
+    return CostContext(costs, cluster, global_batch, collective_link, memory_cap_bytes,
+                       shape.with_batch(global_batch) if shape else None, optimizer, world_size, background_load,
+                       dict(compute_models or {}))
+
+
 @dataclass(frozen=True)
 class Estimate:
     """One strategy's predicted iteration and memory, with the breakdown of the busiest rank.
@@ -166,7 +182,7 @@ class Estimate:
     is ``"simulated"`` or ``"projected"`` (the closed form).
     """
 
-    strategy: Strategy
+    strategy: ParallelPlan
     iteration_ms: float
     throughput: float
     memory_bytes: int
@@ -191,8 +207,8 @@ class Estimate:
                 "partition": str(self.partition) if self.partition else None, **self.detail}
 
 
-def _stage_costs(ctx: CostContext, strategy: Strategy, partition: Partition, microbatch: int) -> StageCosts:
-    costs = ctx.model_costs(strategy.recompute, strategy.kind, microbatch)
+def _stage_costs(ctx: CostContext, strategy: ParallelPlan, partition: Partition, microbatch: int) -> StageCosts:
+    costs = ctx.model_costs(strategy.recompute, strategy, microbatch)
     sc = StageCosts.from_model(costs, partition, microbatch, device=ctx.cluster.device, optimizer=ctx.optimizer)
     if strategy.recompute:  # a stage keeps only its input per micro-batch in flight
         sc = replace(sc, activation_bytes=(int(ctx.costs.input_bytes * microbatch / ctx.costs.batch_size),
@@ -200,22 +216,11 @@ def _stage_costs(ctx: CostContext, strategy: Strategy, partition: Partition, mic
     return sc  # solo times: the simulator shares the cores (CostContext.sharing)
 
 
-def _schedule(strategy: Strategy, num_buckets: int = 1):
-    """The runtime's schedule for ``strategy`` and the iterations it is simulated over."""
-    s, m = strategy.pp, strategy.microbatches
-    if strategy.kind == "dp":
-        return generators.data_parallel(strategy.dp, num_buckets), 1
-    if strategy.kind == "pipeline":
-        if strategy.schedule == "interleaved":
-            return generators.interleaved(s, m, strategy.chunks), 1
-        return (generators.gpipe if strategy.schedule == "gpipe" else generators.one_f_one_b)(s, m), 1
-    if strategy.kind == "gropipe":
-        iterations = 3 if strategy.delay else 1
-        return generators.gropipe(strategy.dp, s, m, inner=strategy.schedule, delay=strategy.delay,
-                                  num_iterations=iterations), iterations
-    if strategy.kind == "async":  # the replicas' all-reduces are in the schedule, as the runtime runs them
-        return generators.async_1f1b(s, m, 4, num_groups=strategy.dp), 4
-    raise ValueError(f"{strategy.name}: no pipeline schedule for kind {strategy.kind!r}")
+def _schedule(plan: ParallelPlan, num_buckets: int = 1):
+    """The runtime's schedule for ``plan`` and the iterations it is simulated over: three for a delayed
+    all-reduce and four for the asynchronous pipeline, so the steady state lies between optimizer steps."""
+    iterations = 3 if plan.delayed_update else (4 if plan.iterates_across_steps else 1)
+    return plan.schedule(num_iterations=iterations, num_buckets=num_buckets), iterations
 
 
 def _steady_iteration_ms(sim: SimResult, iterations: int) -> float:
@@ -244,16 +249,15 @@ def _breakdown(sim: SimResult, iteration_ms: float, iterations: int) -> tuple[fl
     return compute, max(0.0, iteration_ms - compute - exposed), exposed
 
 
-def _replica_allreduce_ms(ctx: CostContext, grad_bytes: float, strategy: Strategy) -> float:
+def _replica_allreduce_ms(ctx: CostContext, grad_bytes: float, strategy: ParallelPlan) -> float:
     """Gradient all-reduce across the strategy's replicas (ranks r, r + unit, r + 2 unit, ...)."""
     if strategy.dp == 1 or grad_bytes <= 0:
         return 0.0
-    unit = strategy.pp * strategy.tp
-    link = ctx.collective_link or ctx.cluster.group_link([g * unit for g in range(strategy.dp)])
+    link = ctx.collective_link or ctx.cluster.group_link(strategy.mesh.group_of(0, "dp"))
     return link.allreduce_ms(grad_bytes, strategy.dp) + ctx.cluster.allreduce_call_ms(strategy.dp)
 
 
-def _finish(ctx: CostContext, strategy: Strategy, iteration_ms: float, memory: int, compute: float, bubble: float,
+def _finish(ctx: CostContext, strategy: ParallelPlan, iteration_ms: float, memory: int, compute: float, bubble: float,
             exposed: float, method: str, **extra: Any) -> Estimate:
     cap = ctx.cap
     if cap is not None and memory > cap:
@@ -263,16 +267,16 @@ def _finish(ctx: CostContext, strategy: Strategy, iteration_ms: float, memory: i
                     method, **extra)
 
 
-def _estimate_tensor(ctx: CostContext, strategy: Strategy) -> Estimate:
+def _estimate_tensor(ctx: CostContext, strategy: ParallelPlan) -> Estimate:
     shape = ctx.shape
     if shape is None:
         raise ValueError(f"{strategy.name}: tensor parallelism needs the transformer's shape (heads, hidden, ...); "
                          f"pass shape=TransformerShape(...) or profile a GPT-2/BERT model")
     batch = ctx.global_batch // strategy.dp
-    mode, degree = ("2d", strategy.q) if strategy.kind == "tp2d" else ("1d", strategy.tp)
+    mode, degree = (strategy.tp_kind, strategy.q if strategy.tp_kind == "2d" else strategy.tp)
     if strategy.recompute:
         raise ValueError(f"{strategy.name}: the tensor-parallel runtime does not recompute activations")
-    costs = ctx.model_costs(False, strategy.kind, batch)
+    costs = ctx.model_costs(False, strategy, batch)
     scale = batch / costs.batch_size * ctx.compute_scale(strategy.world_size)
     compute_ms = sum(l.forward_ms + l.backward_ms for l in costs.layers) * scale / strategy.tp
     grid = list(range(strategy.tp))
@@ -293,12 +297,12 @@ def _estimate_tensor(ctx: CostContext, strategy: Strategy) -> Estimate:
                            "step_comm_ms": step["step_ms"] - compute_ms, "grad_sync_ms": grad_sync})
 
 
-def estimate(ctx: CostContext, strategy: Strategy) -> Estimate:
+def estimate(ctx: CostContext, strategy: ParallelPlan) -> Estimate:
     """Simulate ``strategy`` (see the module docstring); ValueError when it cannot run or does not fit."""
-    if strategy.kind in ("tp2d", "tp1d"):
+    if strategy.tp > 1:
         return _estimate_tensor(ctx, strategy)
     microbatch = ctx.global_batch // strategy.dp // strategy.microbatches
-    if strategy.kind == "dp":
+    if isinstance(strategy.pipeline, NoPipeline):
         partition = Partition.from_cuts([], ctx.costs.num_layers)
         grads = ctx.costs.total("grad_bytes")
         buckets = max(1, min(ctx.costs.num_layers, math.ceil(grads / DDP_BUCKET_BYTES)))
@@ -310,7 +314,7 @@ def estimate(ctx: CostContext, strategy: Strategy) -> Estimate:
                              iterations)
 
 
-def simulate_strategy(ctx: CostContext, strategy: Strategy, partition: Partition, sc: StageCosts, schedule=None,
+def simulate_strategy(ctx: CostContext, strategy: ParallelPlan, partition: Partition, sc: StageCosts, schedule=None,
                       iterations: int | None = None, **detail: Any) -> Estimate:
     """Simulate ``strategy`` with these stage costs (its own schedule unless given) and read off the estimate."""
     if schedule is None:
@@ -325,13 +329,13 @@ def simulate_strategy(ctx: CostContext, strategy: Strategy, partition: Partition
                    sim=sim, timeline=sim.timeline, detail=detail)
 
 
-def project(ctx: CostContext, strategy: Strategy) -> Estimate:
+def project(ctx: CostContext, strategy: ParallelPlan) -> Estimate:
     """The closed form: AMPA's ``(m + S - 1) x bottleneck`` plus the exposed gradient all-reduce.
 
     Data and tensor parallel strategies are cheap to estimate exactly, so
     they are simulated / computed here too.
     """
-    if strategy.kind in ("dp", "tp2d", "tp1d"):
+    if isinstance(strategy.pipeline, NoPipeline):
         return estimate(ctx, strategy)
     result = ctx.partition(strategy)
     k = ctx.compute_scale(strategy.world_size)
@@ -339,12 +343,12 @@ def project(ctx: CostContext, strategy: Strategy) -> Estimate:
     bottleneck = max(stage_time)
     S, m = strategy.pp * strategy.chunks, strategy.microbatches
     fill = (S - 1) / strategy.chunks
-    iteration = m * bottleneck if strategy.kind == "async" else (m + fill) * bottleneck
+    iteration = m * bottleneck if strategy.iterates_across_steps else (m + fill) * bottleneck
     exposed = 0.0
-    if strategy.kind == "gropipe":
+    if isinstance(strategy.pipeline, GroPipe):
         scaled = replace(result, projected_iteration_ms=iteration)
         exposed = _allreduce_exposed(ctx.projection(strategy), scaled, ctx.cluster, ctx.collective_link, strategy.dp,
-                                     strategy.delay)
+                                     strategy.pipeline.delay)
     compute = m * result.stage_compute_ms[result.stage_cost_ms.index(result.bottleneck_ms)] * k
     total = iteration + exposed
     static = max(result.stage_memory_bytes)

@@ -17,9 +17,9 @@ with ``e`` units used. O(L x resolution x options²).
 found too big: for each stage of the time-optimal partition, each layer
 either keeps its saved activations for every in-flight micro-batch or
 keeps only its output and recomputes its forward in the backward pass. The
-runtime switches recomputation per stage (``recompute`` in the run config),
-so the launch config of such a plan recomputes every layer: it uses less
-memory and a little more time than the per-layer plan predicts.
+result is a per-layer :class:`~workbench.core.plan.ParallelPlan` that marks
+exactly the recomputed layers; the run config refuses it before launch
+until the runtime recomputes per layer.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 from ..scheduling.stagecosts import layer_times_ms
 from .ampa import in_flight, solve
 from .estimate import CostContext, Estimate, _stage_costs, simulate_strategy
-from .space import Strategy
+from ..core.plan import LayerPlan, NoPipeline, ParallelPlan
 
 __all__ = ["choose_per_layer", "selective_recompute_plans"]
 
@@ -78,19 +78,19 @@ def choose_per_layer(options: Sequence[Sequence[tuple[float, float]]], budget_by
     return total, chosen[::-1]
 
 
-def selective_recompute_plans(ctx: CostContext, strategies: Sequence[Strategy],
+def selective_recompute_plans(ctx: CostContext, strategies: Sequence[ParallelPlan],
                               infeasible: list[dict[str, Any]]) -> list[Estimate]:
     """Pipelines listed as not fitting, made to fit by recomputing the fewest layers (one plan per strategy)."""
     cap = ctx.cap
     missing = {i["name"] for i in infeasible}
     out = []
     for strategy in strategies:
-        if strategy.kind not in ("pipeline", "gropipe", "async") or strategy.name not in missing or cap is None:
+        if isinstance(strategy.pipeline, NoPipeline) or strategy.name not in missing or cap is None:
             continue
         proj = ctx.projection(strategy)
         result = solve(proj, None)
         microbatch = ctx.global_batch // strategy.dp // strategy.microbatches
-        forward, _ = layer_times_ms(ctx.model_costs(False, strategy.kind, microbatch), microbatch,
+        forward, _ = layer_times_ms(ctx.model_costs(False, strategy, microbatch), microbatch,
                                    device=ctx.cluster.device)
         scale = microbatch / ctx.costs.batch_size
         chosen_layers: list[int] = []
@@ -116,7 +116,9 @@ def selective_recompute_plans(ctx: CostContext, strategies: Sequence[Strategy],
             base = _stage_costs(ctx, strategy, result.partition, microbatch)  # solo times, like extra_ms
             sc = replace(base, backward_ms=tuple(bw + x for bw, x in zip(base.backward_ms, extra_ms)),
                          activation_bytes=tuple(kept_bytes))
-            labelled = replace(strategy, recompute=True)
+            # the plan says exactly which layers recompute (the runtime refuses per-layer options until it runs them)
+            labelled = strategy.with_layers(tuple(LayerPlan(recompute=layer in chosen_layers)
+                                                  for layer in range(ctx.costs.num_layers)))
             try:
                 out.append(simulate_strategy(ctx, labelled, result.partition, sc, recompute_layers=chosen_layers,
                                              recompute_choice="per layer (dynamic programming)"))

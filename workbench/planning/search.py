@@ -27,25 +27,26 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from ..core.config import STRATEGY_LAYOUTS, RunConfig
+from ..core.config import RunConfig
 from ..core.costs import ClusterSpec, LinkSpec, ModelCosts
+from ..core.plan import ParallelPlan
 from ..core.timeline import Timeline
 from ..scheduling.simulate import SimResult
-from .calibrate import ComputeModel, RuntimeCalibration, calibrate_from_run, compute_models
-from .clusters import collective_wait_fraction, load_cluster, shared_cores
-from .estimate import GIB, CostContext, Estimate, estimate, project
-from .space import STRATEGY_KINDS, Strategy, enumerate_strategies
+from .calibrate import calibrate_from_run
+from .calibration import ComputeModel, RuntimeCalibration, compute_models
+from .clusters import load_cluster
+from .estimate import GIB, Estimate, cost_context, estimate, project
+from .space import STRATEGY_KINDS, check_plan, enumerate_strategies
 from .tensor_costs import TransformerShape
 
 __all__ = ["plan", "Plan", "PlanResult", "transformer_shape", "TABLE_COLUMNS"]
 
 TABLE_COLUMNS = ["rank", "name", "iteration_ms", "throughput", "memory_gib", "compute_ms", "bubble_ms",
                  "exposed_comm_ms", "method", "partition", "feasible", "reason"]
-_RUNTIME_NAMES = {"dp": "ddp", "tp2d": "tensor2d", "tp1d": "tensor1d", "async": "async"}
 _NEEDS = re.compile(r"needs (\d+(?:\.\d+)?) GiB")
 
 
@@ -66,9 +67,9 @@ def transformer_shape(config: dict[str, Any], batch: int) -> TransformerShape:
 
 @dataclass(frozen=True)
 class Plan:
-    """One ranked strategy: its estimate, its timeline and the launch config that runs it."""
+    """One ranked strategy: its plan, its estimate, its timeline and the launch config that runs it."""
 
-    strategy: Strategy
+    strategy: ParallelPlan
     estimate: Estimate
     model: str
     global_batch: int
@@ -89,25 +90,13 @@ class Plan:
         return e.timeline if e.timeline is not None or e.make_timeline is None else e.make_timeline()
 
     def to_config(self, **overrides: Any) -> RunConfig:
-        """The :class:`~workbench.core.config.RunConfig` that launches this strategy (``overrides`` win)."""
-        s = self.strategy
-        runtime = s.schedule if s.kind == "pipeline" else _RUNTIME_NAMES.get(s.kind, s.kind)
-        if runtime not in STRATEGY_LAYOUTS:
-            raise ValueError(f"{s.name}: the runtime has no {runtime!r} strategy; runnable: {sorted(STRATEGY_LAYOUTS)}")
-        data: dict[str, Any] = {"model": self.model, "strategy": runtime, "name": s.name,
-                                "global_batch": self.global_batch, "recompute": s.recompute}
-        if s.kind in ("gropipe", "pipeline", "async"):
-            data.update(stages=s.pp, microbatches=s.microbatches, groups=s.dp)
-            if self.estimate.partition is not None:
-                data["partition"] = str(self.estimate.partition)
-        if s.kind == "gropipe":
-            data.update(inner=s.schedule, delay=s.delay)
-        if s.kind == "pipeline" and s.schedule == "interleaved":
-            data["chunks"] = s.chunks
-        if s.kind == "dp":
-            data.update(groups=s.dp, microbatches=1)
-        if s.kind in ("tp2d", "tp1d"):
-            data.update(groups=s.dp, tp=s.tp, microbatches=1)
+        """The :class:`~workbench.core.config.RunConfig` that launches this plan (``overrides`` win), with the
+        partition the estimate found; a plan the runtime cannot run yet is refused here, with the reason."""
+        plan = self.strategy
+        if self.estimate.partition is not None and plan.pp > 1:
+            plan = plan.replace(partition=str(self.estimate.partition))
+        data: dict[str, Any] = {"model": self.model, "name": self.strategy.name, "global_batch": self.global_batch,
+                                "plan": plan.to_dict()}
         data.update(overrides)
         return RunConfig.from_dict(data)
 
@@ -166,15 +155,15 @@ def _closest_miss(infeasible: list[dict[str, Any]], cap: int | None) -> str:
 
 
 def _candidates(costs: ModelCosts, world_size: int, global_batch: int, shape: TransformerShape | None,
-                kinds: Sequence[str], recompute: Iterable[bool], strategies: Sequence[str | Strategy] | None,
-                microbatch_options: Iterable[int] | None) -> list[Strategy]:
+                kinds: Sequence[str], recompute: Iterable[bool], strategies: Sequence[str | ParallelPlan] | None,
+                microbatch_options: Iterable[int] | None) -> list[ParallelPlan]:
     if strategies is not None:
-        chosen = [s if isinstance(s, Strategy) else Strategy.parse(s) for s in strategies]
+        chosen = [s if isinstance(s, ParallelPlan) else ParallelPlan.parse(s) for s in strategies]
         for s in chosen:
             if s.world_size != world_size:
                 raise ValueError(f"strategy {s.name} uses {s.world_size} devices, not the world size {world_size}")
-            s.check(num_layers=costs.num_layers, global_batch=global_batch,
-                    num_heads=shape.heads if shape else None, hidden=shape.hidden if shape else None)
+            check_plan(s, num_layers=costs.num_layers, global_batch=global_batch,
+                       num_heads=shape.heads if shape else None, hidden=shape.hidden if shape else None)
         return chosen
     return enumerate_strategies(world_size, num_layers=costs.num_layers, global_batch=global_batch,
                                 num_heads=shape.heads if shape else None, hidden=shape.hidden if shape else None,
@@ -193,7 +182,7 @@ def _load_costs(model: ModelCosts | str | Path) -> ModelCosts:
 def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, global_batch: int, *,
          memory_cap_gib: float | None = None, top: int | None = None, world_size: int | None = None,
          kinds: Sequence[str] = STRATEGY_KINDS, recompute: Iterable[bool] = (False, True),
-         shape: TransformerShape | None = None, strategies: Sequence[str | Strategy] | None = None,
+         shape: TransformerShape | None = None, strategies: Sequence[str | ParallelPlan] | None = None,
          simulate_top: int = 12, microbatch_options: Iterable[int] | None = None, optimizer: str = "adam",
          collective_link: LinkSpec | None = None, fine_grained: bool = False,
          background_load: float = 0.0,
@@ -208,13 +197,13 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
     ``background_load``: on clusters whose ranks share the node's cores
     (``local``), the other runnable work there (e.g. ``os.getloadavg()[0]``
     before launching), which changes how much the ranks slow each other.
-    ``calibration``: a :class:`~.calibrate.RuntimeCalibration` or the
+    ``calibration``: a :class:`~.calibration.RuntimeCalibration` or the
     directory of a finished run of this model (:func:`~.calibrate.
     calibrate_from_run`), whose measured compute scales the profile's; or a
     list of them: each runtime family (scheduled, async, tensor2d,
     tensor1d) is scaled by its own runs (a family without any by the
     scheduled one's), and runs of a family at two or more micro-batch sizes
-    fit its per-micro-batch cost (:func:`~.calibrate.compute_models`). A
+    fit its per-micro-batch cost (:func:`~.calibration.compute_models`). A
     tensor-parallel run also needs ``shape``.
     """
     started = time.perf_counter()
@@ -246,13 +235,10 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
         raise ValueError(f"memory_cap_gib must be a number > 0 (GiB per device), got {memory_cap_gib!r}")
     if isinstance(background_load, bool) or not isinstance(background_load, (int, float)) or background_load < 0:
         raise ValueError(f"background_load must be a number >= 0 (runnable processes), got {background_load!r}")
-    cores = shared_cores(spec)
-    if cores and spec.collective_call_ms:  # collective steps wait for a core only when the cores are oversubscribed
-        wait = collective_wait_fraction(min(world, spec.devices_per_node), cores, background_load)
-        spec = replace(spec, collective_call_ms=spec.collective_call_ms * wait)
     cap = int(memory_cap_gib * GIB) if memory_cap_gib is not None else None
-    ctx = CostContext(costs, spec, global_batch, coll, cap, shape.with_batch(global_batch) if shape else None,
-                      optimizer, world, background_load, models)
+    ctx = cost_context(costs, spec, global_batch, world_size=world, collective_link=coll, memory_cap_bytes=cap,
+                       shape=shape, optimizer=optimizer, background_load=background_load, compute_models=models)
+    spec = ctx.cluster
     candidates = _candidates(costs, world, global_batch, shape, kinds, recompute, strategies, microbatch_options)
     projected: list[Estimate] = []
     infeasible: list[dict[str, Any]] = []

@@ -5,8 +5,9 @@ in the same order, or their parameters could not be compared. So there is
 one source: :func:`global_batches` yields the whole global batch of each
 step (deterministic in ``seed`` and the step, so a resumed run continues
 with the exact next batch), and :func:`split_rounds` cuts it the way the
-runtime does: ``grad_accum`` rounds, each round across ``groups`` (group
-``g`` takes the ``g``-th equal slice) and then into ``microbatches``.
+runtime does: ``grad_accum`` rounds, each round across the plan's ``dp``
+replicas (replica ``g`` takes the ``g``-th equal slice) and then into the
+plan's ``microbatches``.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def split_rounds(batch: Batch, config: RunConfig, group: int) -> list[Microbatch
                          f"{config.global_batch}")
     rounds = []
     round_size = config.global_batch // config.grad_accum
-    group_size = round_size // config.groups
+    group_size = round_size // config.plan.dp
     mb = config.microbatch_size
     for r in range(config.grad_accum):
         lo = r * round_size + group * group_size

@@ -52,19 +52,16 @@ def autocast_dtype_for(precision: str, device: torch.device) -> torch.dtype | No
 
 def resolve_partition(config: RunConfig, model, example_input: torch.Tensor) -> Partition:
     """The stage -> layers map for the config: uniform, explicit text, or AMPA on a fresh profile."""
+    plan = config.plan
     num_layers = len(model)
-    stages = config.num_virtual_stages
-    if config.strategy == "ddp":
+    stages = plan.num_virtual_stages
+    if stages == 1:
         return Partition.uniform(num_layers, 1)
-    if config.partition == "uniform":
+    if plan.partition == "uniform":
         return Partition.uniform(num_layers, stages)
-    if config.partition == "ampa":
+    if plan.partition == "ampa":
         return ampa_partition(config, model, example_input)
-    partition = Partition.parse(config.partition, num_layers)
-    if partition.num_stages != stages:
-        raise ValueError(f"config field 'partition' = {config.partition!r} has {partition.num_stages} stages; "
-                         f"strategy {config.strategy!r} needs {stages} (stages x chunks)")
-    return partition
+    return Partition.parse(plan.partition, num_layers)  # its stage count was checked with the plan
 
 
 def ampa_partition(config: RunConfig, model, example_input: torch.Tensor) -> Partition:
@@ -74,10 +71,9 @@ def ampa_partition(config: RunConfig, model, example_input: torch.Tensor) -> Par
 
     microbatch = example_input.shape[0]
     costs = profile(copy.deepcopy(model), microbatch, device=str(example_input.device), progress=False)
-    schedule = "gpipe" if config.strategy == "gpipe" or (config.strategy == "gropipe" and config.inner == "gpipe") \
-        else "1f1b"
-    result = ampa(costs, config.num_virtual_stages, num_microbatches=config.microbatches, schedule=schedule,
-                  batch_size=microbatch * config.microbatches, optimizer=config.optimizer.name)
+    plan = config.plan
+    result = ampa(costs, plan.num_virtual_stages, num_microbatches=plan.microbatches, schedule=plan.memory_schedule,
+                  batch_size=microbatch * plan.microbatches, optimizer=config.optimizer.name)
     return result.partition
 
 
@@ -132,13 +128,13 @@ def train(config: RunConfig, run_dir: Path, writer: EventWriter) -> None:
     ctx = RunContext(config=config, rank=rank, world_size=world_size, device=device,
                      autocast_dtype=autocast_dtype_for(config.precision, device), model=model,
                      partition=partition, example_input=example, record_events=config.events.stage_events)
-    strategy = strategy_class(config.strategy)(ctx)
+    strategy = strategy_class(config.plan)(ctx)
     start_step = 0
     resumed_from = latest_checkpoint(run_dir, world_size) if config.resume else None
     if resumed_from is not None:
         start_step = _restore(run_dir, resumed_from, rank, strategy, device)
     writer.step = start_step
-    writer.write("start", world_size=world_size, strategy=config.strategy, config=config.to_dict(), pid=os.getpid(),
+    writer.write("start", world_size=world_size, strategy=config.plan.name, config=config.to_dict(), pid=os.getpid(),
                  host=socket.gethostname(), restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
                  resumed_from=resumed_from, partition=str(partition), device=str(device))
     writer.start_heartbeat(config.events.heartbeat_s)
@@ -192,9 +188,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         world_size = int(os.environ.get("WORLD_SIZE", 1))
         if world_size != config.world_size:
-            raise ValueError(f"strategy {config.strategy!r} with groups={config.groups} stages={config.stages} tp={config.tp} needs "
-                             f"{config.world_size} processes, torchrun started {world_size}; launch with "
-                             f"--nproc-per-node {config.world_size}")
+            raise ValueError(f"plan {config.plan.name!r} on mesh {config.plan.mesh} needs {config.world_size} "
+                             f"processes, torchrun started {world_size}; launch with --nproc-per-node "
+                             f"{config.world_size}")
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 1)))
         init_distributed(pick_device(config.device), timeout_s=config.collective_timeout_s)
         train(config, run_dir, writer)

@@ -36,20 +36,20 @@ def reference_train(config: RunConfig, *, steps: int | None = None, delay: int |
     from ..models import build_model
 
     steps = config.steps if steps is None else steps
-    delay = config.delay if delay is None else delay
+    delay = (config.plan.pipeline.delay if config.plan.delayed_update else 0) if delay is None else delay
     model = build_model(config.model, seed=config.seed, **config.model_overrides)
     torch.manual_seed(config.seed + 1)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(params, config)
     batches = global_batches(config, model, 0)
-    total_mb = config.groups * config.microbatches * config.grad_accum
+    total_mb = config.plan.dp * config.plan.microbatches * config.grad_accum
     previous: list[torch.Tensor] | None = None
     losses = []
     for _ in range(steps):
         batch = next(batches)
         loss_sum = 0.0
         for r in range(config.grad_accum):
-            for g in range(config.groups):
+            for g in range(config.plan.dp):
                 data = split_rounds(batch, config, g)[r]
                 for x, y in zip(data.inputs, data.targets):
                     loss = model.loss_fn(model(x), y)

@@ -7,14 +7,14 @@ and returns the same events the runtime records; ``memory`` and
 ``stagecosts`` hold the memory and per-stage cost models they share.
 """
 
-from .generators import GENERATORS, async_1f1b, data_parallel, gpipe, gropipe, interleaved, one_f_one_b, tensor2d_step
+from .generators import async_1f1b, data_parallel, gpipe, gropipe, interleaved, one_f_one_b, tensor2d_step
 from .passes import add_grad_sync, add_p2p, add_weight_stash, lower
 from .simulate import SimResult, simulate
 from .stagecosts import StageCosts
 from .validate import ScheduleError, validate
 
 __all__ = [
-    "GENERATORS", "gpipe", "one_f_one_b", "interleaved", "async_1f1b", "gropipe", "data_parallel", "tensor2d_step",
+    "gpipe", "one_f_one_b", "interleaved", "async_1f1b", "gropipe", "data_parallel", "tensor2d_step",
     "add_p2p", "add_grad_sync", "add_weight_stash", "lower", "validate", "ScheduleError", "simulate", "SimResult",
     "StageCosts",
 ]

@@ -29,41 +29,26 @@ from .sharing import CoreSharing, solo_durations
 from .simulate import SimResult, simulate
 from .stagecosts import StageCosts
 
-__all__ = ["PIPELINE_STRATEGIES", "schedule_for_config", "stage_costs_from_timeline", "predict_from_measured"]
-
-PIPELINE_STRATEGIES = ("gpipe", "1f1b", "interleaved", "gropipe", "async")
+__all__ = ["schedule_for_config", "stage_costs_from_timeline", "predict_from_measured"]
 
 
 def schedule_for_config(config: Any, iteration: int = 0) -> Schedule:
-    """The compute schedule (not lowered) of a pipeline run config.
+    """The compute schedule (not lowered) a run config's plan runs, at ``iteration``.
 
-    ``config`` is a ``RunConfig`` (or anything with its ``strategy``,
-    ``stages``, ``microbatches``, ``chunks``, ``groups``, ``inner`` and
-    ``delay`` attributes). GroPipe numbers its iterations (the delayed step
-    of iteration ``t`` applies ``t - 1``), so it is built per ``iteration``.
-    ``async`` is one stream over all ``steps`` iterations; with ``inflight =
-    "auto"`` (chosen by the runtime from a profile) the generator's default
-    depth stands in.
+    GroPipe numbers its iterations (the delayed step of iteration ``t``
+    applies ``t - 1``), so it is built per ``iteration``; the asynchronous
+    pipeline is one stream over all ``steps`` iterations (with ``inflight =
+    "auto"``, chosen by the runtime from a profile, the generator's default
+    depth stands in). A plan without a pipeline has no scheduled pipeline to
+    predict, which is a ValueError.
     """
-    from . import generators
-
-    strategy = config.strategy
-    s, m = config.stages, config.microbatches
-    if strategy == "gpipe":
-        return generators.gpipe(s, m)
-    if strategy == "1f1b":
-        return generators.one_f_one_b(s, m)
-    if strategy == "interleaved":
-        return generators.interleaved(s, m, config.chunks)
-    if strategy == "gropipe":
-        return generators.gropipe(config.groups, s, m, inner=config.inner, delay=config.delay,
-                                  first_iteration=iteration)
-    if strategy == "async":
-        inflight = getattr(config, "inflight", "auto")
-        return generators.async_1f1b(s, m, config.steps, inflight=None if inflight == "auto" else inflight,
-                                     mode=getattr(config, "mode", "stash"),
-                                     vertical_sync=getattr(config, "vertical_sync", False), num_groups=config.groups)
-    raise ValueError(f"strategy {strategy!r} is not a scheduled pipeline; valid: {', '.join(PIPELINE_STRATEGIES)}")
+    plan = config.plan
+    if not plan.is_scheduled:
+        raise ValueError(f"plan {plan.name!r} is not a pipeline the workbench schedules; predicted timelines are "
+                         f"for GPipe, 1F1B, interleaved, GroPipe and asynchronous pipelines")
+    if plan.iterates_across_steps:
+        return plan.schedule(num_iterations=config.steps)
+    return plan.schedule(first_iteration=iteration)
 
 
 def stage_costs_from_timeline(timeline: Timeline, num_stages: int, sharing: CoreSharing | None = None) -> StageCosts:
@@ -126,12 +111,9 @@ def predict_from_measured(config: Any, measured: Timeline, *, cluster: ClusterSp
     """
     if iteration is None:
         iteration = max((e.iteration for e in measured), default=0)
-    warm = min(iteration, 2) if config.strategy == "gropipe" and config.delay > 0 else 0
+    warm = min(iteration, 2) if config.plan.delayed_update else 0
     if warm:
-        from . import generators
-
-        schedule = generators.gropipe(config.groups, config.stages, config.microbatches, inner=config.inner,
-                                      delay=config.delay, first_iteration=iteration - warm, num_iterations=warm + 1)
+        schedule = config.plan.schedule(first_iteration=iteration - warm, num_iterations=warm + 1)
     else:
         schedule = schedule_for_config(config, iteration)
     num_stages = max(a.stage for r in range(schedule.num_ranks) for a in schedule.actions(r)) + 1

@@ -30,13 +30,13 @@ its step; a caller running one iteration at a time passes
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
 from ..core.ir import Action, Op, Schedule
 
 __all__ = [
     "gpipe", "one_f_one_b", "interleaved", "async_1f1b", "async_inflight", "ASYNC_MODES", "gropipe", "data_parallel",
-    "tensor2d_step", "GENERATORS", "pipeline_order",
+    "tensor2d_step", "pipeline_order",
 ]
 
 
@@ -291,13 +291,13 @@ def gropipe(num_groups: int, num_stages: int, num_microbatches: int, *, inner: s
             order = pipeline_order(inner, S, s, m)
             ranks.append(tuple(Action(s, Op(kind), mb, iteration=first_iteration + t)
                                for t in range(num_iterations) for kind, mb in order))
-    base = Schedule(tuple(ranks), name="gropipe", num_stages=S, num_microbatches=m,
+    base = Schedule(tuple(ranks), name=gropipe.__name__, num_stages=S, num_microbatches=m,
                     meta={"stage_to_rank": [[g * S + s for s in range(S)] for g in range(G)], "replicas": G,
                           "groups": G, "inner": inner, "num_iterations": num_iterations,
                           "first_iteration": first_iteration})
     synced = add_grad_sync(base, delay=delay, drain=drain)
     start = max(0, first_iteration - delay)
-    return Schedule(tuple(tuple(_with_versions(list(r), start)) for r in synced.ranks), name="gropipe", num_stages=S,
+    return Schedule(tuple(tuple(_with_versions(list(r), start)) for r in synced.ranks), name=gropipe.__name__, num_stages=S,
                     num_microbatches=m, meta=synced.meta)
 
 
@@ -338,14 +338,3 @@ def tensor2d_step(q: int, num_layers: int) -> Schedule:
                     num_microbatches=1,
                     meta={"replicas": 1, "q": q, "row_groups": grid,
                           "col_groups": [[grid[i][j] for i in range(q)] for j in range(q)]})
-
-
-GENERATORS: dict[str, Callable[..., Schedule]] = {
-    "gpipe": gpipe,
-    "1f1b": one_f_one_b,
-    "interleaved": interleaved,
-    "async": async_1f1b,
-    "gropipe": gropipe,
-    "dp": data_parallel,
-    "tensor2d": tensor2d_step,
-}

@@ -18,7 +18,7 @@ an in-place update of the two figures (``update_balance_figure`` /
 The state after each update is :attr:`PartitionEditor.state` (an
 :class:`EditorState`), so the logic is tested by setting controls in Python.
 "Launch" turns the current partition into a ``RunConfig`` (partition text,
-strategy = the schedule), launches it and shows its ``JobMonitor``.
+the plan of the chosen schedule), launches it and shows its ``JobMonitor``.
 
 Page hooks (stable CSS classes for notebooks and browser tests): one
 ``IntSlider`` per boundary with class ``wb-boundary`` and description
@@ -36,7 +36,6 @@ import html
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Sequence
 
 import ipywidgets as W
@@ -47,7 +46,7 @@ from ..core.partition import Partition
 from ..planning.ampa import PartitionResult, Projection, solve
 from ..planning.clusters import cluster_names, collective_link, get_cluster
 from ..planning.partitioners import partition as run_partitioner
-from ..scheduling.from_config import schedule_for_config
+from ..core.plan import GPipe, GroPipe, Interleaved, OneFOneB, ParallelPlan
 from ..scheduling.simulate import SimResult, simulate
 from ..scheduling.stagecosts import StageCosts
 from ..viz.balance import balance_figure, update_balance_figure
@@ -57,7 +56,7 @@ from .schedule_explorer import display_view, label, refresh_figure
 
 __all__ = ["PartitionEditor", "EditorState", "EDITOR_SCHEDULES", "EDITOR_ALGORITHMS"]
 
-EDITOR_SCHEDULES = ("gpipe", "1f1b", "interleaved", "gropipe")
+EDITOR_SCHEDULES = (GPipe.kind, OneFOneB.kind, Interleaved.kind, GroPipe.kind)
 EDITOR_ALGORITHMS = ("ampa", "uniform", "params", "time", "pipedream")
 NO_CLUSTER = "none (free communication)"
 GIB = 2**30
@@ -241,29 +240,28 @@ class PartitionEditor:
             self._clusters[name] = get_cluster(name)
         return self._clusters[name]
 
-    def _run_config_fields(self) -> SimpleNamespace:
-        kind = self.schedule.value
-        return SimpleNamespace(strategy=kind, stages=self.stages.value, microbatches=self.microbatches.value,
-                               chunks=self.chunks.value if kind == "interleaved" else 1,
-                               groups=self.groups.value if kind == "gropipe" else 1, inner="1f1b",
-                               delay=self.delay.value if kind == "gropipe" else 0)
+    def plan(self, partition: str = "uniform") -> ParallelPlan:
+        """The parallel plan the controls describe (``partition``: the cut to launch, if any)."""
+        return ParallelPlan.for_pipeline(self.schedule.value, self.stages.value, self.microbatches.value,
+                                         groups=self.groups.value, chunks=self.chunks.value, delay=self.delay.value,
+                                         partition=partition)
 
     def _configure(self) -> None:
         """Prepare everything that does not depend on the cut, then cut with the chosen algorithm."""
-        fields = self._run_config_fields()
-        V, m, cluster = self.num_virtual_stages, fields.microbatches, self.cluster_spec
-        self.groups.disabled = self.delay.disabled = fields.strategy != "gropipe"
-        self.chunks.disabled = fields.strategy != "interleaved"
+        V, m, cluster = self.num_virtual_stages, self.microbatches.value, self.cluster_spec
+        self.groups.disabled = self.delay.disabled = self.schedule.value != GroPipe.kind
+        self.chunks.disabled = self.schedule.value != Interleaved.kind
         try:
+            plan = self.plan()
             if V > self.costs.num_layers:
                 raise ValueError(f"{V} stages for {self.costs.num_layers} layers: use at most "
                                  f"{self.costs.num_layers} (stages x chunks)")
-            if cluster is not None and cluster.world_size < fields.groups * fields.stages:
+            if cluster is not None and cluster.world_size < plan.world_size:
                 raise ValueError(f"cluster {cluster.name!r} has {cluster.world_size} devices, fewer than "
-                                 f"{fields.groups} groups x {fields.stages} stages")
-            schedule = schedule_for_config(fields)
+                                 f"{plan.dp} groups x {plan.pp} stages")
+            schedule = plan.schedule()
             projection = Projection(self.costs, V, num_microbatches=m, cluster=cluster,
-                                    schedule="gpipe" if fields.strategy == "gpipe" else "1f1b")
+                                    schedule=plan.memory_schedule)
             cap = cluster.device.memory_bytes if cluster else None
             optimum = solve(projection, cap)
         except ValueError as error:  # the previous configuration stays in force, and the error stays shown
@@ -441,16 +439,14 @@ class PartitionEditor:
 
     # -- launch -------------------------------------------------------------------------------------
     def run_config(self, **overrides: Any):
-        """The ``RunConfig`` that trains the current partition (strategy = the schedule)."""
+        """The ``RunConfig`` that trains the current partition with the controls' plan."""
         from ..core.config import RunConfig
 
-        fields = self._run_config_fields()
         if self.state is None:
             raise ValueError("the editor has no valid partition to launch; fix the configuration first")
-        data = dict(model=self.costs.model, strategy=fields.strategy, name=f"editor-{fields.strategy}",
-                    stages=fields.stages, groups=fields.groups, chunks=fields.chunks, delay=fields.delay,
-                    microbatches=fields.microbatches, global_batch=self.costs.batch_size * fields.groups,
-                    partition=str(self.state.partition), steps=self.launch_steps)
+        plan = self.plan(partition=str(self.state.partition))
+        data = dict(model=self.costs.model, plan=plan.to_dict(), name=f"editor-{plan.family}",
+                    global_batch=self.costs.batch_size * plan.dp, steps=self.launch_steps)
         data.update(overrides)
         return RunConfig.from_dict(data)
 

@@ -211,9 +211,7 @@ class PlanExplorer:
         e = chosen.estimate
         try:
             config = html.escape(json.dumps({k: v for k, v in chosen.to_config().to_dict().items()
-                                             if k in ("model", "strategy", "groups", "stages", "tp", "chunks",
-                                                      "inner", "delay", "microbatches", "global_batch", "partition",
-                                                      "recompute")}))
+                                             if k in ("model", "plan", "global_batch")}))
         except ValueError as error:
             config = html.escape(f"not launchable: {error}")
         return (f"<b>#{chosen.rank} {html.escape(chosen.name)}</b>: iteration <b>{e.iteration_ms:.3f} ms</b> = "

@@ -8,8 +8,8 @@ the idle time sits and how it moves as stages, micro-batches, chunks,
 backward cost and communication change.
 
 Approach. The controls build one schedule value with the same generators
-the runtime executes (``schedule_for_config``; ``async_1f1b`` for the
-asynchronous pipeline), cost it with identical stages (forward 1 unit,
+the runtime executes (the controls' :class:`~workbench.core.plan.ParallelPlan`
+and its ``schedule()``), cost it with identical stages (forward 1 unit,
 backward ``backward ratio`` units, per rank), and, when the communication
 ratio is above zero, a one-link cluster whose transfer of one activation
 takes ``comm ratio`` forward units (gradient all-reduces use the same link).
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import html
 import os
-from types import SimpleNamespace
 from typing import Callable
 
 import ipywidgets as W
@@ -40,8 +39,7 @@ from ..core.costs import ClusterSpec, LinkSpec
 from ..core.ir import Schedule
 from ..core.timeline import Timeline
 from ..planning.clusters import get_device
-from ..scheduling.from_config import schedule_for_config
-from ..scheduling.generators import async_1f1b
+from ..core.plan import AsyncPipeline, GPipe, GroPipe, Interleaved, OneFOneB, ParallelPlan
 from ..scheduling.simulate import SimResult, simulate
 from ..scheduling.stagecosts import StageCosts
 from ..viz.timeline import timeline_figure, update_timeline_figure
@@ -50,7 +48,7 @@ from .figure import figure_widget
 __all__ = ["ScheduleExplorer", "EXPLORER_SCHEDULES", "bubble_formula", "build_schedule", "uniform_stage_costs",
            "label", "refresh_figure", "display_view"]
 
-EXPLORER_SCHEDULES = ("gpipe", "1f1b", "interleaved", "async", "gropipe")
+EXPLORER_SCHEDULES = (GPipe.kind, OneFOneB.kind, Interleaved.kind, AsyncPipeline.kind, GroPipe.kind)
 MESSAGE_BYTES = 1 << 20  # one activation message of the explorer's synthetic model
 _COMPUTE = ("F", "B", "I", "W")
 
@@ -98,10 +96,9 @@ def build_schedule(kind: str, stages: int, microbatches: int, *, chunks: int = 2
     """The compute schedule the explorer shows (the generators' own value)."""
     if kind not in EXPLORER_SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(EXPLORER_SCHEDULES)}; got {kind!r}")
-    if kind == "async":
-        return async_1f1b(stages, microbatches, iterations)
-    return schedule_for_config(SimpleNamespace(strategy=kind, stages=stages, microbatches=microbatches,
-                                               chunks=chunks, groups=groups, inner="1f1b", delay=delay))
+    plan = ParallelPlan.for_pipeline(kind, stages, microbatches, chunks=chunks, delay=delay,
+                                     groups=groups if kind == GroPipe.kind else 1)
+    return plan.schedule(num_iterations=iterations if plan.iterates_across_steps else 1)
 
 
 def bubble_formula(kind: str, stages: int, microbatches: int, *, chunks: int = 2,
@@ -240,7 +237,7 @@ class ScheduleExplorer:
         """Rebuild, re-simulate and redraw from the controls."""
         kinds = {self.schedule.value, self.compare.value}
         self.chunks.disabled = "interleaved" not in kinds
-        self.groups.disabled = self.delay.disabled = "gropipe" not in kinds
+        self.groups.disabled = self.delay.disabled = GroPipe.kind not in kinds
         self.iterations.disabled = "async" not in kinds
         try:
             self.result = self._simulate(self.schedule.value)

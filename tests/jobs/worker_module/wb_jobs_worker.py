@@ -104,7 +104,9 @@ def main() -> None:
     stop = threading.Event()
     threading.Thread(target=heartbeat, args=(writer, state, float(cfg.get("heartbeat_s", 0.5)), stop),
                      daemon=True).start()
-    writer.write("start", world_size=int(os.environ["WORLD_SIZE"]), strategy="ddp-test", config=cfg,
+    # like the real entry, the start event names the plan that ran (here: data parallel over every rank)
+    world_size = int(os.environ["WORLD_SIZE"])
+    writer.write("start", world_size=world_size, strategy=f"dp{world_size}", config=cfg,
                  pid=os.getpid(), host=socket.gethostname(),
                  restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
     try:

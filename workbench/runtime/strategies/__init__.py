@@ -1,33 +1,41 @@
-"""Parallel strategies run by the runtime, by config name.
+"""Parallel strategies run by the runtime, chosen by what the run's plan says.
 
-``STRATEGIES`` maps a config's ``strategy`` to ``"module:Class"`` inside
-this package, imported only when a run uses it (so registering a strategy
-costs nothing and needs no torch import here). Adding a strategy is one
-line below, plus its layout in ``workbench.core.config.STRATEGY_LAYOUTS``.
+:func:`strategy_class` reads the plan's pipeline kind (and, without a
+pipeline, its tensor parallelism) and returns the class that runs it, as
+``"module:Class"`` inside this package imported only when a run uses it (so
+registering a strategy costs nothing and needs no torch import here).
+Adding a pipeline kind is one line in :data:`BY_PIPELINE`.
 """
 
 from __future__ import annotations
 
 from importlib import import_module
 
-__all__ = ["STRATEGIES", "strategy_class"]
+from ...core.plan import AsyncPipeline, GPipe, GroPipe, Interleaved, NoPipeline, OneFOneB, ParallelPlan, \
+    TorchPipelining
 
-STRATEGIES: dict[str, str] = {
-    "gpipe": "pipeline:ScheduledPipeline",
-    "1f1b": "pipeline:ScheduledPipeline",
-    "interleaved": "pipeline:ScheduledPipeline",
-    "gropipe": "gropipe:GroPipe",
-    "async": "async_pipeline:AsyncPipeline",
-    "ddp": "ddp:DataParallel",
-    "torch-pipelining": "torch_pipelining:TorchPipelining",
-    "tensor2d": "tensor_parallel:TensorParallel2D",
-    "tensor1d": "tensor_parallel:TensorParallel1D",
+__all__ = ["BY_PIPELINE", "BY_TENSOR", "strategy_class"]
+
+BY_PIPELINE: dict[type, str] = {
+    GPipe: "pipeline:ScheduledPipeline",
+    OneFOneB: "pipeline:ScheduledPipeline",
+    Interleaved: "pipeline:ScheduledPipeline",
+    GroPipe: "gropipe:GroPipe",
+    AsyncPipeline: "async_pipeline:AsyncPipeline",
+    TorchPipelining: "torch_pipelining:TorchPipelining",
+}
+# plans without a pipeline, by the mesh's tensor parallelism
+BY_TENSOR: dict[str, str] = {
+    "none": "ddp:DataParallel",
+    "2d": "tensor_parallel:TensorParallel2D",
+    "1d": "tensor_parallel:TensorParallel1D",
 }
 
 
-def strategy_class(name: str) -> type:
-    """The Strategy class registered under ``name``."""
-    if name not in STRATEGIES:
-        raise ValueError(f"unknown strategy {name!r}; registered: {', '.join(sorted(STRATEGIES))}")
-    module_name, class_name = STRATEGIES[name].split(":")
+def strategy_class(plan: ParallelPlan) -> type:
+    """The Strategy class that runs ``plan``."""
+    if not isinstance(plan, ParallelPlan):
+        raise ValueError(f"strategy_class takes a ParallelPlan, got {type(plan).__name__}")
+    target = BY_TENSOR[plan.tp_kind] if isinstance(plan.pipeline, NoPipeline) else BY_PIPELINE[type(plan.pipeline)]
+    module_name, class_name = target.split(":")
     return getattr(import_module(f"{__name__}.{module_name}"), class_name)

@@ -71,7 +71,6 @@ from torch.func import functional_call
 
 from ...core.ir import Action, Op, Schedule
 from ...core.timeline import Event
-from ...core.topology import Topology
 from ..batches import global_batches, split_rounds
 from ..groups import build_groups
 from ..interpreter import Interpreter, MicrobatchData
@@ -82,13 +81,14 @@ __all__ = ["AsyncPipeline", "async_schedule", "StageWeights", "VersionedBlock"]
 
 
 def async_schedule(config, inflight: tuple[int, ...] | int | None = None) -> Schedule:
-    """The lowered stream of the whole run (``config.steps`` iterations) that every rank executes."""
-    from ...scheduling.generators import async_1f1b
+    """The lowered stream of the whole run (``config.steps`` iterations) that every rank executes, with
+    ``inflight`` (the depths the runtime resolved) in place of the plan's own."""
     from ...scheduling.passes import add_p2p
 
-    schedule = async_1f1b(config.stages, config.microbatches, config.steps, inflight=inflight, mode=config.mode,
-                          vertical_sync=config.vertical_sync, num_groups=config.groups)
-    return add_p2p(schedule)
+    plan = config.plan
+    if inflight is not None:
+        plan = plan.replace(pipeline=replace(plan.pipeline, inflight=inflight))
+    return add_p2p(plan.schedule(num_iterations=config.steps))
 
 
 def _stream_index(actions: tuple[Action, ...], num_microbatches: int) -> list[Action]:
@@ -267,34 +267,35 @@ class AsyncPipeline(Strategy):
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
         config = ctx.config
-        self.groups = build_groups(Topology(dp=config.groups, pp=config.stages))
+        plan, spec = config.plan, config.plan.pipeline
+        self.groups = build_groups(plan.mesh)
         self.group_index = self.groups.coord("dp")
-        if ctx.partition.num_stages != config.stages:
-            raise ValueError(f"partition {ctx.partition} has {ctx.partition.num_stages} stages, strategy 'async' "
-                             f"needs {config.stages}")
-        blocks = [ctx.model.stage(*ctx.partition.bounds[s]) for s in range(config.stages)]
+        if ctx.partition.num_stages != plan.pp:
+            raise ValueError(f"partition {ctx.partition} has {ctx.partition.num_stages} stages, plan {plan.name!r} "
+                             f"needs {plan.pp}")
+        blocks = [ctx.model.stage(*ctx.partition.bounds[s]) for s in range(plan.pp)]
         self.inflight = self._resolve_inflight(ctx, blocks)
         schedule = async_schedule(config, self.inflight)
-        m = config.microbatches
+        m = plan.microbatches
         actions = _stream_index(schedule.actions(ctx.rank), m)
         shapes = output_shapes(blocks, ctx.example_input, ctx.device, ctx.autocast_dtype)
         s = self.groups.coord("pp")
         self.block = VersionedBlock(blocks[s].to(ctx.device))
         self.stage = Stage(index=s, module=self.block, device=ctx.device, is_first=s == 0,
-                           is_last=s == config.stages - 1, loss_fn=ctx.model.loss_fn, loss_scale=1.0 / m,
-                           autocast_dtype=ctx.autocast_dtype, recompute=config.recompute)
+                           is_last=s == plan.pp - 1, loss_fn=ctx.model.loss_fn, loss_scale=1.0 / m,
+                           autocast_dtype=ctx.autocast_dtype, recompute=plan.recompute)
         uses: dict[int, int] = {}
         for a in actions:
             if a.op in (Op.FORWARD, Op.BACKWARD):
                 uses[a.version] = uses.get(a.version, 0) + 1
-        self.weights = StageWeights(self.block, stash=config.stash, uses=uses)
+        self.weights = StageWeights(self.block, stash=spec.stash, uses=uses)
         self._optimizer = make_optimizer(self.weights.params, config)
         self._pending: tuple[dist.Work | None, torch.Tensor] | None = None
         self._loss_group = dist.new_group()  # every rank: the loss all-reduce stays out of the stream's traffic
         self.segments = self._segments(actions)
         self.interpreter = StreamInterpreter(
             rank=ctx.rank, actions=actions, stages={s: self.stage}, num_microbatches=m * config.steps,
-            boundary_shapes={v: shapes[v] for v in range(config.stages)}, device=ctx.device,
+            boundary_shapes={v: shapes[v] for v in range(plan.pp)}, device=ctx.device,
             handlers={Op.STEP: self._on_step, Op.ALL_REDUCE: self._on_all_reduce}, record=ctx.record_events,
             weights={s: self.weights}, microbatches_per_iteration=m)
         self._data = MicrobatchData(inputs={}, targets={})
@@ -304,11 +305,11 @@ class AsyncPipeline(Strategy):
     # -- set-up -----------------------------------------------------------------------
     def _resolve_inflight(self, ctx: RunContext, blocks: list[nn.Module]) -> tuple[int, ...]:
         """Micro-batches in flight per stage: the config's number, or chosen on rank 0 and shared."""
-        config = ctx.config
-        if config.inflight != "auto":
+        plan = ctx.config.plan
+        if plan.pipeline.inflight != "auto":
             from ...scheduling.generators import async_inflight
 
-            return async_inflight(config.stages, config.inflight)
+            return async_inflight(plan.pp, plan.pipeline.inflight)
         box: list[Any] = [None]
         if dist.get_rank() == 0:
             box = [list(self._choose_inflight(ctx))]
@@ -327,8 +328,9 @@ class AsyncPipeline(Strategy):
         optimizer = "adam" if config.optimizer.name == "adam" else (
             "sgd-momentum" if config.optimizer.momentum else "sgd")
         stage_costs = StageCosts.from_model(costs, ctx.partition, microbatch, optimizer=optimizer)
-        cap = int(config.memory_cap_mb * 2**20) if config.memory_cap_mb else None
-        return choose_inflight(stage_costs, config.microbatches, memory_cap_bytes=cap, mode=config.mode).inflight
+        spec = config.plan.pipeline
+        cap = int(spec.memory_cap_mb * 2**20) if spec.memory_cap_mb else None
+        return choose_inflight(stage_costs, config.plan.microbatches, memory_cap_bytes=cap, mode=spec.mode).inflight
 
     @staticmethod
     def _segments(actions: list[Action]) -> list[list[Action]]:
@@ -346,13 +348,13 @@ class AsyncPipeline(Strategy):
     # -- data -------------------------------------------------------------------------
     def _add_iteration(self, iteration: int, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
         data = split_rounds(batch, self.config, self.group_index)[0]
-        m = self.config.microbatches
+        m = self.config.plan.microbatches
         for i, (x, y) in enumerate(zip(data.inputs, data.targets)):
             self._data.inputs[iteration * m + i] = x
             self._data.targets[iteration * m + i] = y
 
     def _drop_iteration(self, iteration: int) -> None:
-        m = self.config.microbatches
+        m = self.config.plan.microbatches
         for j in range(iteration * m, (iteration + 1) * m):
             self._data.inputs.pop(j, None)
             self._data.targets.pop(j, None)
@@ -370,7 +372,7 @@ class AsyncPipeline(Strategy):
             work, flat = self._pending
             work.wait()
             self.interpreter.compute_started()  # the STEP event times the update, not the wait
-            flat /= self.config.groups
+            flat /= self.config.plan.dp
             for p, g in zip(self.weights.params, flat.split([p.numel() for p in self.weights.params])):
                 p.grad = g.view_as(p).to(p.dtype)
             self._pending = None
@@ -396,7 +398,7 @@ class AsyncPipeline(Strategy):
         self._drop_iteration(step)
         local = sum(self.stage.take_losses())
         # not waited here: a blocking all-reduce would drain the stream at every step
-        return global_mean_loss(local, config.groups * config.microbatches, self.ctx.device, group=self._loss_group,
+        return global_mean_loss(local, config.plan.dp * config.plan.microbatches, self.ctx.device, group=self._loss_group,
                                 wait=False)
 
     def modules(self) -> dict[str, nn.Module]:

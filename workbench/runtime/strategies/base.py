@@ -125,7 +125,7 @@ class Strategy(ABC):
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         if state:
-            raise ValueError(f"strategy {self.config.strategy!r} has no extra state, checkpoint has {sorted(state)}")
+            raise ValueError(f"plan {self.config.plan.name!r} has no extra state, checkpoint has {sorted(state)}")
 
     def record_since(self, op: str, start: float, iteration: int, microbatch: int | None = None) -> None:
         """Record a measured event from ``start`` (a perf_counter reading) to now, if events are on."""

@@ -9,7 +9,7 @@ is torch's own implementation, used as documented.
 Forwards and backwards are recorded as measured events on stage 0, so a DDP
 run draws on the same timeline as a pipeline.
 
-With ``recompute`` the replica keeps only its input per micro-batch: the
+With the plan's ``recompute`` the replica keeps only its input per micro-batch: the
 forward runs under a non-reentrant activation checkpoint of the whole model
 (torch.utils.checkpoint, RNG state preserved), and the backward replays it
 before back-propagating, as a pipeline stage does with its block.
@@ -50,7 +50,7 @@ class DataParallel(Strategy):
         super().__init__(ctx)
         self.model = ctx.model.to(ctx.device)
         ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        replica = _Recomputed(self.model) if ctx.config.recompute else self.model
+        replica = _Recomputed(self.model) if ctx.config.plan.recompute else self.model
         self.ddp = DistributedDataParallel(replica, device_ids=ids)
         self._optimizer = make_optimizer([p for p in self.model.parameters() if p.requires_grad], ctx.config)
 
@@ -65,7 +65,7 @@ class DataParallel(Strategy):
     def train_step(self, step: int, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
         config, device = self.config, self.ctx.device
         rounds = split_rounds(batch, config, self.ctx.rank)
-        scale = 1.0 / (config.microbatches * config.grad_accum)
+        scale = 1.0 / (config.plan.microbatches * config.grad_accum)
         local = 0.0
         for r, data in enumerate(rounds):
             iteration = step * config.grad_accum + r
@@ -80,7 +80,7 @@ class DataParallel(Strategy):
                     local += float(loss.detach())
                     self._timed("B", iteration, m, lambda: (loss * scale).backward())
         self._timed("STEP", step * config.grad_accum + len(rounds) - 1, None, self._step)
-        return global_mean_loss(local, config.groups * config.microbatches * config.grad_accum, device)
+        return global_mean_loss(local, config.plan.dp * config.plan.microbatches * config.grad_accum, device)
 
     def _step(self) -> None:
         self._optimizer.step()

@@ -18,7 +18,6 @@ import torch
 from torch import nn
 
 from ...core.ir import Op, Schedule
-from ...core.topology import Topology
 from ...core.timeline import Event
 from ..batches import split_rounds
 from ..groups import ParallelGroups, build_groups
@@ -49,31 +48,31 @@ class ScheduledPipeline(Strategy):
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
         config = ctx.config
-        self.topology = Topology(dp=config.groups, pp=config.stages)
+        self.topology = config.plan.mesh
         self.groups: ParallelGroups = build_groups(self.topology)
         self.schedule = lowered_schedule(config)
         if self.schedule.num_ranks != ctx.world_size:
             raise ValueError(f"schedule {self.schedule.name!r} has {self.schedule.num_ranks} ranks but the job has "
                              f"{ctx.world_size}; launch with --nproc {self.schedule.num_ranks}")
-        num_virtual = config.num_virtual_stages
+        num_virtual = config.plan.num_virtual_stages
         if ctx.partition.num_stages != num_virtual:
-            raise ValueError(f"partition {ctx.partition} has {ctx.partition.num_stages} stages, strategy "
-                             f"{config.strategy!r} needs {num_virtual} (stages x chunks)")
+            raise ValueError(f"partition {ctx.partition} has {ctx.partition.num_stages} stages, plan "
+                             f"{config.plan.name!r} needs {num_virtual} (stages x chunks)")
         self.actions = self.schedule.actions(ctx.rank)
         blocks = [ctx.model.stage(*ctx.partition.bounds[v]) for v in range(num_virtual)]
         shapes = output_shapes(blocks, ctx.example_input, ctx.device, ctx.autocast_dtype)
         self.stages: dict[int, Stage] = {}
-        loss_scale = 1.0 / (config.microbatches * config.grad_accum)
+        loss_scale = 1.0 / (config.plan.microbatches * config.grad_accum)
         for v in self.schedule.stages_of(ctx.rank):
             self.stages[v] = Stage(
                 index=v, module=blocks[v].to(ctx.device), device=ctx.device, is_first=v == 0,
                 is_last=v == num_virtual - 1, loss_fn=ctx.model.loss_fn, loss_scale=loss_scale,
-                autocast_dtype=ctx.autocast_dtype, recompute=config.recompute)
+                autocast_dtype=ctx.autocast_dtype, recompute=config.plan.recompute)
         self._optimizer = make_optimizer([p for s in self.stages.values() for p in s.parameters()], config)
         # schedules without STEP actions step once the action list is done
         self.step_after_schedule = not any(a.op is Op.STEP for a in self.actions)
         self.interpreter = Interpreter(
-            rank=ctx.rank, actions=self.actions, stages=self.stages, num_microbatches=config.microbatches,
+            rank=ctx.rank, actions=self.actions, stages=self.stages, num_microbatches=config.plan.microbatches,
             boundary_shapes={v: shapes[v] for v in range(num_virtual)}, device=ctx.device,
             handlers={Op.STEP: self._on_step, Op.ALL_REDUCE: self._on_all_reduce}, record=ctx.record_events)
 
@@ -83,8 +82,8 @@ class ScheduledPipeline(Strategy):
         self._optimizer.zero_grad(set_to_none=True)
 
     def _on_all_reduce(self, action) -> None:
-        raise ValueError(f"strategy {self.config.strategy!r} has one pipeline and no gradient all-reduce; "
-                         f"action {action} belongs to a grouped schedule (use strategy 'gropipe')")
+        raise ValueError(f"plan {self.config.plan.name!r} has one pipeline and no gradient all-reduce; "
+                         f"action {action} belongs to a grouped (GroPipe) schedule")
 
     def actions_for(self, step: int) -> list | None:
         """This rank's actions for ``step`` when they differ per step; ``None`` keeps the current list."""
@@ -102,7 +101,7 @@ class ScheduledPipeline(Strategy):
         if self.step_after_schedule:
             self._on_step(None)
         local = sum(sum(s.take_losses()) for s in self.stages.values())
-        total_mb = self.config.groups * self.config.microbatches * self.config.grad_accum
+        total_mb = self.config.plan.dp * self.config.plan.microbatches * self.config.grad_accum
         return global_mean_loss(local, total_mb, self.ctx.device)
 
     def modules(self) -> dict[str, nn.Module]:

@@ -7,10 +7,11 @@ event stream every other strategy uses.
 
 Approach: a :class:`Strategy` per mode. It maps the run config onto a
 :class:`TensorParallelConfig` (model sizes from the built ``gpt2-*`` model's
-config, ``groups`` data-parallel replicas, ``tp`` = q^2 grid ranks for 2D or
-the 1D degree), builds the process groups for that topology and the sharded
-module with the tensor-parallel package's own builder, and computes one step
-per :meth:`train_step` on the entry's global batch: this replica's rows of
+config, the plan's ``dp`` replicas, and its mesh's tensor-parallel ranks:
+``tp_row`` x ``tp_col`` = q^2 grid ranks for 2D, ``tp`` for 1D), builds the
+process groups for that topology and the sharded module with the
+tensor-parallel package's own builder, and computes one step per
+:meth:`train_step` on the entry's global batch: this replica's rows of
 the token ids, forward and backward through the shards, gradient average
 over replicas, optimizer step. Forward, backward, all-reduce and step are
 returned as measured stage events on stage 0.
@@ -18,7 +19,6 @@ returned as measured stage events on stage 0.
 
 from __future__ import annotations
 
-import math
 import time
 
 import torch
@@ -41,14 +41,11 @@ def tensor_parallel_config(ctx: RunContext, mode: str) -> TensorParallelConfig:
     sizes = getattr(ctx.model, "config", None) or {}
     missing = [k for k in GPT2_SIZES if k not in sizes]
     if missing:
-        raise ValueError(f"config field 'model' = {config.model!r} is invalid for strategy {config.strategy!r}: "
+        raise ValueError(f"config field 'model' = {config.model!r} is invalid for plan {config.plan.name!r}: "
                          f"tensor parallelism needs a GPT-2 model such as 'gpt2-tiny' (lacks {missing})")
-    if mode == "2d":
-        q = math.isqrt(config.tp)
-    else:
-        q = config.tp
+    q = config.plan.q if mode == "2d" else config.plan.tp
     seq_len = int(ctx.example_input.shape[-1])
-    return TensorParallelConfig(mode=mode, q=q, dp=config.groups, batch_size=config.global_batch, seq_len=seq_len,
+    return TensorParallelConfig(mode=mode, q=q, dp=config.plan.dp, batch_size=config.global_batch, seq_len=seq_len,
                                 steps=config.steps, lr=config.optimizer.lr, seed=config.seed, device=config.device,
                                 **{k: int(sizes[k]) for k in GPT2_SIZES})
 

@@ -2,7 +2,7 @@
 
 The peer our interpreter is measured against: torch's own ``PipelineStage``
 over the same stage module (cut from the same model by the same partition)
-and its ``ScheduleGPipe`` / ``Schedule1F1B`` (config ``inner``) over the
+and its ``ScheduleGPipe`` / ``Schedule1F1B`` (``[plan.pipeline] schedule``) over the
 same micro-batches. Two documented traps are avoided on purpose: every rank
 gets ``loss_fn`` (without it earlier stages silently skip backward), and
 the example input for shape inference is a real tensor with grad enabled.
@@ -34,16 +34,17 @@ class TorchPipelining(Strategy):
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
         config = ctx.config
-        if config.grad_accum != 1 or config.stages < 2:
-            raise ValueError(f"strategy 'torch-pipelining' needs grad_accum = 1 and stages >= 2, got grad_accum = "
-                             f"{config.grad_accum}, stages = {config.stages}")
-        if ctx.partition.num_stages != config.stages:
+        if config.grad_accum != 1 or config.plan.pp < 2:
+            raise ValueError(f"torch's pipelining needs grad_accum = 1 and pp >= 2, got grad_accum = "
+                             f"{config.grad_accum}, pp = {config.plan.pp}")
+        if ctx.partition.num_stages != config.plan.pp:
             raise ValueError(f"partition {ctx.partition} has {ctx.partition.num_stages} stages, "
-                             f"torch-pipelining needs {config.stages}")
+                             f"torch-pipelining needs {config.plan.pp}")
         self.module = ctx.model.stage(*ctx.partition.bounds[ctx.rank]).to(ctx.device)
-        self.is_first, self.is_last = ctx.rank == 0, ctx.rank == config.stages - 1
-        self.stage = PipelineStage(self.module, ctx.rank, config.stages, ctx.device)
-        self.schedule = _SCHEDULES[config.inner](self.stage, config.microbatches, loss_fn=ctx.model.loss_fn)
+        self.is_first, self.is_last = ctx.rank == 0, ctx.rank == config.plan.pp - 1
+        self.stage = PipelineStage(self.module, ctx.rank, config.plan.pp, ctx.device)
+        self.schedule = _SCHEDULES[config.plan.pipeline.schedule](self.stage, config.plan.microbatches,
+                                                                  loss_fn=ctx.model.loss_fn)
         self._optimizer = make_optimizer([p for p in self.module.parameters() if p.requires_grad], config)
 
     def train_step(self, step: int, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
@@ -59,7 +60,7 @@ class TorchPipelining(Strategy):
         self._optimizer.step()
         self._optimizer.zero_grad(set_to_none=True)
         local = sum(float(loss.detach()) for loss in losses)
-        return global_mean_loss(local, self.config.microbatches, device)
+        return global_mean_loss(local, self.config.plan.microbatches, device)
 
     def modules(self) -> dict[str, nn.Module]:
         return {f"stage{self.ctx.rank}": self.module}

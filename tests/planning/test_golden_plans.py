@@ -1,0 +1,30 @@
+"""The planner's predictions are golden: representing plans as ParallelPlan values changed none of them.
+
+``golden/plans.json`` was written by ``golden_plans.py`` before the plan
+became a typed value; every plan the search ranks for its fixed cost models
+must keep its name, predicted iteration time, memory and partition.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from golden_plans import golden
+
+GOLDEN = json.loads((Path(__file__).parent / "golden" / "plans.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def today():
+    return golden()
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN))
+def test_every_ranked_plan_keeps_its_prediction(case, today):
+    expected, got = GOLDEN[case], today[case]
+    assert sorted(got) == sorted(expected)
+    for name, values in expected.items():
+        assert got[name]["iteration_ms"] == pytest.approx(values["iteration_ms"], rel=1e-9), name
+        assert {k: v for k, v in got[name].items() if k != "iteration_ms"} == \
+            {k: v for k, v in values.items() if k != "iteration_ms"}, name

@@ -1,0 +1,130 @@
+"""The values a runtime calibration produces: per-family compute factors the planner scales a profile by.
+
+:mod:`.calibrate` measures them from runs (see its docstring for the
+method and what was measured); this module holds what the estimator needs
+to apply them (:class:`RuntimeCalibration`, :class:`ComputeModel`,
+:func:`runtime_family`, :func:`scale_compute`), so the estimator does not
+depend on the measuring code, which itself plans the step it measures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..core.costs import ModelCosts
+from ..core.plan import ParallelPlan, TorchPipelining
+
+__all__ = ["RuntimeCalibration", "ComputeModel", "RUNTIME_FAMILIES", "runtime_family", "compute_models",
+           "scale_compute"]
+
+# The runtime families a run calibrates: scheduled pipelines and DDP (forward / backward events are compute
+# only, or DDP's backward with its all-reduce), the asynchronous pipeline, and the tensor-parallel runtimes
+# (calibrated against the planner's whole step, less the communication it charges).
+RUNTIME_FAMILIES = ("scheduled", "async", "tensor2d", "tensor1d")
+_LIMITS = (0.05, 20.0)  # a scale outside this is a wrong profile (another model, batch or device), not a calibration
+
+
+def scale_compute(costs: ModelCosts, k: float) -> ModelCosts:
+    """``costs`` with every layer's forward and backward time multiplied by ``k``."""
+    if k == 1.0:
+        return costs
+    return replace(costs, layers=tuple(replace(l, forward_ms=l.forward_ms * k, backward_ms=l.backward_ms * k)
+                                       for l in costs.layers))
+
+
+def runtime_family(plan: ParallelPlan) -> str | None:
+    """The runtime family whose compute calibration a plan uses: ``async``, ``tensor2d``, ``tensor1d`` or
+    ``scheduled`` (the interpreter's pipelines and DDP); None for torch's own pipelining, which is not calibrated."""
+    if isinstance(plan.pipeline, TorchPipelining):
+        return None
+    if plan.iterates_across_steps:
+        return "async"
+    return {"2d": "tensor2d", "1d": "tensor1d"}.get(plan.tp_kind, "scheduled")
+
+
+@dataclass(frozen=True)
+class RuntimeCalibration:
+    """How much longer the runtime's ranks computed than the profile predicts (solo time over profile time)."""
+
+    compute_scale: float
+    events: int
+    measured_ms: float
+    predicted_ms: float
+    source: str = ""
+    strategy: str = ""
+    runtime: str = "scheduled"  # the run's runtime family (runtime_family)
+    microbatch_size: int = 0  # samples per forward event of the run (0: not recorded)
+
+    @property
+    def family(self) -> str:
+        return self.runtime if self.runtime in RUNTIME_FAMILIES else "scheduled"
+
+    def __post_init__(self) -> None:
+        lo, hi = _LIMITS
+        if not (isinstance(self.compute_scale, (int, float)) and lo <= self.compute_scale <= hi):
+            raise ValueError(f"compute_scale {self.compute_scale!r} is outside [{lo}, {hi}]: the profile does not "
+                             f"describe this run (another model, batch size or device?)")
+
+    def apply(self, costs: ModelCosts) -> ModelCosts:
+        """``costs`` with every layer's forward and backward time multiplied by ``compute_scale``."""
+        scaled = scale_compute(costs, self.compute_scale)
+        return replace(scaled, meta={**costs.meta, "runtime_calibration": self.to_dict()})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"compute_scale": self.compute_scale, "events": self.events, "measured_ms": self.measured_ms,
+                "predicted_ms": self.predicted_ms, "source": self.source, "strategy": self.strategy,
+                "runtime": self.runtime, "microbatch_size": self.microbatch_size}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RuntimeCalibration":
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class ComputeModel:
+    """A runtime family's compute against the profile: ``factor(b) = k + c / b`` at micro-batches of ``b``."""
+
+    family: str
+    k: float
+    c: float = 0.0
+    runs: int = 1
+    sizes: tuple[int, ...] = ()
+
+    def factor(self, microbatch: int) -> float:
+        return self.k + self.c / max(1, microbatch)
+
+    def describe(self) -> str:
+        if self.c == 0.0:
+            return f"{self.family} runtimes' compute x{self.k:.3f} the profile ({self.runs} run(s))"
+        return (f"{self.family} runtimes' compute x({self.k:.3f} + {self.c:.3f} / micro-batch) the profile "
+                f"({self.runs} runs at micro-batches of {', '.join(map(str, self.sizes))})")
+
+
+def _fit(family: str, cals: "list[RuntimeCalibration]") -> ComputeModel:
+    """Least squares of ``scale = k + c / b`` over the family's runs; a constant when that is all they allow."""
+    sizes = [c.microbatch_size for c in cals]
+    scales = [c.compute_scale for c in cals]
+    mean = sum(scales) / len(scales)
+    known = sorted({b for b in sizes if b > 0})
+    if len(known) < 2 or any(b <= 0 for b in sizes):
+        return ComputeModel(family, mean, 0.0, len(cals), tuple(known))
+    x = [1.0 / b for b in sizes]
+    mx = sum(x) / len(x)
+    c = sum((xi - mx) * (yi - mean) for xi, yi in zip(x, scales)) / sum((xi - mx) ** 2 for xi in x)
+    k = mean - c * mx
+    lo, _ = _LIMITS
+    if c < 0 or k < lo:  # the runs do not show a per-micro-batch cost (noise): keep the mean
+        return ComputeModel(family, mean, 0.0, len(cals), tuple(known))
+    return ComputeModel(family, k, c, len(cals), tuple(known))
+
+
+def compute_models(calibrations: "list[RuntimeCalibration]") -> dict[str, ComputeModel]:
+    """One :class:`ComputeModel` per runtime family with runs among those given (the planner scales a family
+    without one by the other family's model)."""
+    if not calibrations:
+        raise ValueError("no calibration given")
+    by_family: dict[str, list[RuntimeCalibration]] = {}
+    for cal in calibrations:
+        by_family.setdefault(cal.family, []).append(cal)
+    return {family: _fit(family, cals) for family, cals in by_family.items()}
