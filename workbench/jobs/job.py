@@ -306,10 +306,11 @@ class Job:
             return self.refresh().timeline(iteration)
 
     def monitor(self, **options: Any):
-        """The live widget (loss, throughput, ranks, log tail, timeline, Cancel)."""
-        from ..widgets.job_monitor import JobMonitor
+        """The live widget (loss, throughput, ranks, log tail, timeline, Cancel): the ``monitor`` viewer of
+        :mod:`.viewers` (the widgets room's ``JobMonitor`` unless another is registered)."""
+        from .viewers import viewer
 
-        return JobMonitor(self, **options)
+        return viewer("monitor")(self, **options)
 
     def predicted_timeline(self, measured=None, *, cluster: str | None = "local-cpu"):
         """What the simulator predicts for this run's schedule, with the stage times the run measured.
@@ -323,13 +324,13 @@ class Job:
         """
         from ..core.config import RunConfig
         from ..planning.clusters import collective_link, core_sharing, get_cluster
-        from ..scheduling.from_config import PIPELINE_STRATEGIES, predict_from_measured
+        from ..scheduling.from_config import predict_from_measured
 
         try:
             config = RunConfig.from_dict(json.loads((Path(self.run_dir) / CONFIG_FILE).read_text()))
         except (OSError, ValueError):
             return None
-        if config.strategy not in PIPELINE_STRATEGIES:
+        if not config.plan.is_scheduled:
             return None
         measured = self.timeline() if measured is None else measured
         if measured is None or not len(measured):

@@ -30,9 +30,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .sequence import InputSpec, LayerSequence
+from .sequence import InputSpec, LayerSequence, synthetic_inputs
 
-__all__ = ["synthetic_inputs", "sample_batch", "digits_batches", "digits_dataset", "bytes_lm_batches",
+__all__ = ["sample_batch", "digits_batches", "digits_dataset", "bytes_lm_batches",
            "bytes_corpus"]
 
 CORPUS_BYTES = 4_000_000
@@ -46,18 +46,6 @@ def _check_positive(name: str, value: object) -> None:
 def _check_start(start_batch: object) -> None:
     if isinstance(start_batch, bool) or not isinstance(start_batch, int) or start_batch < 0:
         raise ValueError(f"start_batch must be an int >= 0, got {start_batch!r}")
-
-
-def synthetic_inputs(spec: InputSpec, batch_size: int, *, seed: int = 0,
-                     device: torch.device | str = "cpu") -> torch.Tensor:
-    """Random inputs [batch_size, *spec.shape] of ``spec.dtype`` (token ids below ``spec.high``)."""
-    generator = torch.Generator().manual_seed(seed)
-    shape = (batch_size, *spec.shape)
-    if spec.dtype.is_floating_point:
-        x = torch.randn(shape, generator=generator).to(spec.dtype)
-    else:
-        x = torch.randint(0, spec.high or 2, shape, generator=generator, dtype=spec.dtype)
-    return x.to(device)
 
 
 def _spec_and_task(seq_or_name: LayerSequence | str) -> tuple[InputSpec, str, str]:

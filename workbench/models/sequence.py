@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["LayerSequence", "InputSpec", "TASKS", "token_cross_entropy"]
+__all__ = ["LayerSequence", "InputSpec", "TASKS", "token_cross_entropy", "synthetic_inputs"]
 
 TASKS = ("image-classification", "classification", "causal-lm", "masked-lm", "custom")
 
@@ -48,6 +48,18 @@ class InputSpec:
     dtype: torch.dtype = torch.float32
     high: int | None = None
     num_targets: int | None = None
+
+
+def synthetic_inputs(spec: InputSpec, batch_size: int, *, seed: int = 0,
+                     device: torch.device | str = "cpu") -> torch.Tensor:
+    """Random inputs [batch_size, *spec.shape] of ``spec.dtype`` (token ids below ``spec.high``)."""
+    generator = torch.Generator().manual_seed(seed)
+    shape = (batch_size, *spec.shape)
+    if spec.dtype.is_floating_point:
+        x = torch.randn(shape, generator=generator).to(spec.dtype)
+    else:
+        x = torch.randint(0, spec.high or 2, shape, generator=generator, dtype=spec.dtype)
+    return x.to(device)
 
 
 def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -154,8 +166,6 @@ class LayerSequence(nn.Sequential):
         """Per-sample input shape of every layer, from a 1-sample run of the input spec."""
         if self.input_spec is None:
             return None
-        from .data import synthetic_inputs
-
         x = synthetic_inputs(self.input_spec, 1, seed=0, device=next(self.parameters(), torch.empty(0)).device)
         shapes = []
         with torch.no_grad():
