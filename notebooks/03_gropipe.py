@@ -59,12 +59,13 @@ from pathlib import Path
 
 import torch
 
+from workbench import ParallelPlan
 from workbench.core.config import RunConfig
+from workbench.core.plan import GroPipe
 from workbench.planning import get_cluster, partition
 from workbench.planning.clusters import collective_link
 from workbench.profiling import profile
 from workbench.scheduling import StageCosts, simulate
-from workbench.scheduling.from_config import schedule_for_config
 from workbench.viz.balance import balance_figure
 from workbench.viz.timeline import timeline_figure
 
@@ -101,23 +102,48 @@ balance_figure(ampa, title=f"AMPA's partition {ampa.partition}: time and memory 
 #
 # The run config below is what we will launch: `launch/gropipe_vgg.toml`
 # with AMPA's partition, trained with Adam (which makes the loss fall within a
-# dozen steps on these digits). The simulator takes the very
-# schedule the runtime will execute (each group a 1F1B pipeline, then one
-# all-reduce per stage across the groups), the profiled stage costs for
-# micro-batches of this size, and this machine's measured links. With
-# `delay = 1` the all-reduce launched at the end of an iteration is waited for
-# only at the next step, so it overlaps the next iteration.
+# dozen steps on these digits). A run config is the model, the data, the
+# training options and one **parallel plan** (`ParallelPlan`, the `[plan]`
+# table of the TOML file), which says how the model is spread over the
+# processes:
+#
+# * `mesh`: the sizes of the device axes, here `{dp = 2, pp = 2}`: 2 groups
+#   (the data-parallel axis) of 2 pipeline stages, 4 processes in all;
+# * `microbatches`: micro-batches per pipeline per iteration;
+# * `partition`: which layers each stage holds: `"uniform"`, `"ampa"`, or
+#   explicit ranges such as `"0-2|3-4"` (layers 0-2 on stage 0, 3-4 on stage 1);
+# * `[plan.pipeline]`: the schedule, by `kind`, with only that kind's own
+#   options; GroPipe's are `inner` (the schedule inside a group, `"1f1b"` or
+#   `"gpipe"`) and `delay` (0 or 1);
+# * `[[plan.layers]]` (optional): per-layer options for ranges of layers:
+#   data-parallel kind `dp`, tensor parallelism `tp` / `tp_degree`, and
+#   `recompute`.
+#
+# Every plan also has a short name that reads back to the same plan, here
+# `gropipe-2x2-1f1b-m4-d1@...` (groups x stages, inner schedule, micro-batches,
+# delay, and the partition after the `@`); a config accepts the name in place
+# of the table (`plan = "gropipe-2x2-1f1b-m4-d1"`).
+#
+# The plan also gives the very schedule the runtime will execute (each group
+# a 1F1B pipeline, then one all-reduce per stage across the groups). The
+# simulator takes it, the profiled stage costs for micro-batches of this size,
+# and this machine's measured links. With `delay = 1` the all-reduce launched
+# at the end of an iteration is waited for only at the next step, so it
+# overlaps the next iteration.
 
 # %%
 base = RunConfig.from_toml(REPO_ROOT / "launch" / "gropipe_vgg.toml")
-config = RunConfig.from_dict({**base.to_dict(), "model": model_name, "groups": num_groups, "stages": num_stages,
-                              "microbatches": num_microbatches, "global_batch": global_batch, "delay": delay,
-                              "partition": str(ampa.partition), "steps": train_steps, "checkpoint_every": 0,
-                              "optimizer": optimizer})
+gropipe_plan = ParallelPlan(mesh={"dp": num_groups, "pp": num_stages}, pipeline=GroPipe(inner="1f1b", delay=delay),
+                            microbatches=num_microbatches, partition=str(ampa.partition))
+config = base.replace(model=model_name, plan=gropipe_plan, global_batch=global_batch, steps=train_steps,
+                      checkpoint_every=0, optimizer=optimizer)
+print("plan:", config.plan.name, "| world size", config.world_size)
+print(config.plan.to_dict())
+assert ParallelPlan.parse(config.plan.name) == config.plan
 stage_costs = StageCosts.from_model(costs, ampa.partition, microbatch_size)
 prior = {}
 for d in (0, 1):
-    schedule = schedule_for_config(RunConfig.from_dict({**config.to_dict(), "delay": d}), iteration=1)
+    schedule = config.plan.replace(pipeline=GroPipe(inner="1f1b", delay=d)).schedule(first_iteration=1)
     prior[d] = simulate(schedule, stage_costs, cluster, collective_link=collective_link("local-cpu"))
     print(f"delay {d}: simulated iteration {prior[d].metrics['iteration_ms']:.1f} ms, exposed all-reduce "
           f"{max(prior[d].metrics['exposed_comm_ms']):.2f} ms on the worst rank")
@@ -191,7 +217,8 @@ timeline_figure([predicted, measured], names=["simulated", "measured"],
 # ## 6. The same training with DistributedDataParallel
 #
 # `launch/ddp_vgg.toml` trains the same model on the same data with torch's
-# DDP, 4 full replicas, the same global batch and optimizer. Before the first
+# DDP, 4 full replicas (its plan is `dp4-m2`: `mesh = {dp = 4}`, no
+# pipeline, 2 micro-batches per replica), the same global batch and optimizer. Before the first
 # update both compute the loss of the same initial weights on the same batch,
 # so step 1 must agree; afterwards GroPipe with `delay = 1` applies each
 # gradient one step late, so the curves part a little.

@@ -139,20 +139,31 @@ placement_figure(placement, two_nodes)
 # holds by then. With one micro-batch per step, stage 0 keeps four in flight,
 # so each of its backwards comes three steps after its forward (stage 1: two,
 # stage 2: one).
+#
+# Each run's parallel plan is given by its name. `pp4-1f1b-m1` is one 4-stage
+# 1F1B pipeline with 1 micro-batch per step; `async-1x4-m1-if4` is 1 replica
+# of a 4-stage asynchronous pipeline (`[plan.pipeline] kind = "async"`) with
+# `inflight = 4` micro-batches in flight on every stage; `-nostash` sets
+# `stash = false`. As a `[plan]` table the last one reads
+# `mesh = {dp = 1, pp = 4}`, `microbatches = 1` and
+# `[plan.pipeline] kind = "async"`, `inflight = 4`, `stash = false`.
 
 # %%
+from workbench import ParallelPlan
 from workbench.jobs import LaunchSpec, launch
 from workbench.runtime.events import load_measured_timeline
 
-base = {"model": "mlp", "stages": stages, "microbatches": train_microbatches, "global_batch": 32,
-        "steps": steps, "data": {"kind": "digits"}, "optimizer": {"name": "sgd", "lr": learning_rate}}
-runs = {"1f1b (sync)": {"strategy": "1f1b"}, "async": {"strategy": "async", "inflight": stages},
-        "async, no stash": {"strategy": "async", "inflight": stages, "stash": False}}
+base = {"model": "mlp", "global_batch": 32, "steps": steps, "data": {"kind": "digits"},
+        "optimizer": {"name": "sgd", "lr": learning_rate}}
+m = train_microbatches
+runs = {"1f1b (sync)": f"pp{stages}-1f1b-m{m}", "async": f"async-1x{stages}-m{m}-if{stages}",
+        "async, no stash": f"async-1x{stages}-m{m}-nostash-if{stages}"}
+print(ParallelPlan.parse(runs["async, no stash"]).to_dict())
 jobs = {}
-for label, extra in runs.items():
-    jobs[label] = launch(LaunchSpec(config={**base, **extra, "name": label.split()[0].replace(",", "")},
+for label, plan_name in runs.items():
+    jobs[label] = launch(LaunchSpec(config={**base, "plan": plan_name, "name": label.split()[0].replace(",", "")},
                                     run_root=run_root))
-    print(label, "->", jobs[label].wait(timeout=300).state)
+    print(f"{label} ({plan_name}) ->", jobs[label].wait(timeout=300).state)
 
 # %%
 import plotly.graph_objects as go

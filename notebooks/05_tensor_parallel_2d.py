@@ -188,15 +188,21 @@ go.Figure([go.Bar(name=name, x=list(comparison), y=[row[key] for row in comparis
 # ## 4. A real 2 x 2 run, checked against dense
 #
 # `launch/tensor2d_gpt2.toml` trains a tiny GPT-2 (hidden 64, 2 blocks, byte
-# vocabulary) with strategy `tensor2d` on a $2 \times 2$ grid. We launch it
-# under `torchrun` (4 processes, gloo) and watch it in the job monitor.
+# vocabulary) on a $2 \times 2$ grid. Its parallel plan is the `[plan]` table
+# `mesh = { dp = 1, tp_row = 2, tp_col = 2 }`: no pipeline, one copy of the
+# model (`dp = 1`) split over a square grid of `tp_row` x `tp_col` ranks, so
+# every layer is 2D tensor parallel over 4 ranks. Its name is `tp2d-2x2-dp1`,
+# and a config takes that name in place of the table; below we give it for the
+# grid side `q` of this notebook. We launch it under `torchrun` (4 processes,
+# gloo) and watch it in the job monitor.
 
 # %%
 from workbench.core.config import RunConfig
 from workbench.jobs import LaunchSpec, launch
 
 base = RunConfig.from_toml(REPO_ROOT / "launch" / "tensor2d_gpt2.toml")
-config = RunConfig.from_dict({**base.to_dict(), "steps": train_steps, "tp": q * q})
+config = base.replace(steps=train_steps, plan=f"tp2d-{q}x{q}-dp1")
+print("plan:", config.plan.name, config.plan.to_dict()["mesh"], "| world size", config.world_size)
 job = launch(LaunchSpec(config=config, run_root=run_root, name="tensor2d-lesson"))
 print(job)
 job.monitor()

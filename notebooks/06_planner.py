@@ -30,10 +30,14 @@
 # 4. reads off the iteration time, split into **compute**, pipeline **bubble** and
 #    **exposed communication**, and the **memory** of the busiest device.
 #
-# Strategy names say what they are: `dp4` (4-way data parallel),
+# Every candidate is a `ParallelPlan`: a device mesh (`dp` replicas x `pp`
+# pipeline stages x tensor-parallel ranks), a pipeline schedule, the
+# micro-batches, the partition and per-layer options. Plan names say what they
+# are, and `ParallelPlan.parse` reads them back: `dp4` (4-way data parallel),
 # `gropipe-2x2-1f1b-m4-d1` (2 groups of 2-stage 1F1B pipelines, 4 micro-batches,
 # gradient all-reduce applied one iteration late), `async-2x2-m4` (asynchronous
-# pipeline with weight stashing), `tp2d-2x2-dp1` (one 2 x 2 tensor grid).
+# pipeline with weight stashing), `tp2d-2x2-dp1` (one 2 x 2 tensor grid); a
+# `-rc` suffix recomputes every layer's activations.
 #
 # We plan twice: for **this machine** (4 processes sharing 2 CPU cores) and for
 # an **8-GPU server** (8 x V100 on PCIe, like the GroPipe paper's).
@@ -56,7 +60,9 @@ memory_fraction = 0.6                                       # section 4's budget
 import torch
 
 from workbench.models.zoo import build_model, get_entry
-from workbench.planning import Strategy, plan, transformer_shape
+from workbench import ParallelPlan
+from workbench.core.config import to_toml
+from workbench.planning import plan, transformer_shape
 from workbench.planning.clusters import load_cluster
 from workbench.profiling import profile
 from workbench.profiling.projection import project
@@ -116,12 +122,15 @@ timeline_figure(best_local.timeline(), title=f"{best_local.name}: predicted iter
 
 # %% [markdown]
 # A plan is one call away from a launch: `to_config()` gives the run config
-# the jobs room starts with `workbench.jobs.launch` (or `workbench run`).
+# the jobs room starts with `workbench.jobs.launch` (or `workbench run`). The
+# config carries the plan (with the partition the planner found) as its
+# `[plan]` table; saved as TOML (`config.save_toml(...)`), it reads like the
+# files in `launch/`.
 
 # %%
 config = best_local.to_config(steps=20, model_overrides=local_overrides, data={"kind": "bytes-lm", "seq_len": 64})
-{k: v for k, v in config.to_dict().items() if k in ("model", "strategy", "groups", "stages", "tp", "microbatches",
-                                                    "delay", "partition", "global_batch")}
+print("plan:", config.plan.name, "| world size", config.world_size)
+print(to_toml({"model": config.model, "global_batch": config.global_batch, "plan": config.plan.to_dict()}))
 
 # %% [markdown]
 # How far to trust these times? The profile timed each layer alone in one
@@ -164,7 +173,7 @@ server_costs = project(profile(server_model, batch=8, repeats=1, progress=False)
 server = plan(server_costs, server_cluster, server_batch, kinds=("dp", "gropipe", "pipeline", "async"),
               recompute=(False,), simulate_top=24)
 dp = server["dp8"].estimate
-gro = min((p for p in server.plans if p.strategy.kind == "gropipe" and p.estimate.method == "simulated"),
+gro = min((p for p in server.plans if p.strategy.family == "gropipe" and p.estimate.method == "simulated"),
           key=lambda p: p.estimate.iteration_ms)
 print(f"{server_model} on {server_cluster}: dp8 {dp.iteration_ms:.1f} ms "
       f"(exposed all-reduce {dp.exposed_comm_ms:.1f} ms); best GroPipe {gro.name} {gro.estimate.iteration_ms:.1f} ms "
@@ -197,7 +206,7 @@ except ValueError as error:
 # ## Checks
 #
 # The cells below assert what this lesson showed: the ranking is ordered,
-# every breakdown adds up, names parse back to their strategies, configs are
+# every breakdown adds up, names parse back to their plans, configs are
 # launchable, and the budget either fits something or says what comes closest.
 
 # %%
@@ -206,7 +215,7 @@ assert [p.estimate.iteration_ms for p in simulated] == sorted(p.estimate.iterati
 for p in local.plans + server.plans:
     e = p.estimate
     assert abs(e.compute_ms + e.bubble_ms + e.exposed_comm_ms - e.iteration_ms) < 1e-6 * e.iteration_ms, p.name
-    assert Strategy.parse(p.name) == p.strategy
+    assert ParallelPlan.parse(p.name) == p.strategy
 assert config.world_size == local_world and config.global_batch == local_batch
 assert load_cluster("local")[0].shared_compute and load_cluster(server_cluster)[0].world_size == 8
 assert dp.exposed_comm_ms > 0 and gro.estimate.iteration_ms > 0

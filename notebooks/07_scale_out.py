@@ -48,7 +48,6 @@ shared_run_root = os.environ.get("WORKBENCH_SHARED_RUN_ROOT", os.path.expanduser
 # %%
 from pathlib import Path
 
-from workbench import Topology
 from workbench.core.config import RunConfig
 from workbench.core.rundir import COMMAND_FILE
 from workbench.jobs import LaunchSpec, SlurmOptions, launch
@@ -59,7 +58,9 @@ REPO_ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "launch").
 # %% [markdown]
 # ## 1. The job: GroPipe, one group per node
 #
-# `launch/gropipe_vgg.toml` runs 2 groups x 2 stages = 4 processes. On two
+# `launch/gropipe_vgg.toml` runs 2 groups x 2 stages = 4 processes: its
+# `[plan]` has `mesh = { dp = 2, pp = 2 }` and a GroPipe pipeline, and that
+# mesh is the layout of the ranks (`config.plan.mesh`, a `Topology`). On two
 # nodes with 2 processes each, torchrun numbers ranks node by node, so node 0
 # holds ranks 0 and 1, the whole pipeline of group 0, and node 1 holds group 1.
 # The activations of a pipeline, sent every micro-batch, stay inside a node;
@@ -69,7 +70,8 @@ REPO_ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "launch").
 # %%
 config = RunConfig.from_dict({**RunConfig.from_toml(REPO_ROOT / "launch" / "gropipe_vgg.toml").to_dict(),
                               "steps": train_steps, "checkpoint_every": 0, "optimizer": optimizer})
-layout = Topology(dp=config.groups, pp=config.stages)
+layout = config.plan.mesh  # Topology(dp=2, pp=2): the groups are the dp axis, the stages the pp axis
+print("plan:", config.plan.name)
 per_node = config.world_size // num_nodes
 for node in range(num_nodes):
     ranks = list(range(node * per_node, (node + 1) * per_node))
@@ -116,7 +118,7 @@ print(sbatch_script)
 # ## 4. Mistakes caught before anything starts
 #
 # A wrong spec on a cluster usually fails late: a world size that does not
-# match the strategy hangs in the first collective, a run directory on
+# match the plan's mesh hangs in the first collective, a run directory on
 # node-local disk is invisible to the other nodes, a GPU request short of the
 # processes stalls NCCL. Each is refused here, with the field and the fix.
 
