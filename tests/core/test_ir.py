@@ -93,3 +93,21 @@ def test_schedule_validation():
         Schedule.from_text(GPIPE_2x3)[2]
     with pytest.raises(ValueError, match="unsupported schedule version"):
         Schedule.from_dict({"version": 9, "ranks": []})
+
+
+def test_schedule_meta_is_typed_and_round_trips_through_json():
+    from workbench.core.ir import ScheduleMeta
+
+    meta = ScheduleMeta(stage_to_rank=[[0, 1], [2, 3]], replicas=2, delay=1, pending_step_iteration=3,
+                        lowered=["p2p"])
+    assert meta.stage_to_rank == ((0, 1), (2, 3)) and meta.lowered == ("p2p",)
+    assert meta.to_dict() == {"stage_to_rank": [[0, 1], [2, 3]], "replicas": 2, "delay": 1,
+                              "pending_step_iteration": 3, "lowered": ["p2p"]}
+    schedule = Schedule.from_text(["0F0 0B0", "1F0 1B0"], meta=meta.to_dict(), num_microbatches=1)
+    assert schedule.meta == meta and Schedule.from_json(schedule.to_json()) == schedule
+    with pytest.raises(ValueError, match="schedule meta field 'stage_2_rank' is unknown"):
+        Schedule.from_text(["0F0"], meta={"stage_2_rank": [[0]]})
+    with pytest.raises(ValueError, match="meta.delay must be 0 or 1"):
+        ScheduleMeta(delay=2)
+    with pytest.raises(ValueError, match="meta.dp_groups must be a list of rank lists"):
+        ScheduleMeta(dp_groups=[0, 1])

@@ -46,7 +46,7 @@ def test_vertical_sync_uses_stage_zeros_version_everywhere():
 
 def test_grouped_async_adds_allreduce_before_each_step():
     s = g.async_1f1b(2, 2, 2, num_groups=2)
-    assert s.num_ranks == 4 and s.meta["dp_groups"] == [[0, 2], [1, 3]]
+    assert s.num_ranks == 4 and s.meta.dp_groups == ((0, 2), (1, 3))
     ops = [a.op.value for a in s.actions(3)]
     assert [ops[i + 1] for i, op in enumerate(ops) if op == "AR"] == ["STEP", "STEP"]
 

@@ -132,8 +132,8 @@ def test_1f1b_keeps_at_most_p_in_flight_gpipe_keeps_m():
 
 def test_gropipe_ranks_follow_topology_and_ar_after_last_backward():
     s = g.gropipe(2, 3, 4)
-    assert s.meta["stage_to_rank"] == [[0, 1, 2], [3, 4, 5]]
-    assert s.meta["dp_groups"] == [[0, 3], [1, 4], [2, 5]]
+    assert s.meta.stage_to_rank == ((0, 1, 2), (3, 4, 5))
+    assert s.meta.dp_groups == ((0, 3), (1, 4), (2, 5))
     for r in range(6):
         acts = s.actions(r)
         last_b = max(i for i, a in enumerate(acts) if a.op is Op.BACKWARD)
@@ -145,7 +145,7 @@ def test_gropipe_delay1_steps_apply_previous_iteration_and_leave_last_pending():
     s = g.gropipe(2, 2, 2, delay=1, num_iterations=3)
     steps = [a.iteration for a in s.actions(0) if a.op is Op.STEP]
     assert steps == [0, 1]
-    assert s.meta["pending_step_iteration"] == 2
+    assert s.meta.pending_step_iteration == 2
     # forwards of iteration t run on weights with t-1 updates (never fewer than 0)
     assert {(a.iteration, a.version) for a in s.actions(0) if a.op is Op.FORWARD} == {(0, 0), (1, 0), (2, 1)}
     cont = g.gropipe(2, 2, 2, delay=1, first_iteration=3)

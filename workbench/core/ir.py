@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from typing import Any, Iterable, Iterator, Sequence
 
-__all__ = ["Op", "Action", "Schedule", "parse_action", "COMPUTE_OPS", "COMM_OPS"]
+__all__ = ["Op", "Action", "Schedule", "ScheduleMeta", "parse_action", "COMPUTE_OPS", "COMM_OPS"]
 
 
 class Op(str, Enum):
@@ -210,22 +210,117 @@ def parse_action(text: str) -> Action:
 Slot = Action | None
 
 
+def _groups(name: str, value: Any) -> tuple[tuple[int, ...], ...]:
+    """Rank groups as a tuple of tuples of ranks (lists from JSON are accepted)."""
+    if not isinstance(value, (list, tuple)) or not all(isinstance(g, (list, tuple)) for g in value):
+        raise ValueError(f"meta.{name} must be a list of rank lists, got {value!r}")
+    out = tuple(tuple(g) for g in value)
+    for g in out:
+        for r in g:
+            _check_index(f"meta.{name}", r, optional=False)
+    return out
+
+
+@dataclass(frozen=True)
+class ScheduleMeta:
+    """What a generator and the passes record about a schedule, for the passes, validator and simulator.
+
+    Layout: ``stage_to_rank`` (per pipeline, the rank of every virtual stage),
+    ``replicas`` (model copies), ``chunks`` (virtual stages per rank),
+    ``dp_groups`` (ranks that all-reduce one stage's gradients), ``row_groups``
+    / ``col_groups`` and ``q`` (a 2D tensor grid; 0 without one). Work:
+    ``num_iterations`` from ``first_iteration``, GroPipe's ``inner`` schedule,
+    gradient ``num_buckets`` and ``backward_buckets`` (the backward is split
+    into that many pieces; 0 when it is not), ``delay`` of the update and the
+    iteration whose step is still ``pending_step_iteration`` (None: none), the
+    asynchronous pipeline's ``weight_stashing``, ``inflight`` per stage,
+    ``mode`` and ``vertical_sync``. ``grad_sync`` and ``lowered`` record the
+    passes that ran, in order.
+    """
+
+    stage_to_rank: tuple[tuple[int, ...], ...] = ()
+    replicas: int = 1
+    chunks: int = 1
+    dp_groups: tuple[tuple[int, ...], ...] = ()
+    row_groups: tuple[tuple[int, ...], ...] = ()
+    col_groups: tuple[tuple[int, ...], ...] = ()
+    q: int = 0
+    num_iterations: int = 1
+    first_iteration: int = 0
+    inner: str = ""
+    num_buckets: int = 1
+    backward_buckets: int = 0
+    delay: int = 0
+    pending_step_iteration: int | None = None
+    grad_sync: bool = False
+    weight_stashing: bool = False
+    inflight: tuple[int, ...] = ()
+    mode: str = ""
+    vertical_sync: bool = False
+    lowered: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("stage_to_rank", "dp_groups", "row_groups", "col_groups"):
+            object.__setattr__(self, name, _groups(name, getattr(self, name)))
+        for name in ("replicas", "chunks", "num_iterations", "num_buckets"):
+            _check_index(f"meta.{name}", getattr(self, name), optional=False)
+            if getattr(self, name) < 1:
+                raise ValueError(f"meta.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("q", "first_iteration", "backward_buckets"):
+            _check_index(f"meta.{name}", getattr(self, name), optional=False)
+        _check_index("meta.pending_step_iteration", self.pending_step_iteration)
+        if self.delay not in (0, 1):
+            raise ValueError(f"meta.delay must be 0 or 1, got {self.delay!r}")
+        for name in ("grad_sync", "weight_stashing", "vertical_sync"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"meta.{name} must be true or false, got {getattr(self, name)!r}")
+        for name in ("inner", "mode"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"meta.{name} must be a string, got {getattr(self, name)!r}")
+        object.__setattr__(self, "inflight", tuple(self.inflight))
+        for n in self.inflight:
+            _check_index("meta.inflight", n, optional=False)
+        object.__setattr__(self, "lowered", tuple(self.lowered))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields that differ from their defaults, JSON-ready (lists, not tuples)."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value != f.default:
+                out[f.name] = [list(v) if isinstance(v, tuple) else v for v in value] \
+                    if isinstance(value, tuple) else value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: "dict[str, Any] | ScheduleMeta | None") -> "ScheduleMeta":
+        if isinstance(data, ScheduleMeta):
+            return data
+        data = dict(data or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"schedule meta field {unknown[0]!r} is unknown; valid fields are {sorted(known)}")
+        return cls(**data)
+
+
 @dataclass(frozen=True)
 class Schedule:
     """Per-rank action lists; ``None`` marks an idle time slot.
 
     ``name`` says which generator built it, ``num_stages`` and
-    ``num_microbatches`` its size, ``meta`` any generator parameters
-    (chunks, delay, groups) consumers may need.
+    ``num_microbatches`` its size, ``meta`` (:class:`ScheduleMeta`, or a dict
+    of its fields) what the generator and passes recorded about it.
     """
 
     ranks: tuple[tuple[Slot, ...], ...]
     name: str = "custom"
     num_stages: int | None = None
     num_microbatches: int | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: ScheduleMeta = field(default_factory=ScheduleMeta)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "meta", ScheduleMeta.from_dict(self.meta))
         ranks = tuple(tuple(r) for r in self.ranks)
         if not ranks:
             raise ValueError("ranks must hold at least one rank's action list, got none")
@@ -303,7 +398,7 @@ class Schedule:
             "name": self.name,
             "num_stages": self.num_stages,
             "num_microbatches": self.num_microbatches,
-            "meta": self.meta,
+            "meta": self.meta.to_dict(),
             "ranks": self.to_text(),
         }
 
@@ -318,7 +413,7 @@ class Schedule:
             name=data.get("name", "custom"),
             num_stages=data.get("num_stages"),
             num_microbatches=data.get("num_microbatches"),
-            meta=dict(data.get("meta") or {}),
+            meta=ScheduleMeta.from_dict(data.get("meta")),
         )
 
     def to_json(self, **kwargs: Any) -> str:

@@ -188,7 +188,7 @@ def placed_schedule(schedule: Schedule, device_of: Sequence[int], cluster: Clust
     """
     if len(device_of) != schedule.num_ranks or len(set(device_of)) != len(device_of):
         raise ValueError(f"device_of must name {schedule.num_ranks} distinct devices, got {list(device_of)!r}")
-    if schedule.meta.get("lowered"):
+    if schedule.meta.lowered:
         raise ValueError("placed_schedule needs the compute schedule, before lower() added sends and receives")
     if max(device_of) >= cluster.world_size or min(device_of) < 0:
         raise ValueError(f"devices must be in [0, {cluster.world_size - 1}] on cluster {cluster.name!r}, "
@@ -196,8 +196,6 @@ def placed_schedule(schedule: Schedule, device_of: Sequence[int], cluster: Clust
     ranks: list[tuple] = [() for _ in range(max(device_of) + 1)]
     for r, dev in enumerate(device_of):
         ranks[dev] = schedule.actions(r)
-    meta = dict(schedule.meta)
-    for key in ("stage_to_rank", "dp_groups"):
-        if key in meta:
-            meta[key] = [[device_of[r] for r in row] for row in meta[key]]
+    meta = replace(schedule.meta, **{key: tuple(tuple(device_of[r] for r in row) for row in getattr(schedule.meta, key))
+                                     for key in ("stage_to_rank", "dp_groups")})
     return replace(schedule, ranks=tuple(ranks), meta=meta)

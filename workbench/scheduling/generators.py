@@ -9,8 +9,8 @@ all consume that value, so none of them re-derives the order.
 Conventions shared by every generator:
 
 * Pipelines place stage ``s`` of pipeline ``g`` on rank ``g * S + s``
-  (``Topology(dp=G, pp=S)``); ``meta["stage_to_rank"]`` lists, per pipeline,
-  the rank of every (virtual) stage, and ``meta["replicas"]`` the number of
+  (``Topology(dp=G, pp=S)``); ``meta.stage_to_rank`` lists, per pipeline,
+  the rank of every (virtual) stage, and ``meta.replicas`` the number of
   model replicas that each take ``num_microbatches`` micro-batches.
 * Generators emit compute (``F``/``B``), gradient all-reduce (``AR``) and
   optimizer steps (``STEP``) only; :mod:`workbench.scheduling.passes` adds the
@@ -23,7 +23,7 @@ Delayed gradient all-reduce (GroPipe, ``delay=1``): iteration ``t``'s list is
 its pipeline actions, then ``sAR i t`` (launched right after the stage's last
 backward, asynchronous), then ``sSTEP i t-1`` which waits for the previous
 iteration's all-reduce and applies it. The last iteration's all-reduce stays
-pending (``meta["pending_step_iteration"]``) unless ``drain=True`` appends
+pending (``meta.pending_step_iteration``) unless ``drain=True`` appends
 its step; a caller running one iteration at a time passes
 ``first_iteration`` so the numbering (and so the delayed step) carries on.
 """
@@ -32,7 +32,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..core.ir import Action, Op, Schedule
+from ..core.ir import Action, Op, Schedule, ScheduleMeta
+from ..core.topology import Topology
 
 __all__ = [
     "gpipe", "one_f_one_b", "interleaved", "async_1f1b", "async_inflight", "ASYNC_MODES", "gropipe", "data_parallel",
@@ -83,7 +84,7 @@ def _single_pipeline(name: str, num_stages: int, num_microbatches: int) -> Sched
         order = pipeline_order(name, num_stages, s, num_microbatches)
         ranks.append(tuple(Action(s, Op(kind), mb) for kind, mb in order))
     return Schedule(tuple(ranks), name=name, num_stages=num_stages, num_microbatches=num_microbatches,
-                    meta={"stage_to_rank": [list(range(num_stages))], "replicas": 1})
+                    meta=ScheduleMeta(stage_to_rank=(tuple(range(num_stages)),)))
 
 
 def gpipe(num_stages: int, num_microbatches: int) -> Schedule:
@@ -132,7 +133,7 @@ def interleaved(num_ranks: int, num_microbatches: int, num_chunks: int) -> Sched
             actions.append(Action(chunk * p + r, Op(kind), mb, chunk=chunk))
         ranks.append(tuple(actions))
     return Schedule(tuple(ranks), name="interleaved", num_stages=p * v, num_microbatches=m,
-                    meta={"stage_to_rank": [[vs % p for vs in range(p * v)]], "replicas": 1, "chunks": v})
+                    meta=ScheduleMeta(stage_to_rank=(tuple(vs % p for vs in range(p * v)),), chunks=v))
 
 
 def _with_versions(actions: list[Action], start: int = 0) -> list[Action]:
@@ -248,11 +249,10 @@ def async_1f1b(num_stages: int, num_microbatches: int, num_iterations: int, *,
         first = {(a.microbatch, a.iteration): a.version for a in ranks[0] if a.op is Op.FORWARD}
         ranks = [[_use_version(a, first.get((a.microbatch, a.iteration))) for a in r] for r in ranks]
     S = num_stages
-    meta: dict = {"stage_to_rank": [[g * S + s for s in range(S)] for g in range(num_groups)],
-                  "replicas": num_groups, "num_iterations": num_iterations, "weight_stashing": True,
-                  "inflight": list(caps), "mode": mode, "vertical_sync": vertical_sync}
-    if num_groups > 1:
-        meta.update(groups=num_groups, dp_groups=[[g * S + s for g in range(num_groups)] for s in range(S)])
+    layout = Topology(dp=num_groups, pp=S)
+    meta = ScheduleMeta(stage_to_rank=layout.groups("pp"), replicas=num_groups, num_iterations=num_iterations,
+                        weight_stashing=True, inflight=tuple(caps), mode=mode, vertical_sync=vertical_sync,
+                        dp_groups=layout.groups("dp") if num_groups > 1 else ())
     return Schedule(tuple(tuple(r) for r in ranks) * num_groups, name="async", num_stages=S, num_microbatches=m,
                     meta=meta)
 
@@ -292,9 +292,8 @@ def gropipe(num_groups: int, num_stages: int, num_microbatches: int, *, inner: s
             ranks.append(tuple(Action(s, Op(kind), mb, iteration=first_iteration + t)
                                for t in range(num_iterations) for kind, mb in order))
     base = Schedule(tuple(ranks), name=gropipe.__name__, num_stages=S, num_microbatches=m,
-                    meta={"stage_to_rank": [[g * S + s for s in range(S)] for g in range(G)], "replicas": G,
-                          "groups": G, "inner": inner, "num_iterations": num_iterations,
-                          "first_iteration": first_iteration})
+                    meta=ScheduleMeta(stage_to_rank=Topology(dp=G, pp=S).groups("pp"), replicas=G, inner=inner,
+                                      num_iterations=num_iterations, first_iteration=first_iteration))
     synced = add_grad_sync(base, delay=delay, drain=drain)
     start = max(0, first_iteration - delay)
     return Schedule(tuple(tuple(_with_versions(list(r), start)) for r in synced.ranks), name=gropipe.__name__, num_stages=S,
@@ -315,8 +314,8 @@ def data_parallel(num_ranks: int, num_buckets: int) -> Schedule:
         actions += [Action(0, Op.BACKWARD, 0, bucket=k), Action(0, Op.ALL_REDUCE, bucket=k)]
     actions.append(Action(0, Op.STEP))
     return Schedule(tuple(tuple(actions) for _ in range(num_ranks)), name="dp", num_stages=1, num_microbatches=1,
-                    meta={"replicas": num_ranks, "dp_groups": [list(range(num_ranks))], "num_buckets": num_buckets,
-                          "backward_buckets": num_buckets})
+                    meta=ScheduleMeta(replicas=num_ranks, dp_groups=(tuple(range(num_ranks)),), num_buckets=num_buckets,
+                                      backward_buckets=num_buckets))
 
 
 def tensor2d_step(q: int, num_layers: int) -> Schedule:
@@ -333,8 +332,7 @@ def tensor2d_step(q: int, num_layers: int) -> Schedule:
     actions = [Action(l, Op.FORWARD, 0, bucket=t) for l in range(num_layers) for t in range(q)]
     actions += [Action(l, Op.BACKWARD, 0, bucket=t) for l in reversed(range(num_layers)) for t in range(q)]
     actions += [Action(l, Op.STEP) for l in range(num_layers)]
-    grid = [[i * q + j for j in range(q)] for i in range(q)]
+    grid = Topology(tp_row=q, tp_col=q)
     return Schedule(tuple(tuple(actions) for _ in range(q * q)), name="tensor2d", num_stages=num_layers,
-                    num_microbatches=1,
-                    meta={"replicas": 1, "q": q, "row_groups": grid,
-                          "col_groups": [[grid[i][j] for i in range(q)] for j in range(q)]})
+                    num_microbatches=1, meta=ScheduleMeta(q=q, row_groups=grid.groups("tp_col"),
+                                                          col_groups=grid.groups("tp_row")))

@@ -32,7 +32,7 @@ def _walk(schedule: Schedule, rank: int, stage_costs: StageCosts | None):
     steps: dict[int, int] = {}
     users: dict[tuple[int, int], int] = {}  # (stage, version) -> in-flight micro-batches using it
     act_bytes = stashed = 0
-    stashing = bool(schedule.meta.get("weight_stashing"))
+    stashing = schedule.meta.weight_stashing
 
     def stash_bytes() -> int:
         return sum(stage_costs.param_bytes[s] for (s, v), n in users.items() if n and v != steps.get(s, 0))
@@ -92,7 +92,7 @@ def memory_breakdown(schedule: Schedule, stage_costs: StageCosts) -> list[dict[s
         opt = sum(stage_costs.optimizer_bytes[s] for s in stages)
         peak_act, peak_stash = max(((a, s) for a, s, _ in _walk(schedule, r, stage_costs)),
                                    key=lambda x: x[0] + x[1], default=(0, 0))
-        pending = grads if schedule.meta.get("delay") == 1 else 0
+        pending = grads if schedule.meta.delay == 1 else 0
         out.append({"weights": weights, "gradients": grads, "optimizer": opt, "activations": peak_act,
                     "stashed_weights": peak_stash, "pending_gradients": pending,
                     "peak": weights + grads + opt + peak_act + peak_stash + pending})

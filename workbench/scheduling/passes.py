@@ -11,18 +11,18 @@ Communication semantics the passes assume (and the validator checks):
 sends and all-reduces are *launched* in program order and do not block the
 rank (``isend`` / ``async_op=True``); a receive blocks until its data is
 there; a ``STEP`` blocks until the all-reduces of its stage and iteration
-finished. ``meta["lowered"]`` records which passes ran, so :func:`lower` is
+finished. ``meta.lowered`` records which passes ran, so :func:`lower` is
 idempotent.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 from ..core.ir import Action, Op, Schedule
 
-__all__ = ["add_p2p", "add_grad_sync", "add_weight_stash", "lower", "dp_groups"]
+__all__ = ["add_p2p", "add_grad_sync", "add_weight_stash", "lower", "dp_groups", "LoweredIterations"]
 
 _BACKWARDS = (Op.BACKWARD, Op.BACKWARD_INPUT)
 
@@ -40,16 +40,14 @@ def _derived(stage: int, op: Op, microbatch: int | None, chunk: int | None, iter
 
 
 def _with_meta(schedule: Schedule, ranks: list[list[Action]], pass_name: str, **extra: Any) -> Schedule:
-    meta = dict(schedule.meta)
-    meta.update(extra)
-    meta["lowered"] = [*schedule.meta.get("lowered", []), pass_name]
+    meta = replace(schedule.meta, **extra, lowered=(*schedule.meta.lowered, pass_name))
     return replace(schedule, ranks=tuple(tuple(r) for r in ranks), meta=meta)
 
 
 def _stage_to_rank(schedule: Schedule) -> list[list[int]]:
-    pipes = schedule.meta.get("stage_to_rank")
+    pipes = schedule.meta.stage_to_rank
     if not pipes:
-        raise ValueError(f"schedule {schedule.name!r} has no meta['stage_to_rank'] (stage -> rank per pipeline); "
+        raise ValueError(f"schedule {schedule.name!r} has no meta.stage_to_rank (stage -> rank per pipeline); "
                          "point-to-point passes need it")
     return [list(p) for p in pipes]
 
@@ -59,15 +57,15 @@ def _pipeline_of_rank(pipes: list[list[int]], num_ranks: int) -> list[int]:
     for i, pipe in enumerate(pipes):
         for r in pipe:
             if not 0 <= r < num_ranks:
-                raise ValueError(f"meta['stage_to_rank'][{i}] names rank {r}, but the schedule has {num_ranks} ranks")
+                raise ValueError(f"meta.stage_to_rank[{i}] names rank {r}, but the schedule has {num_ranks} ranks")
             owner[r] = i
     return owner
 
 
 def dp_groups(schedule: Schedule) -> list[list[int]]:
     """Per stage, the ranks holding a replica of it (its gradient all-reduce group)."""
-    if "dp_groups" in schedule.meta:
-        return [list(g) for g in schedule.meta["dp_groups"]]
+    if schedule.meta.dp_groups:
+        return [list(g) for g in schedule.meta.dp_groups]
     pipes = _stage_to_rank(schedule)
     return [[pipe[s] for pipe in pipes] for s in range(len(pipes[0]))]
 
@@ -78,7 +76,7 @@ def add_p2p(schedule: Schedule) -> Schedule:
     ``RECV_F`` before a forward (not on the first stage), ``SEND_F`` after it
     (not on the last), ``RECV_B`` before a backward (not on the last stage),
     ``SEND_B`` after it (not on the first). Peers are absolute ranks taken
-    from ``meta["stage_to_rank"]``; stages that share a rank hand over locally.
+    from ``meta.stage_to_rank``; stages that share a rank hand over locally.
     """
     pipes = _stage_to_rank(schedule)
     owner = _pipeline_of_rank(pipes, schedule.num_ranks)
@@ -147,7 +145,8 @@ def add_grad_sync(schedule: Schedule, *, delay: int = 0, num_buckets: int = 1, d
             last = max((it for it in last_of_iteration if it is not None), default=None)
             out += [Action(s, Op.STEP, iteration=last) for s in stages]
         ranks.append(out)
-    extra: dict[str, Any] = {"delay": delay, "dp_groups": groups, "num_buckets": num_buckets, "grad_sync": True}
+    extra: dict[str, Any] = {"delay": delay, "dp_groups": tuple(tuple(g) for g in groups), "num_buckets": num_buckets,
+                             "grad_sync": True}
     numbered = [it for it in iterations_seen if it is not None]
     if delay == 1 and not drain and numbered:
         extra["pending_step_iteration"] = max(numbered)
@@ -189,9 +188,40 @@ def add_weight_stash(schedule: Schedule) -> Schedule:
 
 def lower(schedule: Schedule) -> Schedule:
     """Everything the runtime interpreter needs: p2p always, stashing where ``meta`` asks for it."""
-    done = set(schedule.meta.get("lowered", []))
-    if "p2p" not in done and schedule.meta.get("stage_to_rank"):
+    done = set(schedule.meta.lowered)
+    if "p2p" not in done and schedule.meta.stage_to_rank:
         schedule = add_p2p(schedule)
-    if "stash" not in done and schedule.meta.get("weight_stashing"):
+    if "stash" not in done and schedule.meta.weight_stashing:
         schedule = add_weight_stash(schedule)
     return schedule
+
+
+class LoweredIterations:
+    """The lowered actions of every iteration of a schedule built per iteration, lowered only once.
+
+    GroPipe numbers its iterations: iteration ``t``'s actions carry
+    ``iteration=t`` and weight versions counted from the steps applied so
+    far, and with a delayed update iteration 0 has no step yet. Past the first
+    ``warmup + 1`` iterations every iteration is the previous one with its
+    iteration and version numbers one higher. So ``build(i)`` is called and
+    lowered for ``i = 0 .. warmup`` when this is made, and :meth:`actions`
+    renumbers the last of them, instead of generating and lowering the whole
+    schedule again every training step.
+    """
+
+    def __init__(self, build: Callable[[int], Schedule], warmup: int = 0) -> None:
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+            raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+        self.templates = [lower(build(i)) for i in range(warmup + 1)]
+
+    def actions(self, rank: int, iteration: int) -> list[Action]:
+        """``rank``'s lowered actions of ``iteration``."""
+        if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
+            raise ValueError(f"iteration must be an int >= 0, got {iteration!r}")
+        base = min(iteration, len(self.templates) - 1)
+        shift = iteration - base
+        template = self.templates[base].actions(rank)
+        if not shift:
+            return list(template)
+        return [a.with_(iteration=None if a.iteration is None else a.iteration + shift,
+                        version=None if a.version is None else a.version + shift) for a in template]

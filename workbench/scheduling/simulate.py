@@ -217,7 +217,7 @@ def _lowered(schedule: Schedule) -> Schedule:
 
 
 def _default_costs(schedule: Schedule) -> StageCosts:
-    chunks = schedule.meta.get("chunks", 1)
+    chunks = schedule.meta.chunks
     return StageCosts.uniform(schedule.num_stages or 1, forward_ms=1.0 / chunks, backward_ms=2.0 / chunks)
 
 
@@ -266,9 +266,9 @@ def _simulate(lowered: Schedule, costs: StageCosts, cluster: ClusterSpec | None,
     if scale is not None:
         links.interference = None
     meta = lowered.meta
-    groups = meta.get("dp_groups") or []
-    num_buckets = meta.get("num_buckets", 1)
-    q = meta.get("q")
+    groups = meta.dp_groups
+    num_buckets = meta.num_buckets
+    q = meta.q
     programs = [lowered.actions(r) for r in range(n)]
     ar_keys_on_rank: list[dict[tuple, list[tuple]]] = []
     for r in range(n):
@@ -286,11 +286,11 @@ def _simulate(lowered: Schedule, costs: StageCosts, cluster: ClusterSpec | None,
         base = costs.forward_ms[a.stage] if a.op is Op.FORWARD else costs.backward_ms[a.stage]
         if q:  # one SUMMA step: 1/q of the rank's 1/q^2 share, plus the row and column block broadcasts
             block = (costs.param_bytes[a.stage] + costs.send_bytes[max(a.stage - 1, 0)]) / (q * q)
-            link = cluster.group_link(meta["row_groups"][0]) if cluster else None
+            link = cluster.group_link(list(meta.row_groups[0])) if cluster else None
             # two broadcasts of q - 1 steps each
             return base / q ** 3 + (link.transfer_ms(block) + 2 * (q - 1) * cluster.collective_call_ms if link else 0.0)
-        if a.bucket is not None and a.op is not Op.FORWARD and meta.get("backward_buckets"):
-            return base / meta["backward_buckets"]
+        if a.bucket is not None and a.op is not Op.FORWARD and meta.backward_buckets:
+            return base / meta.backward_buckets
         return base
 
     clock = [0.0] * n
@@ -398,9 +398,9 @@ def _simulate(lowered: Schedule, costs: StageCosts, cluster: ClusterSpec | None,
 def _metrics(schedule: Schedule, timeline: Timeline, costs: StageCosts, exposed: list[float], links: _Links,
              microbatch_size: int | None, memory: list[dict[str, int]]) -> dict[str, Any]:
     makespan = timeline.makespan
-    iterations = schedule.meta.get("num_iterations", 1)
+    iterations = schedule.meta.num_iterations
     mb = microbatch_size or costs.microbatch_size
-    units = schedule.meta.get("replicas", 1) * (schedule.num_microbatches or 1) * iterations * (mb or 1)
+    units = schedule.meta.replicas * (schedule.num_microbatches or 1) * iterations * (mb or 1)
     n = schedule.num_ranks
     busy = _busy_per_rank(timeline, n)
     return {

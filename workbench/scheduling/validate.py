@@ -4,7 +4,7 @@ A schedule that is wrong fails on a real cluster as a hang with no message,
 so every schedule is checked here first, as data. The checks, in order:
 
 1. well-formed: peers are other existing ranks; pipeline actions sit on the
-   rank ``meta["stage_to_rank"]`` gives their stage;
+   rank ``meta.stage_to_rank`` gives their stage;
 2. per rank, every micro-batch's backward follows its forward on that stage,
    and each forward runs once; every pipeline runs every stage's forward for
    every micro-batch of every iteration it names;
@@ -44,7 +44,7 @@ def _fail(schedule: Schedule, problem: str) -> None:
 
 
 def _owner(schedule: Schedule) -> dict[int, list[int]] | None:
-    pipes = schedule.meta.get("stage_to_rank")
+    pipes = schedule.meta.stage_to_rank
     if not pipes:
         return None
     owner: dict[int, list[int]] = {}
@@ -63,7 +63,7 @@ def _check_well_formed(schedule: Schedule, owner: dict[int, list[int]] | None) -
             if owner is not None and a.is_compute:
                 pipe = owner.get(r)
                 if pipe is None or a.stage >= len(pipe) or pipe[a.stage] != r:
-                    _fail(schedule, f"rank {r} runs {a}, but meta['stage_to_rank'] puts stage {a.stage} elsewhere")
+                    _fail(schedule, f"rank {r} runs {a}, but meta.stage_to_rank puts stage {a.stage} elsewhere")
 
 
 def _check_forward_backward(schedule: Schedule, owner: dict[int, list[int]] | None) -> None:
@@ -86,14 +86,14 @@ def _check_forward_backward(schedule: Schedule, owner: dict[int, list[int]] | No
                 if key not in forwards:
                     _fail(schedule, f"rank {r} runs backward {a} before (or without) its forward on stage {a.stage}")
                 backwards.add(key)
-        if has_backward and schedule.meta.get("stage_to_rank"):
+        if has_backward and schedule.meta.stage_to_rank:
             missing = sorted(forwards - backwards, key=str)
             if missing:
                 s, mb, it = missing[0]
                 _fail(schedule, f"rank {r} runs the forward of micro-batch {mb} (stage {s}, iteration {it}) "
                                 "but never its backward")
     if owner is not None and schedule.num_microbatches:
-        for pipe in schedule.meta["stage_to_rank"]:
+        for pipe in schedule.meta.stage_to_rank:
             for it in iterations:
                 got = pipelines_done.get((pipe[0], it), set())
                 for s in range(len(pipe)):
@@ -129,7 +129,7 @@ def _check_matching(schedule: Schedule) -> None:
 
 
 def _ar_groups(schedule: Schedule) -> list[list[int]]:
-    groups = schedule.meta.get("dp_groups")
+    groups = schedule.meta.dp_groups
     return [list(g) for g in groups] if groups else []
 
 

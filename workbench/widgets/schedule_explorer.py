@@ -126,7 +126,7 @@ def uniform_stage_costs(schedule: Schedule, *, backward_ratio: float = 2.0,
     for name, value in (("backward_ratio", backward_ratio), ("comm_ratio", comm_ratio)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise ValueError(f"{name} must be a number >= 0, got {value!r}")
-    chunks = schedule.meta.get("chunks", 1)
+    chunks = schedule.meta.chunks
     forward = 1.0 / chunks
     nbytes = MESSAGE_BYTES if comm_ratio > 0 else 0
     costs = StageCosts.uniform(schedule.num_stages, forward_ms=forward, backward_ms=backward_ratio * forward,

@@ -30,8 +30,9 @@ import torch
 import torch.distributed as dist
 
 from ...core.ir import Action
+from ...scheduling.passes import LoweredIterations
 from .base import RunContext
-from .pipeline import ScheduledPipeline, lowered_schedule
+from .pipeline import ScheduledPipeline, build_schedule
 
 __all__ = ["GroPipe"]
 
@@ -48,10 +49,13 @@ class GroPipe(ScheduledPipeline):
         # iteration -> (all-reduce handle or None once waited, flat gradient buffer)
         self._pending: dict[int, tuple[dist.Work | None, torch.Tensor]] = {}
         self._current_step = 0
+        # lowered once: a delayed update's first iteration differs (no step yet), then each is the last renumbered
+        warmup = self.config.plan.pipeline.delay
+        self._iterations = LoweredIterations(lambda i: build_schedule(self.config, i), warmup=warmup)
 
     def actions_for(self, step: int) -> list[Action]:
         self._current_step = step
-        return lowered_schedule(self.config, step).actions(self.ctx.rank)
+        return self._iterations.actions(self.ctx.rank, step)
 
     def _iteration_of(self, action: Action) -> int:
         return self._current_step if action.iteration is None else action.iteration
