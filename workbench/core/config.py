@@ -209,8 +209,8 @@ class RunConfig:
                         "parallelism and torch's pipelining rescale nothing; the asynchronous pipeline coalesces "
                         "more micro-batches instead): set grad_accum = 1")
         if plan.tp > 1 and layer.recompute:
-            raise plan_error("layers.recompute", True, f"the tensor-parallel runtime does not recompute "
-                             f"activations; set recompute = false")
+            raise plan_error("layers.recompute", True, "the tensor-parallel runtime does not recompute "
+                             "activations; set recompute = false")
         if plan.iterates_across_steps and self.resume:
             raise _fail("resume", self.resume, "the asynchronous pipeline keeps micro-batches of the next iteration "
                         "in flight across steps, which a checkpoint does not hold; set resume = false")

@@ -36,6 +36,7 @@ from typing import Any, Sequence
 
 from ..core.costs import ClusterSpec
 from ..core.ir import Schedule
+from ..core.topology import Topology
 
 __all__ = ["Placement", "place", "placement_cost", "placed_schedule", "naive_devices"]
 
@@ -100,16 +101,17 @@ def _breakdown(nodes: Sequence[int], sends: list[int], grads: list[int], num_rep
                cluster: ClusterSpec) -> list[dict[str, Any]]:
     """Per transfer (boundary of a replica, all-reduce of a stage): bytes, link and predicted ms."""
     S = len(sends)
+    layout = Topology(dp=num_replicas, pp=S)
     rows = []
     for g in range(num_replicas):
         for s in range(S - 1):
-            a, b = nodes[g * S + s], nodes[g * S + s + 1]
+            a, b = nodes[layout.rank(dp=g, pp=s)], nodes[layout.rank(dp=g, pp=s + 1)]
             link = cluster.intra_node if a == b else cluster.inter_node
             rows.append({"what": f"replica {g} stage {s}->{s + 1}", "bytes": 2 * num_microbatches * sends[s],
                          "link": link.name, "ms": 2 * num_microbatches * link.transfer_ms(sends[s])})
     if num_replicas > 1:
         for s in range(S):
-            spans = {nodes[g * S + s] for g in range(num_replicas)}
+            spans = {nodes[r] for r in layout.group_of(layout.rank(dp=0, pp=s), "dp")}
             link = cluster.intra_node if len(spans) == 1 else cluster.inter_node
             rows.append({"what": f"all-reduce stage {s}", "bytes": grads[s], "link": link.name,
                          "ms": link.allreduce_ms(grads[s], num_replicas)})

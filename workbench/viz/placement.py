@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..core.costs import ClusterSpec
+from ..core.topology import Topology
 from .style import apply_layout, palette_color
 
 __all__ = ["placement_figure"]
@@ -35,8 +36,9 @@ def placement_figure(placement, cluster: ClusterSpec, *, title: str | None = Non
         mode="markers", marker=dict(symbol="square", size=34, color="#eee", line=dict(color="#bbb", width=1)),
         hoverinfo="skip", showlegend=False), row=1, col=1)
     heaviest = max([r["bytes"] for r in placement.rows if r["what"].startswith("replica")] or [1]) or 1
-    for g in range(len(placement.device_of) // S):
-        devices = placement.device_of[g * S:(g + 1) * S]
+    layout = Topology(dp=len(placement.device_of) // S, pp=S)
+    for g, pipeline in enumerate(layout.groups("pp")):
+        devices = [placement.device_of[r] for r in pipeline]
         color = palette_color(g)
         for s in range(S - 1):
             row = placement.rows[g * (S - 1) + s]
