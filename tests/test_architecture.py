@@ -7,9 +7,11 @@
    (anywhere in the file, lazy ones included) targets a room it may use.
    ``jobs`` never imports ``widgets`` (``Job.monitor`` finds its widget
    through ``jobs.viewers``).
-3. No file circles: no two or more modules import each other, directly or
-   round a loop, counting lazy imports inside functions (imports of a
-   package's ``__init__``, which only re-exports, aside).
+3. No file circles: no two or more files import each other, directly or
+   round a loop, counting lazy imports inside functions and modules a
+   package imports by name (``import_module``). A package ``__init__``'s
+   re-exports are aside, but a circle through them is not, nor one through
+   an ``__init__`` that defines what its own modules import.
 
 A planted fake package checks that the checkers catch what they look for.
 """
@@ -83,10 +85,12 @@ def _module_name(path: Path, pkg: Path) -> str:
 def imported_modules(path: Path, pkg: Path) -> list[tuple[str, int]]:
     """Every module of the package ``path`` imports (absolute or relative, anywhere in the file), with its line.
 
-    ``from X import name`` yields ``X`` and ``X.name`` (the latter is a module when ``name`` is a submodule)."""
+    ``from X import name`` yields ``X`` and ``X.name`` (the latter is a module when ``name`` is a submodule).
+    ``import_module("X")`` yields ``X``; ``import_module(f"{__name__}.{...}")``, which a package uses to
+    discover or dispatch to its own modules by name, yields ``<this package>.*``: any of them."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    here = _module_name(path, pkg).split(".")
-    package = here if path.name == "__init__.py" else here[:-1]
+    here = _module_name(path, pkg)
+    package = here.split(".") if path.name == "__init__.py" else here.split(".")[:-1]
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -96,10 +100,35 @@ def imported_modules(path: Path, pkg: Path) -> list[tuple[str, int]]:
             if node.level:
                 base = ".".join(package[: len(package) - (node.level - 1)] + ([node.module] if node.module else []))
             targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Call) and _is_import_module(node.func) and node.args:
+            targets = [_import_module_target(node.args[0], here)]
         else:
             continue
-        found += [(t, node.lineno) for t in targets if t.split(".")[0] == pkg.name]
+        found += [(t, node.lineno) for t in targets if t and t.split(".")[0] == pkg.name]
     return found
+
+
+def _is_import_module(func: ast.expr) -> bool:
+    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+    return name.endswith("import_module")
+
+
+def _import_module_target(arg: ast.expr, here: str) -> str:
+    """The module a literal name stands for, ``here.*`` for ``f"{__name__}.{...}"``, else "" (not knowable)."""
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.JoinedStr) and len(arg.values) >= 2:
+        head, dot = arg.values[:2]
+        if isinstance(head, ast.FormattedValue) and isinstance(head.value, ast.Name) and head.value.id == "__name__" \
+                and isinstance(dot, ast.Constant) and str(dot.value).startswith("."):
+            return f"{here}.*"
+    return ""
+
+
+def reexport_statements(init: Path) -> list[ast.ImportFrom]:
+    """The ``from .module import name`` lines at the top of a package ``__init__``: its re-exports."""
+    body = ast.parse(init.read_text()).body
+    return [n for n in body if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module]
 
 
 def upward_imports(pkg: Path, allowed: dict[str, set[str]], exceptions: set[tuple[str, str]] = frozenset()) -> list[str]:
@@ -118,11 +147,39 @@ def upward_imports(pkg: Path, allowed: dict[str, set[str]], exceptions: set[tupl
     return sorted(set(out))
 
 
-def file_circles(pkg: Path) -> list[list[str]]:
-    """Groups of two or more modules that import each other round a loop (strongly connected components)."""
+def import_graph(pkg: Path) -> dict[str, set[str]]:
+    """File -> the files it imports, a package ``__init__`` being a file like any other.
+
+    An ``__init__``'s re-export lines are no edges: they only gather the package's names, so a module
+    importing from its own package is no circle. A name taken from a package resolves to the module it is
+    re-exported from, so a circle through re-exports still is one, and whatever else an ``__init__``
+    imports (lazily in a function, or by name to dispatch) counts like any module's imports."""
     files = {_module_name(p, pkg): p for p in pkg.rglob("*.py")}
-    modules = {name for name, p in files.items() if p.name != "__init__.py"}
-    graph = {m: {t for t, _ in imported_modules(files[m], pkg) if t in modules and t != m} for m in modules}
+    inits = {name: p for name, p in files.items() if p.name == "__init__.py"}
+    reexports = {name: {a.asname or a.name: (f"{name}.{n.module}", a.name)
+                        for n in reexport_statements(p) for a in n.names} for name, p in inits.items()}
+
+    def resolve(target: str) -> set[str]:
+        if target.endswith(".*"):  # any module of the package but __main__, which runs a program when imported
+            return {f for f in files if f.rpartition(".")[0] == target[:-2] and not f.endswith(".__main__")}
+        if target in files:
+            return {target}
+        package, _, name = target.rpartition(".")
+        if name in reexports.get(package, {}):
+            source, original = reexports[package][name]
+            return resolve(f"{source}.{original}") or resolve(source)
+        return set()
+
+    graph = {}
+    for name, path in files.items():
+        skip = {n.lineno for n in reexport_statements(path)} if name in inits else set()
+        graph[name] = {f for t, line in imported_modules(path, pkg) if line not in skip for f in resolve(t)} - {name}
+    return graph
+
+
+def file_circles(pkg: Path) -> list[list[str]]:
+    """Groups of two or more files that import each other round a loop (strongly connected components)."""
+    graph = import_graph(pkg)
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -131,7 +188,7 @@ def file_circles(pkg: Path) -> list[list[str]]:
     def visit(v: str) -> None:  # Tarjan's algorithm
         index[v] = low[v] = len(index)
         stack.append(v)
-        for w in graph[v]:
+        for w in sorted(graph[v]):
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -147,7 +204,7 @@ def file_circles(pkg: Path) -> list[list[str]]:
             if len(component) > 1:
                 circles.append(sorted(component))
 
-    for v in sorted(modules):
+    for v in sorted(graph):
         if v not in index:
             visit(v)
     return sorted(circles)
@@ -180,6 +237,18 @@ def test_the_checkers_catch_a_planted_circle_and_an_upward_import(tmp_path):
         "jobs/tail.py": "def follow():\n    from . import job\n",
         "widgets/__init__.py": "",
         "widgets/view.py": "from fakewb.jobs.job import run\n\nclass View:\n    pass\n",
+        # the package picks a backend by name, a backend takes a shared value from the package
+        "jobs/backends/__init__.py": "class State:\n    pass\n\ndef get():\n    from .local import Local\n",
+        "jobs/backends/local.py": "from . import State\n\nclass Local:\n    pass\n",
+        # data and zoo import each other only through names the package re-exports
+        "models/__init__.py": "from .data import batch\nfrom .zoo import build\n",
+        "models/data.py": "def batch():\n    from . import build\n",
+        "models/zoo.py": "from . import batch\n\ndef build():\n    pass\n",
+        # the package discovers its commands by name, and they take a value from the package
+        "cli/__init__.py": ("from importlib import import_module\n\nclass Result:\n    pass\n\n"
+                            "def main():\n    import_module(f\"{__name__}.{'run'}\")\n"),
+        "cli/__main__.py": "from . import main\n",
+        "cli/run.py": "from . import Result\n",
     }
     for rel, text in files.items():
         (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -188,8 +257,13 @@ def test_the_checkers_catch_a_planted_circle_and_an_upward_import(tmp_path):
     assert upward_imports(pkg, allowed) == ["core/values.py:3 imports fakewb.widgets",
                                            "jobs/job.py:4 imports fakewb.widgets"]
     assert upward_imports(pkg, allowed, {("core/values.py", "widgets")}) == ["jobs/job.py:4 imports fakewb.widgets"]
-    # job <-> tail directly, and job -> view -> job round the lazy import; the package __init__ re-export is no circle
-    assert file_circles(pkg) == [["fakewb.jobs.job", "fakewb.jobs.tail", "fakewb.widgets.view"]]
+    # job <-> tail directly, and job -> view -> job round the lazy import; an __init__'s re-exports are no
+    # circle (models: __init__ -> data -> __init__), but a circle through them is, and so is one through the
+    # lazy or by-name imports of an __init__ that does more than re-export (cli's __main__ is not discovered)
+    assert file_circles(pkg) == [["fakewb.cli", "fakewb.cli.run"],
+                                 ["fakewb.jobs.backends", "fakewb.jobs.backends.local"],
+                                 ["fakewb.jobs.job", "fakewb.jobs.tail", "fakewb.widgets.view"],
+                                 ["fakewb.models.data", "fakewb.models.zoo"]]
 
 
 def test_every_room_exists():

@@ -15,21 +15,12 @@ import json
 import os
 import pkgutil
 import sys
-from dataclasses import dataclass, field
 from importlib import import_module
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
+
+from .result import Result
 
 __all__ = ["Result", "main", "build_parser"]
-
-
-@dataclass
-class Result:
-    """What a command produced: ``text`` for people, ``data`` for ``--json``."""
-
-    text: str
-    data: dict[str, Any] = field(default_factory=dict)
-    exit_code: int = 0
-
 
 Handler = Callable[[argparse.Namespace], Result]
 

@@ -7,7 +7,7 @@ import platform
 import sys
 
 from ..core import Topology, parse_action
-from . import Result
+from .result import Result
 
 
 def _info(args: argparse.Namespace) -> Result:

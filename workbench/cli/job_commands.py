@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from . import Result
+from .result import Result
 
 _BACKENDS = ("local", "multinode", "slurm", "dryrun")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import Result
+from .result import Result
 
 GIB = 2**30
 

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import Result
+from .result import Result
 
 MB = 1024 ** 2
 

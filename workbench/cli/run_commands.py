@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..core.config import RunConfig
 from ..core.rundir import COMMAND_FILE, CONFIG_FILE, LAUNCH_FILE, LOGS_DIR, status_path
-from . import Result
+from .result import Result
 
 __all__ = ["prepare_run", "torchrun_command", "register"]
 

@@ -6,7 +6,7 @@ import argparse
 
 from ..core.plan import PIPELINE_KINDS, GroPipe, ParallelPlan
 from ..core.topology import Topology
-from . import Result
+from .result import Result
 
 SCHEDULES = (*(k for k in PIPELINE_KINDS if k not in ("none", "torch")), "dp")
 

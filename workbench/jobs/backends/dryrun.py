@@ -13,17 +13,20 @@ from pathlib import Path
 from typing import Any
 
 from ..spec import LaunchSpec
-from . import Backend, ProcessState, Started
+from .base import Backend, ProcessState, Started
+from .local import LocalBackend
+from .multinode import MultiNodeBackend
+from .slurm import SlurmBackend
 
 __all__ = ["DryRunBackend", "target_backend"]
 
 
 def target_backend(spec: LaunchSpec) -> Backend:
-    from . import get_backend
-
+    """The place that would run ``spec``, built here rather than by name through ``get_backend``, which
+    builds this dry run too (asking it would tie the two modules into a circle)."""
     if spec.slurm is not None:
-        return get_backend("slurm")
-    return get_backend("multinode" if spec.nnodes > 1 else "local")
+        return SlurmBackend()
+    return MultiNodeBackend() if spec.nnodes > 1 else LocalBackend()
 
 
 class DryRunBackend:

@@ -27,7 +27,7 @@ from typing import Any
 from ...core.rundir import CONFIG_FILE, LOGS_DIR
 from ..process import RUN_ID_ENV, create_time, kill_processes, pdeathsig_preexec, process_alive
 from ..spec import LaunchSpec
-from . import ProcessState, Started
+from .base import ProcessState, Started
 
 __all__ = ["LocalBackend", "torchrun_argv", "worker_env", "start_agents", "poll_agents", "cancel_agents",
            "RANK_PREFIX"]

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..process import free_port, is_local_host
 from ..spec import LaunchSpec
-from . import ProcessState, Started
+from .base import ProcessState, Started
 from .local import cancel_agents, node_log_dir, poll_agents, start_agents, torchrun_argv, worker_env
 
 __all__ = ["MultiNodeBackend", "node_argvs"]

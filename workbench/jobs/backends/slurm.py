@@ -22,7 +22,7 @@ from typing import Any
 
 from ...core.rundir import LOGS_DIR
 from ..spec import LaunchSpec
-from . import ProcessState, Started
+from .base import ProcessState, Started
 from .local import torchrun_argv, worker_env
 
 __all__ = ["SlurmBackend", "render_sbatch", "map_slurm_state", "SBATCH_FILE"]
