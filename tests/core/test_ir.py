@@ -111,3 +111,11 @@ def test_schedule_meta_is_typed_and_round_trips_through_json():
         ScheduleMeta(delay=2)
     with pytest.raises(ValueError, match="meta.dp_groups must be a list of rank lists"):
         ScheduleMeta(dp_groups=[0, 1])
+    with pytest.raises(ValueError, match="meta.delay must be 0 or 1"):
+        ScheduleMeta(delay=True)
+    with pytest.raises(ValueError, match="meta.lowered must be a list"):
+        ScheduleMeta(lowered="p2p")  # a string would otherwise become the passes 'p', '2', 'p'
+    with pytest.raises(ValueError, match="meta.lowered must list pass names"):
+        ScheduleMeta(lowered=["p2p", 3])
+    with pytest.raises(ValueError, match="meta.inflight must be a list"):
+        ScheduleMeta(inflight=2)

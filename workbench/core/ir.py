@@ -269,7 +269,7 @@ class ScheduleMeta:
         for name in ("q", "first_iteration", "backward_buckets"):
             _check_index(f"meta.{name}", getattr(self, name), optional=False)
         _check_index("meta.pending_step_iteration", self.pending_step_iteration)
-        if self.delay not in (0, 1):
+        if isinstance(self.delay, bool) or self.delay not in (0, 1):
             raise ValueError(f"meta.delay must be 0 or 1, got {self.delay!r}")
         for name in ("grad_sync", "weight_stashing", "vertical_sync"):
             if not isinstance(getattr(self, name), bool):
@@ -277,10 +277,15 @@ class ScheduleMeta:
         for name in ("inner", "mode"):
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"meta.{name} must be a string, got {getattr(self, name)!r}")
-        object.__setattr__(self, "inflight", tuple(self.inflight))
+        for name in ("inflight", "lowered"):
+            if not isinstance(getattr(self, name), (list, tuple)):
+                raise ValueError(f"meta.{name} must be a list, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, tuple(getattr(self, name)))
         for n in self.inflight:
             _check_index("meta.inflight", n, optional=False)
-        object.__setattr__(self, "lowered", tuple(self.lowered))
+        for pass_name in self.lowered:
+            if not isinstance(pass_name, str) or not pass_name:
+                raise ValueError(f"meta.lowered must list pass names, got {pass_name!r} in {list(self.lowered)}")
 
     def to_dict(self) -> dict[str, Any]:
         """The fields that differ from their defaults, JSON-ready (lists, not tuples)."""
