@@ -228,6 +228,7 @@ ddp_base = RunConfig.from_toml(REPO_ROOT / "launch" / "ddp_vgg.toml")
 ddp_config = RunConfig.from_dict({**ddp_base.to_dict(), "model": model_name, "global_batch": global_batch,
                                   "steps": train_steps, "checkpoint_every": 0,
                                   "optimizer": optimizer})
+assert ddp_config.plan.name == "dp4-m2"  # the plan the text above names
 ddp_job = launch(LaunchSpec(config=ddp_config, run_root=run_root, name="ddp-lesson"))
 ddp_status = ddp_job.wait(timeout=400)
 print(ddp_status.text())

@@ -72,6 +72,7 @@ config = RunConfig.from_dict({**RunConfig.from_toml(REPO_ROOT / "launch" / "grop
                               "steps": train_steps, "checkpoint_every": 0, "optimizer": optimizer})
 layout = config.plan.mesh  # Topology(dp=2, pp=2): the groups are the dp axis, the stages the pp axis
 print("plan:", config.plan.name)
+assert (config.plan.family, config.plan.dp, config.plan.pp, config.world_size) == ("gropipe", 2, 2, 4)
 per_node = config.world_size // num_nodes
 for node in range(num_nodes):
     ranks = list(range(node * per_node, (node + 1) * per_node))

@@ -281,6 +281,17 @@ def _pipeline_to_dict(spec: PipelineSpec) -> dict[str, Any]:
     return {"kind": spec.kind, **{f.name: getattr(spec, f.name) for f in fields(spec)}}
 
 
+def _mesh_layer(mesh: Topology) -> LayerPlan:
+    """The LayerPlan a mesh implies: its tensor parallelism (2D grid, 1D, or none) over all its tensor ranks.
+
+    A plan name's head and a ``[plan]`` table without layer ranges mean this for every layer."""
+    if mesh.size("tp_row") > 1:
+        return LayerPlan(tp="2d", tp_degree=mesh.size("tp_row") * mesh.size("tp_col"))
+    if mesh.size("tp") > 1:
+        return LayerPlan(tp="1d", tp_degree=mesh.size("tp"))
+    return LayerPlan()
+
+
 # -- the plan ----------------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -312,7 +323,9 @@ class ParallelPlan:
         order = [a for a in ("dp", "pp", "tp", "tp_row", "tp_col") if a == "dp" or present.get(a, 1) > 1
                  or (a == "pp" and not isinstance(self.pipeline, NoPipeline))]
         object.__setattr__(self, "mesh", Topology(tuple((a, present.get(a, 1)) for a in order)))
-        object.__setattr__(self, "_sizes", dict(self.mesh.axes))  # the search reads sizes in its inner loops
+        # the search reads sizes and the tensor parallelism in its inner loops
+        object.__setattr__(self, "_sizes", dict(self.mesh.axes))
+        object.__setattr__(self, "_implied", _mesh_layer(self.mesh))
         layers = self.layers
         if isinstance(layers, LayerPlan):
             layers = (layers,)
@@ -348,16 +361,14 @@ class ParallelPlan:
         if isinstance(spec, AsyncPipeline) and spec.mode == "2bw" and self.microbatches < pp:
             raise plan_error("microbatches", self.microbatches, f"mode '2bw' coalesces gradients over at least "
                              f"the pipeline depth: use microbatches >= pp ({pp})")
-        tp_kind = "2d" if self._sizes.get("tp_row", 1) > 1 else ("1d" if self._sizes.get("tp", 1) > 1 else "none")
+        tp_kind = self.tp_kind
         for i, layer in enumerate(self.layers):
             if layer.tp != "none" and layer.tp != tp_kind:
-                raise plan_error(f"layers[{i}].tp", layer.tp, f"the mesh has {self._tp_text()} tensor parallelism")
+                raise plan_error(f"layers[{i}].tp", layer.tp, f"the mesh has {tp_kind.upper()} tensor parallelism "
+                                 f"({str(self.mesh)})")
             if layer.tp != "none" and self.tp % layer.tp_degree:
                 raise plan_error(f"layers[{i}].tp_degree", layer.tp_degree,
                                  f"must divide the mesh's {self.tp} tensor-parallel ranks")
-
-    def _tp_text(self) -> str:
-        return "2D" if self._sizes.get("tp_row", 1) > 1 else ("1D" if self.tp > 1 else "no")
 
     # -- sizes -------------------------------------------------------------------------------------------------------
     @property
@@ -394,7 +405,7 @@ class ParallelPlan:
     @property
     def tp_kind(self) -> str:
         """``none``, ``1d`` or ``2d``: the mesh's tensor parallelism."""
-        return {"2D": "2d", "1D": "1d", "no": "none"}[self._tp_text()]
+        return self._implied.tp
 
     @property
     def family(self) -> str:
@@ -569,7 +580,7 @@ class ParallelPlan:
         return text if self.partition == "uniform" else f"{text}@{self.partition}"
 
     def _layers_suffix(self) -> str:
-        base = self._mesh_layer()
+        base = self._implied
         if self.is_uniform:
             layer = self.layers[0]
             if layer.tp == base.tp and layer.tp_degree == base.tp_degree:
@@ -583,10 +594,6 @@ class ParallelPlan:
                 runs.append(f"{span}={self.layers[start].text}")
                 start = i
         return f"-L[{';'.join(runs)}]"
-
-    def _mesh_layer(self) -> LayerPlan:
-        """The LayerPlan a name's head implies: the mesh's tensor parallelism over all its ranks."""
-        return LayerPlan() if self.tp_kind == "none" else LayerPlan(tp=self.tp_kind, tp_degree=self.tp)
 
     def __str__(self) -> str:
         return self.name
@@ -607,7 +614,7 @@ class ParallelPlan:
             "microbatches": self.microbatches,
             "partition": self.partition,
         }
-        if self.layers != (LayerPlan(),) and self.layers != (self._mesh_layer(),):
+        if self.layers != (LayerPlan(),) and self.layers != (self._implied,):
             out["layers"] = _layer_ranges(self.layers)
         return out
 
@@ -636,9 +643,7 @@ class ParallelPlan:
             raise plan_error("mesh", mesh, str(exc)) from None
         if topology.size("tp_row") != topology.size("tp_col"):
             raise plan_error("mesh", str(topology), "a 2D tensor grid is square: tp_row = tp_col")
-        tp_kind = "2d" if topology.size("tp_row") > 1 else ("1d" if topology.size("tp") > 1 else "none")
-        degree = topology.size("tp") * topology.size("tp_row") * topology.size("tp_col")
-        mesh_layer = LayerPlan() if tp_kind == "none" else LayerPlan(tp=tp_kind, tp_degree=degree)
+        mesh_layer = _mesh_layer(topology)
         layers = _layers_from_ranges(data["layers"], mesh_layer) if "layers" in data else (mesh_layer,)
         return cls(mesh=topology, pipeline=data.get("pipeline", {"kind": "none"}),
                    microbatches=data.get("microbatches", 1), partition=data.get("partition", "uniform"), layers=layers)
@@ -773,10 +778,8 @@ def _parse_name(text: str) -> ParallelPlan:
     if pipeline is None:
         pipeline = {"kind": "async", **async_options}
     topology = Topology(tuple(mesh.items()))
-    degree = topology.size("tp") * topology.size("tp_row") * topology.size("tp_col")
-    tp_kind = "2d" if "tp_row" in mesh else ("1d" if "tp" in mesh else "none")
-    if tp_kind != "none":
-        uniform = replace(uniform, tp=tp_kind, tp_degree=degree)
+    implied = _mesh_layer(topology)
+    uniform = replace(uniform, tp=implied.tp, tp_degree=implied.tp_degree)
     layers: tuple[LayerPlan, ...] = (uniform,)
     if layers_text is not None:
         if uniform != LayerPlan(tp=uniform.tp, tp_degree=uniform.tp_degree):

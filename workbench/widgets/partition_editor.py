@@ -231,7 +231,7 @@ class PartitionEditor:
     @property
     def num_virtual_stages(self) -> int:
         """Stages the model is cut into: ranks x chunks for the interleaved schedule."""
-        return self.stages.value * (self.chunks.value if self.schedule.value == "interleaved" else 1)
+        return self.stages.value * (self.chunks.value if self.schedule.value == Interleaved.kind else 1)
 
     @property
     def cluster_spec(self) -> ClusterSpec | None:

@@ -105,9 +105,9 @@ def bubble_formula(kind: str, stages: int, microbatches: int, *, chunks: int = 2
                    iterations: int = 2) -> tuple[float, str]:
     """The textbook bubble fraction for identical stages and free communication, with its formula."""
     p, m = stages, microbatches
-    if kind == "interleaved":
+    if kind == Interleaved.kind:
         return (p - 1) / (chunks * m + p - 1), f"(p-1)/(v·m+p-1) = {p - 1}/({chunks}·{m}+{p - 1})"
-    if kind == "async":  # no flush between iterations: one fill and one drain for all of them
+    if kind == AsyncPipeline.kind:  # no flush between iterations: one fill and one drain for all of them
         return (p - 1) / (iterations * m + p - 1), f"(p-1)/(n·m+p-1) = {p - 1}/({iterations}·{m}+{p - 1})"
     if kind not in EXPLORER_SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(EXPLORER_SCHEDULES)}; got {kind!r}")
