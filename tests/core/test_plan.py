@@ -190,3 +190,17 @@ def test_strategy_names_live_only_in_the_plan_module():
             if isinstance(node, ast.Constant) and node.value == "gropipe" and id(node) not in exported:
                 found.append(f"{path.relative_to(root)}:{node.lineno}")
     assert found == []
+
+
+def test_layer_consecutive_flag_round_trips_through_name_and_dict():
+    strided = LayerPlan(tp="1d", tp_degree=2, consecutive=False)
+    assert strided.text == "ddp.tp1d2.strided"
+    assert LayerPlan.parse("ddp.tp1d2.strided") == strided
+    plan = ParallelPlan.parse("dp2-tp1d2-L[0-1=ddp.tp1d2.strided;2-3=fsdp]")
+    assert plan.layers[0] == strided and plan.layers[2] == LayerPlan(dp="fsdp")
+    assert ParallelPlan.parse(plan.name) == plan
+    assert ParallelPlan.from_dict(plan.to_dict()) == plan
+    ranges = plan.to_dict()["layers"]
+    assert ranges[0]["consecutive"] is False and "consecutive" not in ranges[1]
+    with pytest.raises(ValueError, match="layers.consecutive"):
+        LayerPlan(consecutive=False)

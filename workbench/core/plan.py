@@ -103,19 +103,25 @@ class LayerPlan:
     ``tp`` / ``tp_degree``: no tensor parallelism, Megatron-style 1D over
     ``tp_degree`` ranks, or a SUMMA 2D grid of ``tp_degree`` = q x q ranks.
     ``recompute``: keep only the layer's input and re-run its forward in
-    backward.
+    backward. ``consecutive``: the tensor-parallel group sits on neighbouring
+    ranks of the stage (TP innermost, the fast link), else on strided ranks
+    (data parallelism innermost); always True without tensor parallelism.
     """
 
     dp: str = "replicate"
     tp: str = "none"
     tp_degree: int = 1
     recompute: bool = False
+    consecutive: bool = True
 
     def __post_init__(self) -> None:
         _check_choice("layers.dp", self.dp, DP_KINDS)
         _check_choice("layers.tp", self.tp, TP_KINDS)
         _check_int("layers.tp_degree", self.tp_degree, 1)
         _check_bool("layers.recompute", self.recompute)
+        _check_bool("layers.consecutive", self.consecutive)
+        if self.tp == "none" and not self.consecutive:
+            raise plan_error("layers.consecutive", False, "only a tensor-parallel group can sit on strided ranks")
         if self.tp == "none" and self.tp_degree != 1:
             raise plan_error("layers.tp_degree", self.tp_degree, "a layer without tensor parallelism has degree 1")
         if self.tp != "none" and self.tp_degree < 2:
@@ -125,10 +131,12 @@ class LayerPlan:
 
     @property
     def text(self) -> str:
-        """Short form: ``ddp``, ``fsdp.tp1d2``, ``zero2.rc``, ``ddp.tp2d4.rc``."""
+        """Short form: ``ddp``, ``fsdp.tp1d2``, ``zero2.rc``, ``ddp.tp2d4.rc``, ``ddp.tp1d2.strided``."""
         parts = [_DP_TEXT[self.dp]]
         if self.tp != "none":
             parts.append(f"tp{self.tp}{self.tp_degree}")
+            if not self.consecutive:
+                parts.append("strided")
         if self.recompute:
             parts.append("rc")
         return ".".join(parts)
@@ -143,10 +151,12 @@ class LayerPlan:
             m = re.fullmatch(r"tp(1d|2d)(\d+)", part)
             if part == "rc":
                 options["recompute"] = True
+            elif part == "strided":
+                options["consecutive"] = False
             elif m:
                 options.update(tp=m.group(1), tp_degree=int(m.group(2)))
             else:
-                raise plan_error("layers", text, f"unknown layer option {part!r}; expected 'rc' or 'tp1dN' / 'tp2dN'")
+                raise plan_error("layers", text, f"unknown layer option {part!r}; expected 'rc', 'strided' or 'tp1dN' / 'tp2dN'")
         return cls(**options)
 
 
@@ -662,7 +672,7 @@ def _layer_ranges(layers: tuple[LayerPlan, ...]) -> list[dict[str, Any]]:
 
 
 def _layer_fields(layer: LayerPlan) -> dict[str, Any]:
-    return {f.name: getattr(layer, f.name) for f in fields(layer)}
+    return {f.name: getattr(layer, f.name) for f in fields(layer) if f.name != "consecutive" or not layer.consecutive}
 
 
 def _layers_from_ranges(ranges: Any, default: LayerPlan) -> tuple[LayerPlan, ...]:

@@ -62,9 +62,9 @@ class LayerStrategy:
     ``consecutive`` says whether the tensor-parallel group is made of
     neighbouring ranks (TP innermost) or strided ones (DP innermost); it
     decides which link the group's collectives cross and whether two layers'
-    activations line up. :class:`~workbench.core.plan.LayerPlan` has no such
-    field, so it lives here. It is normalised to True where it cannot
-    matter (no tensor parallelism, or no data parallelism beside it).
+    activations line up; the plan's :class:`~workbench.core.plan.LayerPlan`
+    carries it too. It is normalised to True where it cannot matter (no
+    tensor parallelism, or no data parallelism beside it).
     """
 
     tp_degree: int = 1
@@ -103,11 +103,12 @@ class LayerStrategy:
 
     @property
     def text(self) -> str:
-        """The plan's short form plus ``.strided`` when the TP group is not on consecutive ranks."""
-        return self.to_layer_plan().text + ("" if self.consecutive else ".strided")
+        """The plan's short form (``.strided`` when the TP group is not on consecutive ranks)."""
+        return self.to_layer_plan().text
 
     def to_layer_plan(self) -> LayerPlan:
-        return LayerPlan(dp=self.dp, tp=self.tp, tp_degree=self.tp_degree, recompute=self.recompute)
+        return LayerPlan(dp=self.dp, tp=self.tp, tp_degree=self.tp_degree, recompute=self.recompute,
+                         consecutive=self.consecutive)
 
     def tp_ranks(self, first_rank: int = 0) -> list[list[int]]:
         """The stage's tensor-parallel groups, as absolute ranks (the stage's ranks start at ``first_rank``)."""

@@ -424,7 +424,7 @@ class StageAssignment:
     transition_ms: float
 
     def layer_plans(self) -> tuple[LayerPlan, ...]:
-        """The plan's per-layer options (the consecutive flag stays in :attr:`strategies`)."""
+        """The plan's per-layer options."""
         return tuple(s.to_layer_plan() for s in self.strategies)
 
 
