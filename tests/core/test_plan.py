@@ -66,8 +66,8 @@ def test_planner_plans_with_partitions_and_per_layer_recompute_round_trip():
     big = ModelCosts("big", 8, "synthetic", tuple(replace(layer, name=f"l{i}") for i in range(8)))
     result = plan(big, "8xV100-PCIe", 32, world_size=4, memory_cap_gib=1.2, kinds=("pipeline",), recompute=(False,),
                   fine_grained=True)
-    per_layer = [p for p in result.plans if not p.strategy.is_uniform]
-    assert per_layer, "the fine-grained search found no per-layer plan"
+    per_layer = [p for p in result.plans if not p.strategy.is_uniform and "recompute_layers" in p.estimate.detail]
+    assert per_layer, "the fine-grained search found no per-layer recompute plan"
     for p in result.plans:
         emitted = p.strategy.replace(partition=str(p.estimate.partition)) if p.strategy.pp > 1 else p.strategy
         assert ParallelPlan.parse(emitted.name) == emitted

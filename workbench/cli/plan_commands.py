@@ -161,7 +161,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    help="a zoo model's config override, e.g. n_layer=4 (repeat it; default: the overrides of the "
                         "first --calibrate run of the same model)")
     p.add_argument("--fine-grained", action="store_true",
-                   help="also choose activation recomputation per layer (dynamic programming under the memory cap)")
+                   help="also search per-layer plans: every layer its own data-parallel kind (DDP, ZeRO-2, FSDP), "
+                        "tensor-parallel degree and recomputation, by dynamic programming under the memory cap, "
+                        "with the pipeline degree, micro-batches and partition around it; the JSON gives every plan "
+                        "its 'layers' and compares the best with pure DP, pure FSDP, 3D and the best uniform plan")
     p.add_argument("--emit-config", metavar="PATH.toml",
                    help="write the best plan's run config (model, plan with its partition, batch) as TOML, ready "
                         "for `workbench run` (a plan the runtime cannot run yet is refused with the reason)")

@@ -19,7 +19,9 @@ iteration of ``num_microbatches`` micro-batches (see :func:`layer_cost`):
   bytes); 2D broadcasts every linear's activation and weight blocks along
   grid rows and columns (SUMMA), twice as much in backward;
 * data parallelism: DDP all-reduces gradients once per iteration (no sync on
-  the other micro-batches), behind the last backward; ZeRO-2 reduce-scatters
+  the other micro-batches), behind the last backward, a layer paying the
+  fixed cost of the stage's 25 MiB buckets in proportion to its gradients;
+  ZeRO-2 reduce-scatters
   gradients every micro-batch behind its backward, then all-gathers the
   updated parameters after the step (exposed); FSDP all-gathers parameters
   in every forward and backward and reduce-scatters gradients. Overlapped
@@ -71,6 +73,7 @@ __all__ = ["StageSpec", "LayerChoiceCost", "StageAssignment", "layer_cost", "tra
 
 Option = tuple[float, float, Hashable]  # (time_ms, memory_bytes, layout) of one strategy for one layer
 MIB = 2**20
+DDP_BUCKET_BYTES = 25 * MIB  # torch DDP's default bucket
 BOUND_BUCKETS = 128  # the coarse table whose answer bounds the exact search (fastest in bench_layerwise_dp)
 
 
@@ -92,7 +95,11 @@ class StageSpec:
     stage, split over its data-parallel ranks. ``in_flight``: micro-batches
     whose activations the stage holds at once (1F1B: stages - stage index;
     GPipe: all). ``first_rank``: where the stage's ``devices`` ranks start
-    in the cluster, which decides the links its groups cross. ``kinds``: per
+    in the cluster, which decides the links its groups cross; ``ranks``
+    instead lists the cluster rank of each of the stage's local ranks (a
+    plan's mesh puts data parallelism outermost, so a stage's ranks may be
+    strided). Groups of layers (:meth:`LayerStrategy.tp_ranks`) are made of
+    local ranks. ``kinds``: per
     layer :class:`LayerKind`, a function of the layer, or None to guess
     from the names. ``collective_link``: the link collectives reach when it
     differs from point-to-point (as the planner's presets name it).
@@ -106,6 +113,7 @@ class StageSpec:
     num_microbatches: int = 1
     in_flight: int = 1
     first_rank: int = 0
+    ranks: tuple[int, ...] | None = None
     optimizer: str = "adam"
     collective_link: LinkSpec | None = None
     kinds: Sequence[LayerKind] | Callable[[LayerCost], LayerKind] | None = field(default=None, compare=False)
@@ -121,7 +129,14 @@ class StageSpec:
         for name in ("microbatch_size", "num_microbatches", "in_flight"):
             _check_int(name, getattr(self, name), 1)
         _check_int("first_rank", self.first_rank, 0)
-        if self.first_rank + self.devices > self.cluster.world_size:
+        if self.ranks is not None:
+            ranks = tuple(self.ranks) if isinstance(self.ranks, (tuple, list)) else ()
+            if len(ranks) != self.devices or len(set(ranks)) != len(ranks) or not all(
+                    isinstance(r, int) and not isinstance(r, bool) and 0 <= r < self.cluster.world_size for r in ranks):
+                raise _error("ranks", self.ranks, f"{self.devices} distinct ranks of the cluster's "
+                             f"{self.cluster.world_size}, or None for first_rank onwards")
+            object.__setattr__(self, "ranks", ranks)
+        elif self.first_rank + self.devices > self.cluster.world_size:
             raise _error("first_rank", self.first_rank, f"the stage's {self.devices} ranks must lie inside the "
                          f"cluster's {self.cluster.world_size}")
         if self.microbatch_size % self.devices:
@@ -137,6 +152,7 @@ class StageSpec:
             raise _error("layers", self.layers, f"(first, last) with 0 <= first <= last <= {last}")
         object.__setattr__(self, "layers", tuple(layers))
         object.__setattr__(self, "_kinds", tuple(layer_kinds(self.layer_costs, self.kinds)))
+        object.__setattr__(self, "_nodes", tuple(self.cluster.node_of(r) for r in self.global_ranks))
 
     @property
     def layer_costs(self) -> tuple[LayerCost, ...]:
@@ -152,11 +168,23 @@ class StageSpec:
         absolute = self.layers[0] + index
         return self.costs.input_bytes if absolute == 0 else self.costs.layers[absolute - 1].activation_bytes
 
+    @property
+    def global_ranks(self) -> tuple[int, ...]:
+        """The cluster rank of each of the stage's local ranks."""
+        return self.ranks if self.ranks is not None else tuple(range(self.first_rank, self.first_rank + self.devices))
+
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        """The node of each of the stage's local ranks."""
+        return self._nodes  # type: ignore[attr-defined]
+
     def group_link(self, groups: list[list[int]]) -> LinkSpec:
-        """The link the slowest of these groups' collectives crosses."""
+        """The link the slowest of these groups' collectives crosses (groups of the stage's local ranks)."""
         if self.collective_link is not None:
             return self.collective_link
-        return min((self.cluster.group_link(g) for g in groups), key=lambda link: link.bandwidth_gbs)
+        ranks = self.global_ranks
+        return min((self.cluster.group_link([ranks[r] for r in g]) for g in groups),
+                   key=lambda link: link.bandwidth_gbs)
 
 
 @dataclass(frozen=True)
@@ -196,6 +224,20 @@ def _allreduce_ms(spec: StageSpec, link: LinkSpec, nbytes: float, n: int) -> flo
     return link.allreduce_ms(nbytes, n) + spec.cluster.allreduce_call_ms(n) if nbytes > 0 else 0.0
 
 
+def _bucketed_allreduce_ms(spec: StageSpec, link: LinkSpec, nbytes: float, n: int, index: int) -> float:
+    """DDP's gradient all-reduce of the stage's ``index``-th layer: its bytes, and its share of the per-step
+    latency and call cost of the stage's buckets (DDP packs the layers' gradients into 25 MiB buckets, one
+    collective each): the layer's part of the stage's gradients times the number of buckets they fill."""
+    if nbytes <= 0 or n == 1:
+        return 0.0
+    steps = 2 * (n - 1)
+    latency = steps * link.latency_us * 1e-3
+    fixed = latency + spec.cluster.allreduce_call_ms(n)
+    total = sum(l.grad_bytes for l in spec.layer_costs) or 1
+    share = spec.layer_costs[index].grad_bytes / total * math.ceil(total / DDP_BUCKET_BYTES)
+    return link.allreduce_ms(nbytes, n) - latency + share * fixed
+
+
 def layer_cost(spec: StageSpec, index: int, strategy: LayerStrategy) -> LayerChoiceCost:
     """The cost model of the module docstring for the stage's ``index``-th layer (0 = its first)."""
     if strategy.devices != spec.devices:
@@ -211,7 +253,7 @@ def layer_cost(spec: StageSpec, index: int, strategy: LayerStrategy) -> LayerCho
     output = layer.activation_bytes * share
     tp_ms = 0.0
     if t > 1:
-        link = spec.group_link(strategy.tp_ranks(spec.first_rank))
+        link = spec.group_link(strategy.tp_ranks())
         passes = 3 if strategy.recompute else 2  # forward, backward (and the forward again)
         if strategy.tp == "1d":
             tp_ms = passes * math.ceil(kind.linears / 2) * _allreduce_ms(spec, link, output, t)
@@ -227,9 +269,10 @@ def layer_cost(spec: StageSpec, index: int, strategy: LayerStrategy) -> LayerCho
     if d == 1:
         busy = solo
     else:
-        link, gamma = spec.group_link(strategy.dp_ranks(spec.first_rank)), spec.cluster.overlap_slowdown
+        link, gamma = spec.group_link(strategy.dp_ranks()), spec.cluster.overlap_slowdown
         if strategy.dp == "replicate":
-            busy = m * forward + (m - 1) * backward + _overlapped(backward, _allreduce_ms(spec, link, grads, d), gamma)
+            reduce = _bucketed_allreduce_ms(spec, link, grads, d, index)
+            busy = m * forward + (m - 1) * backward + _overlapped(backward, reduce, gamma)
         elif strategy.dp == "zero2":
             scatter = _gather_ms(spec, link, grads, d)
             busy = m * (forward + _overlapped(backward, scatter, gamma)) + _gather_ms(spec, link, params, d)
@@ -268,11 +311,10 @@ def _holdings(layout: tuple[str, int, bool], devices: int) -> tuple[frozenset[in
 
 
 @lru_cache(maxsize=4096)
-def _fetch_units(have: tuple[str, int, bool], need: tuple[str, int, bool], devices: int, first_rank: int,
-                 per_node: int) -> tuple[tuple[int, int], ...]:
+def _fetch_units(have: tuple[str, int, bool], need: tuple[str, int, bool], devices: int,
+                 node: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     """Per rank: units it must fetch to go from layout ``have`` to ``need``, as (from its node, from others)."""
     held, wanted = _holdings(have, devices), _holdings(need, devices)
-    node = [(first_rank + r) // per_node for r in range(devices)]
     on_node: dict[int, frozenset[int]] = {}
     for r in range(devices):
         on_node[node[r]] = on_node.get(node[r], frozenset()) | held[r]
@@ -294,7 +336,7 @@ def transition_ms(spec: StageSpec, index: int, before: LayerStrategy, after: Lay
     far_link = cluster.inter_node or cluster.intra_node
     total = 0.0
     for have, need in ((before.layout, after.layout), (after.layout, before.layout)):  # activation, then gradient
-        fetches = _fetch_units(have, need, n, spec.first_rank, cluster.devices_per_node)
+        fetches = _fetch_units(have, need, n, spec.nodes)
         total += max(cluster.intra_node.transfer_ms(near * unit) + far_link.transfer_ms(far * unit)
                      for near, far in fetches)
     return spec.num_microbatches * total

@@ -37,9 +37,11 @@ from ..core.plan import ParallelPlan
 from ..core.timeline import Timeline
 from ..scheduling.simulate import SimResult
 from .calibrate import calibrate_from_run
-from .calibration import ComputeModel, RuntimeCalibration, compute_models
+from .calibration import ComputeModel, RuntimeCalibration, compute_models, scale_compute
 from .clusters import load_cluster
 from .estimate import GIB, Estimate, cost_context, estimate, project
+from .hybrid import TEMPLATE_TEXT, HybridPlan, HybridResult, as_estimate, search_hybrid
+from .layer_strategies import decision_trees, stage_strategies
 from .space import STRATEGY_KINDS, check_plan, enumerate_strategies
 from .tensor_costs import TransformerShape
 
@@ -74,6 +76,7 @@ class Plan:
     model: str
     global_batch: int
     rank: int = 0
+    layer_names: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -100,8 +103,17 @@ class Plan:
         data.update(overrides)
         return RunConfig.from_dict(data)
 
+    def layers(self) -> list[dict[str, Any]]:
+        """Every layer's options: ``{"name", "tp", "dp_kind", "recompute"}`` (plus the TP kind and grouping)."""
+        if "layers" in self.estimate.detail:
+            return self.estimate.detail["layers"]
+        names = self.layer_names or tuple(f"layer_{i}" for i in range(len(self.strategy.layers)))
+        return [{"name": name, "tp": l.tp_degree, "tp_kind": l.tp, "dp_kind": l.dp, "recompute": l.recompute,
+                 "consecutive": l.consecutive} for name, l in zip(names, self.strategy.layers_for(len(names)))]
+
     def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, **self.estimate.to_dict(), "strategy": self.strategy.to_dict()}
+        return {"rank": self.rank, **self.estimate.to_dict(), "layers": self.layers(),
+                "strategy": self.strategy.to_dict()}
 
 
 @dataclass
@@ -115,6 +127,7 @@ class PlanResult:
     searched: int
     elapsed_s: float
     notes: list[str] = field(default_factory=list)
+    per_layer: "HybridResult | None" = None  # the per-layer search's own result (fine_grained)
 
     @property
     def best(self) -> Plan:
@@ -142,7 +155,16 @@ class PlanResult:
     def to_dict(self) -> dict[str, Any]:
         return {"cluster": self.cluster.name, "global_batch": self.global_batch, "searched": self.searched,
                 "elapsed_s": self.elapsed_s, "notes": self.notes, "best": self.best.name,
-                "strategies": [p.to_dict() for p in self.plans], "infeasible": self.infeasible}
+                "strategies": [p.to_dict() for p in self.plans], "infeasible": self.infeasible,
+                **({"per_layer": _per_layer_dict(self.per_layer)} if self.per_layer is not None else {})}
+
+
+def _per_layer_dict(found: "HybridResult") -> dict[str, Any]:
+    """The per-layer search in JSON: each template's best plan in the same cost model, the gains, the misses."""
+    return {"searched": found.searched, "elapsed_s": found.elapsed_s, "budget_gib": found.budget_bytes / GIB,
+            "best": {name: p.to_dict() for name, p in found.best.items()},
+            "gain": {name: found.gain(name) for name in found.best if name != "per-layer"},
+            "misses": {name: found.closest_miss(name) for name in found.misses}}
 
 
 def _closest_miss(infeasible: list[dict[str, Any]], cap: int | None) -> str:
@@ -257,18 +279,72 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
                 infeasible.append({"name": e.strategy.name, "reason": " ".join(str(exc).split())})
                 continue
         final.append(e)
+    hybrid = None
     if fine_grained:
         from .finegrained import selective_recompute_plans
 
         final += selective_recompute_plans(ctx, [s for s in candidates if not s.recompute], infeasible)
+        hybrid = _per_layer_search(ctx, costs, world, coll, optimizer, notes)
+        if hybrid is not None and "per-layer" in hybrid.best:
+            final += [as_estimate(p) for p in _distinct_mixes(hybrid)]
+            uniform = hybrid.best.get("uniform")
+            if uniform is not None and uniform.name not in {e.strategy.name for e in final}:
+                final.append(as_estimate(uniform))  # the template to compare with, costed the same way
     if not final:
         raise ValueError(f"no strategy for {costs.model} on {world} devices of {spec.name} fits"
                          f"{_closest_miss(infeasible, ctx.cap)}")
     final.sort(key=lambda e: (e.method == "projected", e.iteration_ms, e.strategy.name))
     if top is not None:
         final = final[:top]
-    plans = [Plan(e.strategy, e, costs.model, global_batch, rank=i + 1) for i, e in enumerate(final)]
+    names = tuple(l.name for l in costs.layers)
+    plans = [Plan(e.strategy, e, costs.model, global_batch, rank=i + 1, layer_names=names) for i, e in enumerate(final)]
     if strategies is None:
         notes.append(f"the {min(simulate_top, len(projected))} fastest projections are simulated; the rest are "
                      f"ranked by the closed form")
-    return PlanResult(plans, infeasible, spec, global_batch, len(candidates), time.perf_counter() - started, notes)
+    return PlanResult(plans, infeasible, spec, global_batch, len(candidates), time.perf_counter() - started, notes,
+                      hybrid)
+
+
+def _per_layer_search(ctx, costs: ModelCosts, world: int, coll: LinkSpec | None, optimizer: str,
+                      notes: list[str]) -> "HybridResult | None":
+    """The per-layer programme (:mod:`.hybrid`) on the context's cluster and budget, with a note of what it found
+    against the templates costed the same way; None (and a note) where its trees do not apply."""
+    if world & (world - 1):
+        notes.append(f"the per-layer search splits devices by powers of two; {world} devices is not one")
+        return None
+    scaled = scale_compute(costs, ctx.compute_scale(world)) if ctx.cluster.shared_compute else costs
+    try:
+        found = search_hybrid(scaled, ctx.cluster, ctx.global_batch, budget_bytes=ctx.cap, world_size=world,
+                              collective_link=coll, optimizer=optimizer)
+    except ValueError as exc:
+        notes.append(f"per-layer search: {exc}")
+        return None
+    notes.append(f"per-layer search: {len(decision_trees(world))} decision trees on {world} devices; "
+                 f"{len(stage_strategies(world))} strategies per layer on a stage of {world} before recomputation "
+                 f"(DDP or FSDP beside TP), {len(found.pools[world])} with ZeRO-2 and recomputation; "
+                 f"{found.searched} stage searches in {found.elapsed_s:.2f} s")
+    if "per-layer" not in found.best:
+        notes.append(f"per-layer search: nothing fits; {found.closest_miss()}")
+        return found
+    mine = found.best["per-layer"]
+    for name in ("uniform", "dp", "fsdp", "3d"):
+        theirs = found.best.get(name)
+        if theirs is not None:
+            notes.append(f"per-layer model: {mine.name} {mine.iteration_ms:.1f} ms against the best "
+                         f"{TEMPLATE_TEXT[name]} {theirs.name} {theirs.iteration_ms:.1f} ms "
+                         f"({found.gain(name):+.1%} throughput)")
+        elif name in found.misses:
+            notes.append(f"per-layer model: no {TEMPLATE_TEXT[name]} fits; {found.closest_miss(name)}")
+    return found
+
+
+def _distinct_mixes(found: "HybridResult", limit: int = 3) -> list["HybridPlan"]:
+    """The best per-layer plan and the next fastest ones with other names (at most ``limit``)."""
+    out, seen = [found.best["per-layer"]], {found.best["per-layer"].name}
+    for p in found.plans:
+        if len(out) >= limit:
+            break
+        if p.source is None and p.name not in seen:
+            out.append(p)
+            seen.add(p.name)
+    return out
