@@ -16,9 +16,9 @@ from typing import Any, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .style import CATEGORY_COLORS, IDLE, MEMORY_COLOR, apply_layout
+from .style import CATEGORY_COLORS, IDLE, MEMORY_COLOR, apply_layout, palette_color
 
-__all__ = ["plan_breakdown_figure", "select_plan", "BREAKDOWN_PARTS"]
+__all__ = ["plan_breakdown_figure", "select_plan", "layer_strip_figure", "layer_option_text", "BREAKDOWN_PARTS"]
 
 # row key -> legend name, colour; stacked left to right in this order
 BREAKDOWN_PARTS = (("compute_ms", "compute", CATEGORY_COLORS["forward"]),
@@ -64,3 +64,59 @@ def select_plan(fig: go.Figure, selected: str | None) -> None:
     """Outline ``selected`` in a :func:`plan_breakdown_figure`, in place."""
     for trace in fig.data:
         trace.marker.line.width = _outline(list(trace.y), selected)
+
+
+def layer_option_text(layer: dict[str, Any]) -> str:
+    """``DDP``, ``FSDP + TP2``, ``ZeRO-2 + TP4 strided + recompute``: one layer's options in words."""
+    words = [{"replicate": "DDP", "zero2": "ZeRO-2", "fsdp": "FSDP"}.get(layer["dp_kind"], layer["dp_kind"])]
+    if layer.get("tp", 1) > 1:
+        kind = "2D " if layer.get("tp_kind") == "2d" else ""
+        words.append(f"{kind}TP{layer['tp']}" + ("" if layer.get("consecutive", True) else " strided"))
+    if layer.get("recompute"):
+        words.append("recompute")
+    return " + ".join(words)
+
+
+def layer_strip_figure(layers: Sequence[dict[str, Any]], *, stage_memory_gib: Sequence[float] | None = None,
+                       budget_gib: float | None = None, title: str | None = None) -> go.Figure:
+    """A plan's options along the layers: one coloured cell per layer (a colour per distinct option), stage
+    boundaries marked; beside it each stage's memory per device against the budget.
+
+    ``layers``: ``Plan.layers()`` rows (``name``, ``tp``, ``dp_kind``,
+    ``recompute``; ``stage``, ``tp_kind`` and ``consecutive`` if known).
+    """
+    if not layers:
+        raise ValueError("layer_strip_figure needs the plan's layers (name, tp, dp_kind, recompute)")
+    for i, layer in enumerate(layers):
+        missing = [k for k in ("name", "tp", "dp_kind", "recompute") if k not in layer]
+        if missing:
+            raise ValueError(f"layer {i} ({layer.get('name', '?')}) lacks {missing}")
+    texts = [layer_option_text(l) for l in layers]
+    options = list(dict.fromkeys(texts))
+    with_memory = bool(stage_memory_gib)
+    fig = make_subplots(rows=1, cols=2 if with_memory else 1, column_widths=[0.75, 0.25] if with_memory else None,
+                        horizontal_spacing=0.08,
+                        subplot_titles=["options per layer"] + (["memory per device by stage (GiB)"] if with_memory
+                                                                else []))
+    for k, option in enumerate(options):
+        index = [i for i, t in enumerate(texts) if t == option]
+        fig.add_trace(go.Bar(x=index, y=[1] * len(index), name=option, width=1.0,
+                             marker={"color": palette_color(k), "line": {"width": 0.5, "color": "white"}},
+                             customdata=[layers[i]["name"] for i in index],
+                             hovertemplate=f"layer %{{x}} %{{customdata}}<br>{option}<extra></extra>"), row=1, col=1)
+    stages = [l.get("stage", 0) for l in layers]
+    for i in range(1, len(layers)):
+        if stages[i] != stages[i - 1]:
+            fig.add_vline(x=i - 0.5, line_width=3, line_color="black", row=1, col=1)
+    fig.update_yaxes(visible=False, range=[0, 1], row=1, col=1)
+    fig.update_xaxes(title_text="layer", range=[-0.5, len(layers) - 0.5], row=1, col=1)
+    if with_memory:
+        names = [f"stage {k}" for k in range(len(stage_memory_gib))]
+        fig.add_trace(go.Bar(x=names, y=list(stage_memory_gib), name="memory", marker={"color": MEMORY_COLOR},
+                             showlegend=False, hovertemplate="%{x}: %{y:.2f} GiB<extra></extra>"), row=1, col=2)
+        top = max(list(stage_memory_gib) + ([budget_gib] if budget_gib else []))
+        if budget_gib:
+            fig.add_hline(y=budget_gib, line_dash="dash", line_color="red", annotation_text="budget", row=1, col=2)
+        fig.update_yaxes(range=[0, top * 1.15], row=1, col=2)
+    return apply_layout(fig, barmode="overlay", title=title or "Per-layer plan", height=300,
+                        legend={"orientation": "h", "y": -0.35}, margin={"l": 40, "r": 20, "t": 70, "b": 90})

@@ -13,10 +13,14 @@ device against the cap) beside the ranked table, and lists the strategies
 that cannot run with the reason. Clicking a bar, or choosing in the
 strategy menu, selects a plan: its outline is drawn in place, its details
 and launch config are shown, and its simulated timeline replaces the
-previous one (closed-form estimates have none, and say so).
+previous one (closed-form estimates have none, and say so). A plan whose
+layers differ (``fine_grained=True`` finds them) also shows its per-layer
+strip (:func:`~workbench.viz.plan.layer_strip_figure`): a colour per option
+along the layers, stage boundaries, and each stage's memory against the
+budget.
 
 Page hooks (CSS classes): ``wb-plan-button``, ``wb-strategy`` (the menu),
-``wb-plan-table``, ``wb-infeasible``, ``wb-plan-detail``; the whole
+``wb-plan-table``, ``wb-infeasible``, ``wb-plan-detail``, ``wb-layer-strip``; the whole
 explorer has ``wb-plan-explorer``.
 """
 
@@ -32,7 +36,7 @@ import plotly.graph_objects as go
 
 from ..core.costs import ModelCosts
 from ..planning import PlanResult, cluster_names, plan
-from ..viz.plan import plan_breakdown_figure, select_plan
+from ..viz.plan import layer_strip_figure, plan_breakdown_figure, select_plan
 from ..viz.timeline import timeline_figure, update_timeline_figure
 from .figure import figure_widget
 from .schedule_explorer import display_view, label, refresh_figure
@@ -93,12 +97,15 @@ class PlanExplorer:
         self.timeline_fig: go.FigureWidget | None = None
         self.figure_box = W.VBox()
         self.timeline_box = W.VBox()
+        self.strip_box = W.VBox()
+        self.strip_box.add_class("wb-layer-strip")
         self.plan_button.on_click(lambda _b: self.replan())
         self._listing = False
         self.strategy.observe(lambda change: self._listing or self._show_selected(), names="value")
         self.widget = W.VBox([
             W.HBox([self.cluster, self.global_batch]), W.HBox([self.memory_cap, self.top, self.plan_button]),
-            self.error, self.figure_box, self.table, self.strategy, self.detail, self.timeline_box, self.infeasible,
+            self.error, self.figure_box, self.table, self.strategy, self.detail, self.strip_box, self.timeline_box,
+            self.infeasible,
         ])
         self.widget.add_class("wb-plan-explorer")
         if result is not None:
@@ -177,6 +184,8 @@ class PlanExplorer:
         with self.breakdown_fig.batch_update():
             select_plan(self.breakdown_fig, chosen.name)
         self.detail.value = self._detail_html(chosen)
+        strip = self._strip_figure(chosen)
+        self.strip_box.children = [figure_widget(strip)] if strip is not None else []
         timeline = chosen.timeline()
         if timeline is None:
             self.timeline_box.children = [W.HTML(f"<i>{html.escape(chosen.name)} is estimated in closed form "
@@ -189,6 +198,15 @@ class PlanExplorer:
             refresh_figure(self.timeline_fig, lambda fig: update_timeline_figure(fig, timeline),
                            lambda: timeline_figure(timeline, title=title), title=title)
         self.timeline_box.children = [self.timeline_fig]
+
+    def _strip_figure(self, chosen) -> go.Figure | None:
+        """The per-layer strip of a plan whose layers differ (or that the per-layer search costed); else None."""
+        detail = chosen.estimate.detail
+        if chosen.strategy.is_uniform and "stage_memory_gib" not in detail:
+            return None
+        cap = self.memory_cap_gib
+        return layer_strip_figure(chosen.layers(), stage_memory_gib=detail.get("stage_memory_gib"), budget_gib=cap,
+                                  title=f"{chosen.name[:80]}: options per layer")
 
     # -- html ----------------------------------------------------------------------------------------
     def _table_html(self, rows: list[dict[str, Any]]) -> str:
@@ -227,6 +245,9 @@ class PlanExplorer:
             return []
         rows = [r for r in self.result.rows() if r["feasible"]]
         out = [plan_breakdown_figure(rows, selected=self.strategy.value, memory_cap_gib=self.memory_cap_gib)]
+        strip = self._strip_figure(self.selected) if self.selected else None
+        if strip is not None:
+            out.append(strip)
         timeline = self.selected.timeline() if self.selected else None
         if timeline is not None:
             out.append(timeline_figure(timeline, title=f"{self.strategy.value} (simulated)"))
