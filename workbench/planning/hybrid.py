@@ -192,32 +192,18 @@ def template_of(strategy: LayerStrategy) -> set[str]:
 
 def _split(weights: Sequence[float], parts: int) -> list[tuple[int, int]] | None:
     """Contiguous split of ``weights`` into ``parts`` non-empty runs minimising the largest run's sum."""
-    n = len(weights)
-    if parts > n:
-        return None
     prefix = [0.0]
     for w in weights:
         prefix.append(prefix[-1] + w)
-    inf = math.inf
-    best = [[inf] * (n + 1) for _ in range(parts + 1)]
-    cut = [[0] * (n + 1) for _ in range(parts + 1)]
-    best[0][0] = 0.0
-    for k in range(1, parts + 1):
-        for end in range(k, n - (parts - k) + 1):
-            for start in range(k - 1, end):
-                value = max(best[k - 1][start], prefix[end] - prefix[start])
-                if value < best[k][end]:
-                    best[k][end], cut[k][end] = value, start
-    bounds, end = [], n
-    for k in range(parts, 0, -1):
-        start = cut[k][end]
-        bounds.append((start, end - 1))
-        end = start
-    return bounds[::-1]
+    return _split_by_stage(lambda _k, a, b: prefix[b + 1] - prefix[a], len(weights), parts)
 
 
 def _split_by_stage(cost: Callable[[int, int, int], float], n: int, parts: int) -> list[tuple[int, int]] | None:
-    """Contiguous split minimising the largest ``cost(stage, first, last)`` (stage-dependent weights)."""
+    """Contiguous split of ``n`` layers into ``parts`` stages minimising the largest ``cost(stage, first, last)``.
+
+    ``cost`` must not decrease as a stage takes more layers (times and memory do not), so scanning the start of
+    the last stage downwards can stop once that stage alone costs as much as the best split found.
+    """
     if parts > n:
         return None
     inf = math.inf
@@ -225,11 +211,15 @@ def _split_by_stage(cost: Callable[[int, int, int], float], n: int, parts: int) 
     cut = [[0] * (n + 1) for _ in range(parts + 1)]
     best[0][0] = 0.0
     for k in range(1, parts + 1):
+        before, here = best[k - 1], best[k]
         for end in range(k, n - (parts - k) + 1):
-            for start in range(k - 1, end):
-                value = max(best[k - 1][start], cost(k - 1, start, end - 1))
-                if value < best[k][end]:
-                    best[k][end], cut[k][end] = value, start
+            for start in range(end - 1, k - 2, -1):
+                last = cost(k - 1, start, end - 1)
+                if last >= here[end]:
+                    break
+                value = max(before[start], last)
+                if value < here[end]:
+                    here[end], cut[k][end] = value, start
     bounds, end = [], n
     for k in range(parts, 0, -1):
         start = cut[k][end]

@@ -153,6 +153,8 @@ class StageSpec:
         object.__setattr__(self, "layers", tuple(layers))
         object.__setattr__(self, "_kinds", tuple(layer_kinds(self.layer_costs, self.kinds)))
         object.__setattr__(self, "_nodes", tuple(self.cluster.node_of(r) for r in self.global_ranks))
+        object.__setattr__(self, "_links", {})
+        object.__setattr__(self, "_grad_bytes", sum(l.grad_bytes for l in self.layer_costs))
 
     @property
     def layer_costs(self) -> tuple[LayerCost, ...]:
@@ -182,9 +184,17 @@ class StageSpec:
         """The link the slowest of these groups' collectives crosses (groups of the stage's local ranks)."""
         if self.collective_link is not None:
             return self.collective_link
-        ranks = self.global_ranks
-        return min((self.cluster.group_link([ranks[r] for r in g]) for g in groups),
-                   key=lambda link: link.bandwidth_gbs)
+        nodes, cluster = self.nodes, self.cluster
+        spans = [len({nodes[r] for r in g}) > 1 for g in groups]
+        return (cluster.inter_node or cluster.intra_node) if any(spans) else cluster.intra_node
+
+    def strategy_link(self, strategy: LayerStrategy, group: str) -> LinkSpec:
+        """The link of ``strategy``'s ``"tp"`` or ``"dp"`` groups on this stage (cached per layout)."""
+        key = (strategy.tp_degree, strategy.consecutive, group)
+        links = self._links  # type: ignore[attr-defined]
+        if key not in links:
+            links[key] = self.group_link(strategy.tp_ranks() if group == "tp" else strategy.dp_ranks())
+        return links[key]
 
 
 @dataclass(frozen=True)
@@ -233,7 +243,7 @@ def _bucketed_allreduce_ms(spec: StageSpec, link: LinkSpec, nbytes: float, n: in
     steps = 2 * (n - 1)
     latency = steps * link.latency_us * 1e-3
     fixed = latency + spec.cluster.allreduce_call_ms(n)
-    total = sum(l.grad_bytes for l in spec.layer_costs) or 1
+    total = spec._grad_bytes or 1  # type: ignore[attr-defined]
     share = spec.layer_costs[index].grad_bytes / total * math.ceil(total / DDP_BUCKET_BYTES)
     return link.allreduce_ms(nbytes, n) - latency + share * fixed
 
@@ -253,7 +263,7 @@ def layer_cost(spec: StageSpec, index: int, strategy: LayerStrategy) -> LayerCho
     output = layer.activation_bytes * share
     tp_ms = 0.0
     if t > 1:
-        link = spec.group_link(strategy.tp_ranks())
+        link = spec.strategy_link(strategy, "tp")
         passes = 3 if strategy.recompute else 2  # forward, backward (and the forward again)
         if strategy.tp == "1d":
             tp_ms = passes * math.ceil(kind.linears / 2) * _allreduce_ms(spec, link, output, t)
@@ -269,7 +279,7 @@ def layer_cost(spec: StageSpec, index: int, strategy: LayerStrategy) -> LayerCho
     if d == 1:
         busy = solo
     else:
-        link, gamma = spec.group_link(strategy.dp_ranks()), spec.cluster.overlap_slowdown
+        link, gamma = spec.strategy_link(strategy, "dp"), spec.cluster.overlap_slowdown
         if strategy.dp == "replicate":
             reduce = _bucketed_allreduce_ms(spec, link, grads, d, index)
             busy = m * forward + (m - 1) * backward + _overlapped(backward, reduce, gamma)
