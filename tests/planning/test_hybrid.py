@@ -160,3 +160,22 @@ def test_planner_fine_grained_json_keeps_its_shape_and_lists_layers(tmp_path):
     assert uniform, "the best uniform plan stays in the list"
     assert data["per_layer"]["best"]["uniform"]["name"] in [s["name"] for s in data["strategies"]]
     assert any("per-layer model" in note for note in data["notes"])
+
+
+def test_cli_fine_grained_json_and_search_line(tmp_path, capsys):
+    from workbench.cli import main
+
+    path = mixed_model().save(tmp_path / "costs.json")
+    assert main(["plan", str(path), "--cluster", "8xA100-NVLink", "--batch", "64", "--memory-cap", "3",
+                 "--fine-grained", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {"strategies", "elapsed_s", "per_layer"} <= set(data)
+    for row in data["strategies"]:
+        assert {"name", "throughput", "layers"} <= set(row)
+        assert all({"name", "tp", "dp_kind", "recompute"} <= set(l) for l in row["layers"])
+    assert any(row["method"] == "per-layer DP" for row in data["strategies"])
+    assert main(["plan", str(path), "--cluster", "8xA100-NVLink", "--batch", "64", "--memory-cap", "3",
+                 "--fine-grained"]) == 0
+    text = capsys.readouterr().out
+    assert "per-layer search: 22 decision trees on 8 devices; 11 strategies per layer" in text
+    assert "stage searches in" in text
