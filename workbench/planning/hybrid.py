@@ -25,7 +25,8 @@ Approach (Galvatron's outer loop, with the workbench's partitioner):
   balances time among those whose every stage fits at its leanest (stage k
   holds ``min(pp - k, m)`` micro-batches in flight, so early stages take
   fewer layers: Galvatron-BMW's memory balance, as a constraint), and if
-  none does, the split that balances the leanest memory itself. All
+  none does, the split that balances the leanest memory itself; and the
+  splits of the :data:`TEMPLATE_SPLITS` fastest template pipelines. All
   candidates are searched and the fastest feasible kept;
 * iteration time of a plan: the slowest stage's whole iteration (its
   ``m`` micro-batches, data-parallel communication included) plus the
@@ -61,6 +62,7 @@ __all__ = ["StagePlan", "HybridPlan", "HybridResult", "search_hybrid", "as_estim
            "template_of"]
 
 TEMPLATES = ("per-layer", "uniform", "dp", "fsdp", "3d")
+TEMPLATE_SPLITS = 4  # the fastest template pipelines whose partitions the per-layer search also tries
 TEMPLATE_TEXT = {"per-layer": "per-layer mix (dynamic programming)", "uniform": "best uniform plan",
                   "dp": "pure DP (DDP)", "fsdp": "pure FSDP (ZeRO-3)", "3d": "Megatron-style 3D (PP x TP x DDP)"}
 
@@ -527,8 +529,9 @@ def search_hybrid(costs: ModelCosts, cluster: ClusterSpec, global_batch: int, *,
                 for strategy in search.pool(n):
                     if _template_names(strategy, pp, templates):  # the pool holds degrees up to mesh_tp
                         plans += _partitions(search, "uniform", strategy, pp, m, set())
-    if "per-layer" in templates:  # the templates' own splits, searched per layer too
-        for p in [p for p in plans if p.source is not None]:
+    if "per-layer" in templates:  # the best templates' own splits, searched per layer too
+        for p in sorted((p for p in plans if p.source is not None and p.plan.pp > 1),
+                        key=lambda p: p.iteration_ms)[:TEMPLATE_SPLITS]:
             bounds = tuple((s.first, s.last) for s in p.stages)
             search.mesh_tp = p.plan.tp if several_nodes else None
             key = (p.plan.pp, p.plan.microbatches, search.mesh_tp)
