@@ -336,8 +336,10 @@ def _to_plan(assignments: list[StageAssignment], bounds: list[tuple[int, int]], 
     tp_kinds = {l.tp for l in layers if l.tp != "none"}
     if len(tp_kinds) > 1:
         raise ValueError("a plan's layers use one tensor-parallel kind (1D or 2D), not both")
-    t = mesh_tp or max(l.tp_degree for l in layers)
     n = world // pp
+    # a pipeline's stage is one tensor-parallel unit of n ranks when placement is free (one node): layers use
+    # part of it for TP and the rest as their data-parallel group, and the pipeline is a plain 1F1B one
+    t = mesh_tp or (n if pp > 1 and not tp_kinds else max(l.tp_degree for l in layers))
     if tp_kinds == {"2d"}:
         q = math.isqrt(t)
         if q * q != t:
