@@ -179,3 +179,18 @@ def test_cli_fine_grained_json_and_search_line(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "per-layer search: 22 decision trees on 8 devices; 11 strategies per layer" in text
     assert "stage searches in" in text
+
+
+def test_cost_plan_reproduces_what_the_search_found_for_its_plans():
+    from workbench.planning.hybrid import cost_plan
+
+    costs, spec = mixed_model(), get_cluster("2x8xH100-IB")
+    result = search_hybrid(costs, spec, 64, budget_bytes=2 * GIB)
+    for found in result.plans[:15]:
+        again = cost_plan(costs, spec, 64, found.plan.name)
+        assert again.iteration_ms == pytest.approx(found.iteration_ms, rel=1e-9), found.name
+        assert again.memory_bytes == found.memory_bytes
+    with pytest.raises(ValueError, match="costs plans without a pipeline"):
+        cost_plan(costs, spec, 64, "async-2x4-m8")
+    with pytest.raises(ValueError, match="whole samples"):
+        cost_plan(costs, spec, 63, "dp16")

@@ -58,8 +58,8 @@ from ..core.topology import Topology
 from .layer_strategies import LayerKind, LayerStrategy, for_layer, layer_kinds, stage_strategies
 from .layerwise import MIB, StageAssignment, StageSpec, assignment_cost, layer_cost, search_stage
 
-__all__ = ["StagePlan", "HybridPlan", "HybridResult", "search_hybrid", "as_estimate", "TEMPLATES", "TEMPLATE_TEXT",
-           "template_of"]
+__all__ = ["StagePlan", "HybridPlan", "HybridResult", "search_hybrid", "cost_plan", "as_estimate", "TEMPLATES",
+           "TEMPLATE_TEXT", "template_of"]
 
 TEMPLATES = ("per-layer", "uniform", "dp", "fsdp", "3d")
 TEMPLATE_SPLITS = 4  # the fastest template pipelines whose partitions the per-layer search also tries
@@ -579,3 +579,61 @@ def as_estimate(found: HybridPlan) -> "Estimate":
     return Estimate(found.plan, found.iteration_ms, found.throughput, found.memory_bytes, b["compute_ms"],
                     found.bubble_ms, exposed, "per-layer DP", partition,
                     detail={**detail, "template": found.template, "layers": found.layers()})
+
+
+def cost_plan(costs: ModelCosts, cluster: ClusterSpec, global_batch: int, plan: ParallelPlan | str, *,
+              optimizer: str = "adam", collective_link: LinkSpec | None = None,
+              kinds: Sequence[LayerKind] | Callable[[LayerCost], LayerKind] | None = None) -> HybridPlan:
+    """What the per-layer model predicts for one given plan (as :func:`search_hybrid` costs its candidates):
+    iteration time, its breakdown and each stage's memory per device (not checked against a budget).
+
+    The plan runs without a pipeline, with 1F1B, or as GroPipe's groups without delay; its partition is
+    ranges, or ``uniform`` (equal layer counts). ValueError for what the model does not cost.
+    """
+    from ..core.partition import Partition
+
+    plan = ParallelPlan.parse(plan) if isinstance(plan, str) else plan
+    if not isinstance(plan, ParallelPlan):
+        raise ValueError(f"plan must be a ParallelPlan or a plan name, got {type(plan).__name__}")
+    spec_ = plan.pipeline
+    if not (isinstance(spec_, (NoPipeline, OneFOneB)) or (isinstance(spec_, GroPipe) and spec_.delay == 0
+                                                           and spec_.inner == "1f1b")):
+        raise ValueError(f"plan {plan.name!r}: the per-layer model costs plans without a pipeline, with 1F1B, or "
+                         f"GroPipe's 1F1B groups without delay; not {spec_.kind!r}")
+    if plan.tp_kind == "2d":
+        raise ValueError(f"plan {plan.name!r}: the per-layer model costs 1D tensor parallelism only")
+    world, pp, m = plan.world_size, plan.pp, plan.microbatches
+    if world > cluster.world_size:
+        raise ValueError(f"plan {plan.name!r} needs {world} devices; {cluster.name} has {cluster.world_size}")
+    n = world // pp
+    if n & (n - 1) or global_batch % m or (global_batch // m) % n:
+        raise ValueError(f"plan {plan.name!r}: stages of {n} devices and micro-batches of {global_batch} / {m} "
+                         f"samples must be a power of two and split into whole samples per device")
+    num = costs.num_layers
+    if pp == 1:
+        bounds = [(0, num - 1)]
+    elif plan.partition in ("uniform", "ampa"):
+        if plan.partition == "ampa":
+            raise ValueError(f"plan {plan.name!r}: give the partition as ranges (or 'uniform') to cost it")
+        bounds = _split([1.0] * num, pp)
+    else:
+        bounds = list(Partition.parse(plan.partition).bounds)
+    if bounds is None or bounds[-1][1] != num - 1:
+        raise ValueError(f"plan {plan.name!r}: its partition does not cover the model's {num} layers")
+    search = _Search(costs, cluster, global_batch, world, math.inf, {}, optimizer, collective_link,
+                     layer_kinds(costs.layers, kinds))
+    search.mesh_tp = plan.tp if world > cluster.devices_per_node else None
+    layers = plan.layers_for(num)
+    assignments = []
+    for k, (a, b) in enumerate(bounds):
+        spec = search.spec(pp, m, k, a, b)
+        strategies = [LayerStrategy(l.tp_degree, l.dp, l.tp, l.consecutive, l.recompute, n) for l in layers[a:b + 1]]
+        assignments.append(assignment_cost(spec, strategies))
+    stages = tuple(StagePlan(a, b, k * n, n, min(pp - k, m), found)
+                   for k, ((a, b), found) in enumerate(zip(bounds, assignments)))
+    slowest = max(s.time_ms for s in stages)
+    bubble = (pp - 1) * max((s.part("compute_ms") + s.part("tp_comm_ms") + s.assignment.transition_ms) / m
+                            for s in stages)
+    p2p = _p2p_ms(search, bounds, pp, m)
+    return HybridPlan(plan, stages, "given", global_batch, slowest + bubble + p2p, bubble, p2p,
+                      tuple(l.name for l in costs.layers))
