@@ -380,19 +380,24 @@ def _evaluate(search: _Search, template: str, strategy: LayerStrategy | None, pp
         if isinstance(found, str):
             return None
         assignments.append(found)
-    n = search.world // pp
-    stages = tuple(StagePlan(a, b, k * n, n, min(pp - k, m), found)
-                   for k, ((a, b), found) in enumerate(zip(bounds, assignments)))
-    slowest = max(s.time_ms for s in stages)
-    per_microbatch = max((s.part("compute_ms") + s.part("tp_comm_ms") + s.assignment.transition_ms) / m
-                         for s in stages)
-    bubble = (pp - 1) * per_microbatch
-    p2p = _p2p_ms(search, bounds, pp, m)
     try:
         plan = _to_plan(assignments, bounds, pp, m, search.world, search.mesh_tp)
     except ValueError as exc:
         search._miss(template, str(exc), pp, m)
         return None
+    return _timed(search, plan, bounds, assignments, template, strategy)
+
+
+def _timed(search: _Search, plan: ParallelPlan, bounds: list[tuple[int, int]], assignments: list[StageAssignment],
+           template: str, strategy: LayerStrategy | None) -> HybridPlan:
+    """The plan with its iteration: slowest stage, fill and drain, boundary transfers (module docstring)."""
+    pp, m, n = plan.pp, plan.microbatches, search.world // plan.pp
+    stages = tuple(StagePlan(a, b, k * n, n, min(pp - k, m), found)
+                   for k, ((a, b), found) in enumerate(zip(bounds, assignments)))
+    slowest = max(s.time_ms for s in stages)
+    bubble = (pp - 1) * max((s.part("compute_ms") + s.part("tp_comm_ms") + s.assignment.transition_ms) / m
+                            for s in stages)
+    p2p = _p2p_ms(search, bounds, pp, m)
     return HybridPlan(plan, stages, template, search.global_batch, slowest + bubble + p2p, bubble, p2p,
                       tuple(l.name for l in search.costs.layers), strategy)
 
@@ -629,11 +634,4 @@ def cost_plan(costs: ModelCosts, cluster: ClusterSpec, global_batch: int, plan: 
         spec = search.spec(pp, m, k, a, b)
         strategies = [LayerStrategy(l.tp_degree, l.dp, l.tp, l.consecutive, l.recompute, n) for l in layers[a:b + 1]]
         assignments.append(assignment_cost(spec, strategies))
-    stages = tuple(StagePlan(a, b, k * n, n, min(pp - k, m), found)
-                   for k, ((a, b), found) in enumerate(zip(bounds, assignments)))
-    slowest = max(s.time_ms for s in stages)
-    bubble = (pp - 1) * max((s.part("compute_ms") + s.part("tp_comm_ms") + s.assignment.transition_ms) / m
-                            for s in stages)
-    p2p = _p2p_ms(search, bounds, pp, m)
-    return HybridPlan(plan, stages, "given", global_batch, slowest + bubble + p2p, bubble, p2p,
-                      tuple(l.name for l in costs.layers))
+    return _timed(search, plan, bounds, assignments, "given", None)
