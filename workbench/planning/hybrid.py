@@ -330,7 +330,7 @@ def _pp_options(world: int, num_layers: int, given: Sequence[int] | None) -> lis
 def _to_plan(assignments: list[StageAssignment], bounds: list[tuple[int, int]], pp: int, m: int, world: int,
              mesh_tp: int | None) -> ParallelPlan:
     """The ParallelPlan of a search result: mesh dp x pp x tp (tp the largest degree, or the mesh's when it
-    decided placement), 1F1B for one pipeline or GroPipe's groups of pipelines (no delay) for several."""
+    decided placement); a pipeline is 1F1B over stages of one tensor-parallel unit each."""
     strategies = [s for a in assignments for s in a.strategies]
     layers = tuple(s.to_layer_plan() for s in strategies)
     tp_kinds = {l.tp for l in layers if l.tp != "none"}
@@ -350,7 +350,7 @@ def _to_plan(assignments: list[StageAssignment], bounds: list[tuple[int, int]], 
     if pp == 1:
         pipeline: Any = NoPipeline()
     else:
-        pipeline = OneFOneB() if n == t else GroPipe(inner="1f1b", delay=0)
+        pipeline = OneFOneB()  # n == t: the stage is one tensor-parallel unit (search_hybrid places it so)
     partition = "uniform" if pp == 1 else "|".join(f"{a}-{b}" for a, b in bounds)
     if len(set(layers)) == 1:
         layers = layers[:1]
@@ -525,10 +525,17 @@ def search_hybrid(costs: ModelCosts, cluster: ClusterSpec, global_batch: int, *,
         if progress:
             progress(f"pipeline degree {pp}, {m} micro-batches ({i + 1}/{len(configs)})")
         n = world // pp
-        # across nodes the mesh's TP size decides which ranks a stage gets, so each is searched; in one node
-        # every placement crosses the same links and the mesh takes the largest degree chosen
-        for mesh_tp in ([1 << e for e in range(n.bit_length()) if 1 << e <= min(n, limit)] if several_nodes
-                        else [None]):
+        # across nodes the mesh's TP size decides which ranks a stage gets. A pipeline's stage is one
+        # tensor-parallel unit (consecutive ranks, as in Galvatron's trees, and what the layer-by-layer runtime
+        # runs); without a pipeline each TP size is a different placement of the layers' groups, so each is
+        # searched. In one node every placement crosses the same links: the mesh takes the largest degree
+        if not several_nodes:
+            mesh_sizes: list[int | None] = [None]
+        elif pp > 1:
+            mesh_sizes = [n]
+        else:
+            mesh_sizes = [1 << e for e in range(n.bit_length()) if 1 << e <= min(n, limit)]
+        for mesh_tp in mesh_sizes:
             search.mesh_tp = mesh_tp
             if "per-layer" in templates:
                 plans += _partitions(search, "per-layer", None, pp, m, tried.setdefault((pp, m, mesh_tp), set()))
