@@ -5,7 +5,7 @@ import tomllib
 
 import pytest
 
-from workbench.core.config import RunConfig
+from workbench.core.config import RunConfig, runs_layer_by_layer
 from workbench.core.plan import (AsyncPipeline, GPipe, GroPipe, Interleaved, LayerPlan, NoPipeline, OneFOneB,
                                  ParallelPlan, TorchPipelining)
 from workbench.core.topology import Topology
@@ -75,8 +75,7 @@ def test_planner_plans_with_partitions_and_per_layer_recompute_round_trip():
     chosen = per_layer[0].strategy
     assert [l.recompute for l in chosen.layers] == [i in per_layer[0].estimate.detail["recompute_layers"]
                                                     for i in range(8)]
-    with pytest.raises(ValueError, match="per-layer options are not run by the runtime yet"):
-        per_layer[0].to_config()
+    assert runs_layer_by_layer(per_layer[0].to_config().plan)  # the layer-by-layer runtime takes it
 
 
 def test_schedule_is_the_generators_own_value():
@@ -165,9 +164,10 @@ def test_old_flat_config_keys_say_where_they_moved():
 
 
 def test_the_runtime_refuses_what_it_cannot_run_before_launch():
-    for name, message in (("dp2-fsdp", "sharded data parallelism"), ("pp2-1f1b-m4-L[0=ddp.rc;1-3=ddp]", "per-layer"),
-                          ("pp2-1f1b-m4-tp1d2", "does not combine tensor parallelism with a pipeline"),
-                          ("tp1d-2-dp1-rc", "does not recompute")):
+    for name, message in (("tp2d-2x2-dp1-fsdp", "sharded data parallelism"),
+                          ("gropipe-2x2-1f1b-m4-d0-L[0=ddp.rc;1-3=ddp]", "per-layer"),
+                          ("gropipe-2x2-1f1b-m4-d0-tp1d2", "tensor parallelism inside a pipeline"),
+                          ("tp2d-2x2-dp1-rc", "does not recompute")):
         with pytest.raises(ValueError, match=message):
             RunConfig(model="gpt2-tiny", plan=name, global_batch=8)
 
@@ -204,3 +204,17 @@ def test_layer_consecutive_flag_round_trips_through_name_and_dict():
     assert ranges[0]["consecutive"] is False and "consecutive" not in ranges[1]
     with pytest.raises(ValueError, match="layers.consecutive"):
         LayerPlan(consecutive=False)
+
+
+def test_plain_layers_on_a_tensor_parallel_mesh_round_trip_through_the_table():
+    # the stage is one 2-rank tensor-parallel unit, every layer data-parallel over it
+    plan = ParallelPlan.parse("pp2-1f1b-m4-tp1d2-L[all=ddp]")
+    assert plan.layers == (LayerPlan(),) and plan.tp == 2
+    assert ParallelPlan.from_dict(plan.to_dict()) == plan
+    assert ParallelPlan.from_dict(tomllib.loads(_toml_of(plan))["plan"]) == plan
+
+
+def _toml_of(plan):
+    from workbench.core.config import to_toml
+
+    return to_toml({"plan": plan.to_dict()})

@@ -194,3 +194,55 @@ def test_cost_plan_reproduces_what_the_search_found_for_its_plans():
         cost_plan(costs, spec, 64, "async-2x4-m8")
     with pytest.raises(ValueError, match="whole samples"):
         cost_plan(costs, spec, 63, "dp16")
+
+
+@pytest.mark.multiproc
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_searched_per_layer_plan_runs_exactly_as_planned(tmp_path):
+    """The planner's per-layer plan becomes a run config, and 4 real ranks realise every layer's options."""
+    import torch
+
+    from workbench.jobs import LaunchSpec, launch
+    from workbench.models.zoo import build_model
+    from workbench.planning import plan
+    from workbench.profiling import profile
+    from workbench.runtime.events import read_events
+
+    overrides = {"n_layer": 4, "vocab_size": 4096, "n_embd": 128, "n_head": 4}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        costs = profile(build_model("gpt2-tiny", **overrides), batch=8, repeats=1, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    result = plan(costs, "local", 16, world_size=4, memory_cap_gib=0.01, fine_grained=True)
+    mixed = [p for p in result.per_layer.plans if not p.plan.is_uniform]
+    assert mixed, "the per-layer search found no mixed plan under the cap"
+    chosen = mixed[0]
+    from workbench.planning.hybrid import as_estimate
+    from workbench.planning.search import Plan
+
+    run_config = Plan(chosen.plan, as_estimate(chosen), costs.model, 16).to_config(
+        model_overrides=overrides, steps=2, data={"kind": "bytes-lm", "seq_len": 32})
+    job = launch(LaunchSpec(config=run_config.to_dict(), name="per-layer", run_root=str(tmp_path)))
+    assert job.wait(timeout=200).state == "SUCCEEDED"
+    planned = chosen.plan.layers_for(costs.num_layers)
+    covered = set()
+    for rank in range(4):
+        start = next(e for e in read_events(job.run_dir, rank) if e["kind"] == "start")
+        realised = {layer["index"]: (layer["dp"], layer["tp_degree"], layer["recompute"]) for layer in start["layers"]}
+        for index, (dp, tp, recompute) in realised.items():
+            assert (dp, tp, recompute) == (planned[index].dp, planned[index].tp_degree, planned[index].recompute)
+        covered |= set(realised)
+    assert covered == set(range(costs.num_layers))
+
+
+@pytest.mark.parametrize("cluster", ["8xA100-NVLink", "2x8xH100-IB"])
+def test_every_searched_plan_is_one_the_runtime_accepts(cluster):
+    from workbench.core.config import RunConfig
+
+    result = search_hybrid(mixed_model(), get_cluster(cluster), 64, budget_bytes=3 * GIB)
+    assert result.plans
+    for found in result.plans:
+        RunConfig.from_dict({"model": "mlp", "global_batch": 64, "plan": found.plan.to_dict()})

@@ -28,8 +28,11 @@ a message naming the field, the value and what would be valid::
 
 ``plan`` may also be a plan name (``plan = "pp2-1f1b-m4"``; see :mod:`workbench.core.plan`).
 The world size is the plan's mesh. Besides the plan's own checks, the config
-refuses what today's runtime cannot run (per-layer options, sharded data
-parallelism, tensor parallelism inside a pipeline) before launch.
+refuses what the runtime cannot run before launch, naming the layer and its
+option (per-layer options on a 2D grid, a tensor-parallel degree that does
+not divide the heads, per-layer options under GroPipe or the asynchronous
+pipeline); :func:`runs_layer_by_layer` says which plans the layer-by-layer
+runtime takes.
 
 Stdlib only (``tomllib``, ``dataclasses``): the planner and the job monitor
 read configs without importing torch.
@@ -45,9 +48,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .plan import AsyncPipeline, NoPipeline, ParallelPlan, TorchPipelining, plan_error
+from .plan import AsyncPipeline, GPipe, Interleaved, NoPipeline, OneFOneB, ParallelPlan, TorchPipelining, plan_error
 
-__all__ = ["RunConfig", "OptimizerConfig", "DataConfig", "EventsConfig", "MOVED_TO_PLAN", "read_toml", "to_toml"]
+__all__ = ["RunConfig", "runs_layer_by_layer", "OptimizerConfig", "DataConfig", "EventsConfig", "MOVED_TO_PLAN",
+           "read_toml", "to_toml"]
 
 OPTIMIZERS = ("sgd", "adam")
 DATA_KINDS = ("synthetic", "digits", "bytes-lm")
@@ -62,6 +66,29 @@ MOVED_TO_PLAN: dict[str, str] = {
     "memory_cap_mb": "[plan.pipeline] memory_cap_mb", "partition": "[plan] partition",
     "microbatches": "[plan] microbatches", "recompute": "[[plan.layers]] recompute (or a '-rc' plan name)",
 }
+
+
+_LAYERWISE_PIPELINES = (GPipe, OneFOneB, Interleaved)
+
+
+def runs_layer_by_layer(plan: ParallelPlan) -> bool:
+    """Whether ``plan`` needs the layer-by-layer runtime rather than a uniform strategy.
+
+    It does when its layers differ, when they shard data parallelism (zero2,
+    fsdp), or on a 1D tensor-parallel mesh unless every layer is the mesh's
+    own consecutive tensor parallelism without recomputation and without a
+    pipeline (what the uniform 1D strategy runs). Uniform 2D grids stay with
+    the SUMMA strategy (per-layer options on a 2D mesh are refused).
+    """
+    if plan.tp_kind == "2d" or not plan.is_uniform:
+        return not plan.is_uniform
+    layer = plan.layer
+    if layer.dp != "replicate":
+        return True
+    if plan.tp_kind == "1d":
+        return not isinstance(plan.pipeline, NoPipeline) or layer.tp_degree != plan.tp or layer.recompute \
+            or not layer.consecutive
+    return False
 
 
 def _fail(field_name: str, value: Any, valid: str) -> ValueError:
@@ -193,29 +220,60 @@ class RunConfig:
     def _check_runnable(self) -> None:
         """Refuse, before launch, what the runtime cannot run yet, and options that contradict the plan."""
         plan = self.plan
+        if runs_layer_by_layer(plan):
+            self._check_layerwise()
+            return
         if not plan.is_uniform:
-            raise plan_error("layers", plan.name, "per-layer options are not run by the runtime yet; give one "
-                             "option for all layers ([[plan.layers]] layers = 'all')")
+            raise plan_error("layers", plan.name, "per-layer options on a 2D tensor-parallel mesh are not run; "
+                             "give one option for all layers ([[plan.layers]] layers = 'all')")
         layer = plan.layer
         if layer.dp != "replicate":
-            raise plan_error("layers.dp", layer.dp, "the runtime replicates data-parallel layers (DDP); sharded "
-                             "data parallelism ('zero2', 'fsdp') is not run yet")
+            raise plan_error("layers.dp", layer.dp, "the 2D tensor-parallel runtime replicates data-parallel layers "
+                             "(DDP); sharded data parallelism ('zero2', 'fsdp') runs with 1D or no tensor parallelism")
         if plan.tp > 1 and not isinstance(plan.pipeline, NoPipeline):
-            raise plan_error("mesh", str(plan.mesh), "the runtime does not combine tensor parallelism with a "
-                             "pipeline yet: use pp = 1 with tp, or no tp axis with a pipeline")
+            raise plan_error("mesh", str(plan.mesh), "the runtime does not combine 2D tensor parallelism with a "
+                             "pipeline: use pp = 1 with tp_row x tp_col, or 1D tensor parallelism (tp)")
         one_batch = plan.tp > 1 or isinstance(plan.pipeline, (AsyncPipeline, TorchPipelining))
         if one_batch and self.grad_accum != 1:
             raise _fail("grad_accum", self.grad_accum, f"plan {plan.name!r} trains one batch per step (tensor "
                         "parallelism and torch's pipelining rescale nothing; the asynchronous pipeline coalesces "
                         "more micro-batches instead): set grad_accum = 1")
         if plan.tp > 1 and layer.recompute:
-            raise plan_error("layers.recompute", True, "the tensor-parallel runtime does not recompute "
+            raise plan_error("layers.recompute", True, "the 2D tensor-parallel runtime does not recompute "
                              "activations; set recompute = false")
         if plan.iterates_across_steps and self.resume:
             raise _fail("resume", self.resume, "the asynchronous pipeline keeps micro-batches of the next iteration "
                         "in flight across steps, which a checkpoint does not hold; set resume = false")
         if plan.tp > 1:
             self._check_heads()
+
+    def _check_layerwise(self) -> None:
+        """What the layer-by-layer runtime runs: GPipe / 1F1B / interleaved or no pipeline, 1D tensor parallelism."""
+        plan = self.plan
+        if plan.is_scheduled and not isinstance(plan.pipeline, _LAYERWISE_PIPELINES):
+            raise plan_error("pipeline.kind", plan.pipeline.kind, f"per-layer options, sharded data parallelism "
+                             f"and tensor parallelism inside a pipeline run with the GPipe, 1F1B and interleaved "
+                             f"schedules or without a pipeline (plan {plan.name!r})")
+        if isinstance(plan.pipeline, TorchPipelining):
+            raise plan_error("pipeline.kind", plan.pipeline.kind, "torch's pipelining runs uniform DDP layers only")
+        if plan.tp_kind == "2d":
+            i = next((i for i, layer in enumerate(plan.layers) if layer != plan.layers[0]), 0)
+            raise plan_error(f"layers[{i}]", plan.layers[i].text, "per-layer options on a 2D tensor-parallel mesh "
+                             "are not run: the SUMMA grid runs one option for all layers")
+        stage_rows = plan.dp * self.microbatch_size
+        heads = self.model_overrides.get("n_head", self.model_overrides.get("num_attention_heads"))
+        for i, layer in enumerate(plan.layers):
+            where = "layers" if len(plan.layers) == 1 else f"layers[{i}]"
+            replicas = plan.dp * plan.tp // layer.tp_degree
+            if stage_rows % replicas and not self.global_batch % (plan.dp * plan.microbatches * self.grad_accum):
+                raise _fail("global_batch", self.global_batch, f"{where} option {layer.text!r} splits each stage "
+                            f"micro-batch of {stage_rows} samples over {replicas} data-parallel ranks: make "
+                            f"dp x microbatch size a multiple of {replicas}")
+            if layer.tp == "1d" and isinstance(heads, int) and heads >= 1 and heads % layer.tp_degree:
+                valid = [d for d in range(2, heads + 1) if heads % d == 0 and plan.tp % d == 0]
+                raise plan_error(f"{where}.tp_degree", layer.tp_degree, f"{where} option {layer.text!r}: degree "
+                                 f"{layer.tp_degree} does not divide the {heads} attention heads; valid degrees "
+                                 f"are {valid or 'none on this mesh'}")
 
     def _check_heads(self) -> None:
         """The attention heads must split over the tensor-parallel degree (q for a 2D grid)."""

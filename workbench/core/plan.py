@@ -624,7 +624,7 @@ class ParallelPlan:
             "microbatches": self.microbatches,
             "partition": self.partition,
         }
-        if self.layers != (LayerPlan(),) and self.layers != (self._implied,):
+        if self.layers != (self._implied,):  # the mesh's own layer is what a table without layers means
             out["layers"] = _layer_ranges(self.layers)
         return out
 

@@ -20,7 +20,8 @@ version), ``kind``, ``t`` (unix time, seconds) and ``rank``. Kinds and their
 extra fields:
 
 - ``start``: ``world_size``, ``strategy``, ``config`` (dict), ``pid``, ``host``, ``restart`` (count)
-- ``step``: ``step``, ``loss``, ``samples_per_s``, ``step_ms``, ``memory_bytes`` (and optional ``lr``)
+- ``step``: ``step``, ``loss``, ``samples_per_s``, ``step_ms``, ``memory_bytes`` (and optional ``lr``; per-layer
+  plans add ``memory``: the rank's own count of parameters, gradients, optimizer state and saved activations)
 - ``stage``: one executed action as a timeline event: the ``Event`` fields
   (``stage``, ``op``, ``microbatch``, ``iteration``, ``version``, ``start``, ``end`` in ms
   relative to ``t0``; plus ``t0``, the unix time those ms count from)

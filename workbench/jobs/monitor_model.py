@@ -68,6 +68,7 @@ class RankState:
     restart: int = 0
     end_status: str | None = None
     error: dict[str, Any] | None = None
+    layers: tuple[str, ...] = ()  # what each of the rank's layers ran, from its start event
 
     def state(self, now: float, stall_after_s: float) -> str:
         if self.error is not None:
@@ -131,6 +132,7 @@ class RunState:
         state.end_status, state.error = None, None
         state.start_t = event.get("t")
         state.pid, state.host = event.get("pid"), event.get("host")
+        state.layers = tuple(_layer_text(layer) for layer in event.get("layers") or () if isinstance(layer, dict))
         if isinstance(event.get("world_size"), int):
             self.world_size = event["world_size"]
         self.restarts = max(self.restarts, restart)
@@ -225,4 +227,12 @@ class RunState:
         now = time.time() if now is None else now
         return [{"rank": r, "state": s.state(now, self.stall_after_s), "step": s.step, "loss": s.loss,
                  "samples_per_s": s.samples_per_s, "heartbeat_age_s": s.heartbeat_age(now), "restart": s.restart,
-                 "pid": s.pid, "host": s.host} for r, s in sorted(self.ranks.items())]
+                 "pid": s.pid, "host": s.host, "layers": s.layers} for r, s in sorted(self.ranks.items())]
+
+
+def _layer_text(layer: dict[str, Any]) -> str:
+    """One realised layer of a start event, short: ``block_3:fsdp+tp2+rc``."""
+    text = f"{layer.get('name', layer.get('index', '?'))}:{layer.get('dp', '?')}"
+    if int(layer.get("tp_degree") or 1) > 1:
+        text += f"+tp{layer['tp_degree']}"
+    return text + ("+rc" if layer.get("recompute") else "")

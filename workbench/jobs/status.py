@@ -33,6 +33,7 @@ class RankStatus:
     restart: int = 0
     pid: int | None = None
     host: str | None = None
+    layers: tuple[str, ...] = ()  # per layer as it ran (per-layer plans), e.g. "block_3:fsdp+tp2+rc"
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,9 @@ class JobStatus:
                 age = f"{r.heartbeat_age_s:.1f}s" if r.heartbeat_age_s is not None else "-"
                 step = str(r.step) if r.step is not None else "-"
                 lines.append(f"{r.rank:>4}  {r.state:<9} {step:>6} {loss:>10} {rate:>10} {age:>9}")
+        if any(r.layers for r in self.ranks):
+            lines.append("layers as run:")
+            lines += [f"{r.rank:>4}  {' '.join(r.layers)}" for r in self.ranks if r.layers]
         if self.root_cause and self.root_cause.get("traceback"):
             lines += [f"root cause (rank {self.root_cause.get('rank')}):", self.root_cause["traceback"].rstrip()]
         return "\n".join(lines)

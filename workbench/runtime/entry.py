@@ -36,6 +36,7 @@ from ..core.partition import Partition
 from .batches import global_batches, split_rounds
 from .checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .events import EventWriter
+from .progress import ProgressLog
 from .groups import init_distributed, pick_device
 from .strategies import strategy_class
 from .strategies.base import PendingLoss, RunContext, Strategy, loss_value
@@ -136,16 +137,22 @@ def train(config: RunConfig, run_dir: Path, writer: EventWriter) -> None:
     writer.step = start_step
     writer.write("start", world_size=world_size, strategy=config.plan.name, config=config.to_dict(), pid=os.getpid(),
                  host=socket.gethostname(), restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
-                 resumed_from=resumed_from, partition=str(partition), device=str(device))
+                 resumed_from=resumed_from, partition=str(partition), device=str(device),
+                 **({"layers": strategy.layers_report()} if hasattr(strategy, "layers_report") else {}))
     writer.start_heartbeat(config.events.heartbeat_s)
     batches = global_batches(config, model, start_step)
     unwritten: list[tuple[int, float | PendingLoss, float]] = []  # steps whose loss is still being reduced
 
+    progress = ProgressLog(rank, config.steps)
+
     def write_steps() -> None:
         for done, loss, elapsed in unwritten:
             writer.step = done
-            writer.write("step", step=done, loss=loss_value(loss), samples_per_s=config.global_batch / elapsed,
-                         step_ms=elapsed * 1e3, memory_bytes=_memory_bytes(device))
+            value, rate = loss_value(loss), config.global_batch / elapsed
+            writer.write("step", step=done, loss=value, samples_per_s=rate, step_ms=elapsed * 1e3,
+                         memory_bytes=_memory_bytes(device),
+                         **(strategy.memory_report() if hasattr(strategy, "memory_report") else {}))
+            progress.step(done, value, rate, elapsed * 1e3)
         unwritten.clear()
 
     for step in range(start_step, config.steps):

@@ -5,16 +5,23 @@ pipeline, its tensor parallelism) and returns the class that runs it, as
 ``"module:Class"`` inside this package imported only when a run uses it (so
 registering a strategy costs nothing and needs no torch import here).
 Adding a pipeline kind is one line in :data:`BY_PIPELINE`.
+
+Plans that give layers different options, shard data parallelism (zero2,
+fsdp) or use 1D tensor parallelism other than the uniform 1D strategy's run
+layer by layer (:func:`~workbench.core.config.runs_layer_by_layer`), whatever
+their pipeline kind; the config has refused, before launch, what that
+runtime cannot run.
 """
 
 from __future__ import annotations
 
 from importlib import import_module
 
+from ...core.config import runs_layer_by_layer
 from ...core.plan import AsyncPipeline, GPipe, GroPipe, Interleaved, NoPipeline, OneFOneB, ParallelPlan, \
     TorchPipelining
 
-__all__ = ["BY_PIPELINE", "BY_TENSOR", "strategy_class"]
+__all__ = ["BY_PIPELINE", "BY_TENSOR", "LAYERWISE", "strategy_class"]
 
 BY_PIPELINE: dict[type, str] = {
     GPipe: "pipeline:ScheduledPipeline",
@@ -31,11 +38,18 @@ BY_TENSOR: dict[str, str] = {
     "1d": "tensor_parallel:TensorParallel1D",
 }
 
+LAYERWISE = "layerwise:Layerwise"
+
 
 def strategy_class(plan: ParallelPlan) -> type:
     """The Strategy class that runs ``plan``."""
     if not isinstance(plan, ParallelPlan):
         raise ValueError(f"strategy_class takes a ParallelPlan, got {type(plan).__name__}")
-    target = BY_TENSOR[plan.tp_kind] if isinstance(plan.pipeline, NoPipeline) else BY_PIPELINE[type(plan.pipeline)]
+    if runs_layer_by_layer(plan):
+        target = LAYERWISE
+    elif isinstance(plan.pipeline, NoPipeline):
+        target = BY_TENSOR[plan.tp_kind]
+    else:
+        target = BY_PIPELINE[type(plan.pipeline)]
     module_name, class_name = target.split(":")
     return getattr(import_module(f"{__name__}.{module_name}"), class_name)

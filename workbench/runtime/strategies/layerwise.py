@@ -1,0 +1,276 @@
+"""Per-layer plans as planned: each layer's data parallelism, tensor parallelism and recomputation.
+
+Problem. The uniform strategies apply one option to the whole model; a plan
+that fully shards some layers, splits others over two tensor-parallel ranks
+and recomputes a few needs every layer treated on its own, inside each
+pipeline stage, with the pipeline between the stages unchanged.
+
+Approach. :mod:`workbench.runtime.layer_parallel` applies the plan to the
+unmodified layers of this rank's stage(s) with torch's FSDP2, DTensor and
+checkpoint; the stage is then an ordinary :class:`~workbench.runtime.stage.Stage`
+whose module moves activations between layer layouts and hands the whole
+stage micro-batch to the next stage, so the scheduled pipeline interpreter
+(GPipe, 1F1B, interleaved) runs it as it runs any stage, each rank talking to
+the rank of the next stage in its own position. Without a pipeline, the one
+stage runs forward and backward per micro-batch. Every rank of a stage
+computes the loss of the whole stage micro-batch (the replicas' micro-batches
+side by side when the mesh has ``dp > 1``), as the single-process reference
+does.
+
+What each layer realised is read back from its modules, checked against the
+plan (a mismatch raises) and reported by :meth:`Layerwise.layers_report`,
+which the entry module writes into the start event.
+
+Memory. Every step the strategy counts what the rank holds and
+:meth:`Layerwise.memory_report` returns it as ``{"memory": {...}}``, for the
+step event of that step. Fields, all in bytes of this rank:
+
+* ``params_bytes``: parameters as stored (the local shard of an FSDP, zero2
+  or tensor-parallel parameter, the whole of a replicated one);
+* ``unsharded_params_bytes``: all-gathered FSDP parameters held from a
+  forward to its backward, the most seen at the end of a stage forward (a
+  zero2 layer keeps its gathered parameters, and so does a replicated one:
+  FSDP2's ``replicate`` computes with a gathered copy of its own; an fsdp
+  layer frees them);
+* ``grads_bytes``: gradients as the optimizer sees them (local shards);
+* ``optimizer_bytes``: optimizer state after the step;
+* ``activations_peak_bytes``: the peak of the tensors autograd saved for
+  backward over the step (all in-flight micro-batches, the loss included,
+  each storage once, see :class:`~workbench.runtime.layer_parallel.SavedActivations`);
+* ``counted_bytes``: the sum of the five, states and activations together
+  as a memory model adds them;
+* ``peak_bytes``: on CUDA ``torch.cuda.max_memory_allocated`` over the step,
+  elsewhere ``counted_bytes``; ``source`` says which (``"cuda"`` or ``"count"``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...core.ir import Op
+from ...core.plan import NoPipeline
+from ...core.timeline import Event
+from ..batches import split_rounds
+from ..interpreter import Interpreter, MicrobatchData
+from ..layer_parallel import (Layout, ParallelLayer, Relayout, SavedActivations, StageMeshes, check_realized,
+                              dense_parameters, held_unsharded_bytes, layout_of, local_bytes, parallelize_layer,
+                              realized_options)
+from ..stage import Stage, output_shapes
+from .base import RunContext, Strategy, global_mean_loss, make_optimizer
+
+__all__ = ["Layerwise", "StageModule"]
+
+
+class StageModule(nn.Module):
+    """A stage's parallelised layers with the relayouts between them: whole batch in, whole batch out."""
+
+    def __init__(self, layers: list[ParallelLayer], meshes: StageMeshes) -> None:
+        super().__init__()
+        self.parallel_layers = layers
+        self.layers = nn.ModuleDict({layer.name: layer.module for layer in layers})
+        full = Layout(meshes.size, meshes.size)  # every rank holds the whole stage batch
+        sources = [full] + [layer.layout for layer in layers]
+        targets = [layer.layout for layer in layers] + [full]
+        self.relayouts = [Relayout(src, dst, meshes.stage_rank, meshes.group) for src, dst in zip(sources, targets)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for relayout, layer in zip(self.relayouts, self.parallel_layers):
+            x = layer.module(relayout(x))
+        return self.relayouts[-1](x)
+
+
+class _CountedStage(Stage):
+    """A stage whose forward (layers and loss) runs under the strategy's saved-activation count."""
+
+    def _run(self, inputs: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:
+        memory: _MemoryCount = self.memory  # type: ignore[attr-defined]
+        with memory.activations:
+            out = super()._run(inputs, target)
+        memory.note_unsharded()
+        return out
+
+
+class _MemoryCount:
+    """One rank's per-step memory count (see the module docstring for the fields)."""
+
+    def __init__(self, layers: list[ParallelLayer], device: torch.device) -> None:
+        self.layers, self.device = layers, device
+        self.activations = SavedActivations()
+        self.unsharded = 0
+        self.grads = 0
+        self.report: dict[str, Any] = {}
+
+    def start_step(self) -> None:
+        self.activations.reset_peak()
+        self.unsharded = 0
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def note_unsharded(self) -> None:
+        self.unsharded = max(self.unsharded, held_unsharded_bytes(self.layers))
+
+    def note_grads(self, optimizer: torch.optim.Optimizer) -> None:
+        self.grads = local_bytes(p.grad for g in optimizer.param_groups for p in g["params"])
+
+    def end_step(self, optimizer: torch.optim.Optimizer) -> None:
+        params = local_bytes(p for g in optimizer.param_groups for p in g["params"])
+        states = local_bytes(v for state in optimizer.state.values() for v in state.values()
+                             if isinstance(v, torch.Tensor))
+        counted = params + self.unsharded + self.grads + states + self.activations.peak
+        cuda = self.device.type == "cuda"
+        self.report = {"params_bytes": params, "unsharded_params_bytes": self.unsharded, "grads_bytes": self.grads,
+                       "optimizer_bytes": states, "activations_peak_bytes": self.activations.peak,
+                       "counted_bytes": counted,
+                       "peak_bytes": int(torch.cuda.max_memory_allocated(self.device)) if cuda else counted,
+                       "source": "cuda" if cuda else "count"}
+
+
+def _replica_loss(loss_fn, rows: int):
+    """The loss of side-by-side replica micro-batches: the sum of each one's own loss (the reference's order)."""
+    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if output.shape[0] == rows:
+            return loss_fn(output, target)
+        return sum(loss_fn(o, t) for o, t in zip(output.split(rows), target.split(rows)))
+    return loss
+
+
+class Layerwise(Strategy):
+    """Runs any plan whose layers differ, or that shards data parallelism, layer by layer."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
+        config, plan = ctx.config, ctx.config.plan
+        names = ctx.model.layer_names
+        layer_plans = plan.layers_for(len(names))
+        stage_size = plan.dp * plan.tp
+        layouts = [layout_of(lp, stage_size) for lp in layer_plans]
+        self.meshes = StageMeshes(plan.mesh, ctx.rank, ctx.device.type, layouts)
+        self.pipelined = not isinstance(plan.pipeline, NoPipeline)
+        num_virtual = plan.num_virtual_stages
+        bounds = [ctx.partition.bounds[v] for v in range(num_virtual)]
+        blocks = [ctx.model.stage(*b) for b in bounds]
+        shapes = output_shapes(blocks, ctx.example_input, ctx.device, ctx.autocast_dtype)
+        if self.pipelined:
+            from .pipeline import lowered_schedule
+
+            schedule = lowered_schedule(config)
+            self.actions = [a if a.peer is None else replace(a, peer=self.meshes.twin(a.peer))
+                            for a in schedule.actions(self.meshes.stage)]
+            mine = schedule.stages_of(self.meshes.stage)
+        else:
+            self.actions, mine = [], [0]
+        loss_fn = _replica_loss(ctx.model.loss_fn, config.microbatch_size)
+        loss_scale = 1.0 / (plan.dp * plan.microbatches * config.grad_accum)
+        self.stages: dict[int, Stage] = {}
+        self.layers: list[ParallelLayer] = []
+        for v in mine:
+            first, last = bounds[v]
+            stage_layers = []
+            for i in range(first, last + 1):
+                module = ctx.model[i].to(ctx.device)
+                stage_layers.append(parallelize_layer(i, names[i], module, layer_plans[i], layouts[i],
+                                                      self.meshes.mesh(layouts[i])))
+            self.layers += stage_layers
+            self.stages[v] = _CountedStage(index=v, module=StageModule(stage_layers, self.meshes), device=ctx.device,
+                                   is_first=v == 0, is_last=v == num_virtual - 1, loss_fn=loss_fn,
+                                   loss_scale=loss_scale, autocast_dtype=ctx.autocast_dtype)
+        self._report = []
+        for layer in self.layers:
+            realized = realized_options(layer)
+            check_realized(layer, realized)
+            self._report.append(realized)
+        self._optimizer = make_optimizer([p for s in self.stages.values() for p in s.parameters()], config)
+        self.memory = _MemoryCount(self.layers, ctx.device)
+        for stage in self.stages.values():
+            stage.memory = self.memory  # type: ignore[attr-defined]
+        self.interpreter = None
+        if self.pipelined:
+            self.interpreter = Interpreter(
+                rank=ctx.rank, actions=self.actions, stages=self.stages, num_microbatches=plan.microbatches,
+                boundary_shapes={v: shapes[v] for v in range(num_virtual)}, device=ctx.device,
+                handlers={Op.STEP: self._on_step, Op.ALL_REDUCE: self._on_all_reduce}, record=ctx.record_events)
+        self.step_after_schedule = not any(a.op is Op.STEP for a in self.actions)
+
+    # -- what ran --------------------------------------------------------------------------------
+    def layers_report(self) -> list[dict[str, Any]]:
+        """Each of this rank's layers as realised: name, dp kind, tp degree, recompute, ..."""
+        return [dict(r, stage=self.meshes.stage) for r in self._report]
+
+    def memory_report(self) -> dict[str, Any]:
+        """This rank's memory in the last step: ``{"memory": {...}}`` (fields in the module docstring)."""
+        return {"memory": dict(self.memory.report)} if self.memory.report else {}
+
+    # -- training --------------------------------------------------------------------------------
+    def _on_step(self, action) -> None:
+        self.memory.note_grads(self._optimizer)
+        self._optimizer.step()
+        self._optimizer.zero_grad(set_to_none=True)
+
+    def _on_all_reduce(self, action) -> None:
+        raise ValueError(f"plan {self.config.plan.name!r} runs one pipeline per stage group; action {action} "
+                         f"belongs to a grouped schedule")
+
+    def _stage_batches(self, batch) -> list[MicrobatchData]:
+        """Per accumulation round, the stage micro-batches: every replica's micro-batch ``m`` side by side."""
+        per_replica = [split_rounds(batch, self.config, g) for g in range(self.config.plan.dp)]
+        rounds = []
+        for r in range(self.config.grad_accum):
+            data = [replicas[r] for replicas in per_replica]
+            rounds.append(MicrobatchData(
+                inputs=[torch.cat([d.inputs[m] for d in data]) for m in range(self.config.plan.microbatches)],
+                targets=[torch.cat([d.targets[m] for d in data]) for m in range(self.config.plan.microbatches)]))
+        return rounds
+
+    def train_step(self, step: int, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
+        config = self.config
+        self.memory.start_step()
+        rounds = self._stage_batches(batch)
+        for r, data in enumerate(rounds):
+            iteration = step * config.grad_accum + r
+            if self.interpreter is not None:
+                last = r == len(rounds) - 1
+                self.interpreter.run(iteration, data, skip=frozenset() if last else frozenset({Op.STEP}))
+            else:
+                self._run_unpipelined(iteration, data)
+        if self.step_after_schedule:
+            start = time.perf_counter()
+            self._on_step(None)
+            self.record_since("STEP", start, step * config.grad_accum + len(rounds) - 1)
+        self.memory.end_step(self._optimizer)
+        local = sum(sum(s.take_losses()) for s in self.stages.values())
+        if self.meshes.stage_rank != 0:
+            local = 0.0  # every rank of the stage computed the same losses: count them once
+        total_mb = config.plan.dp * config.plan.microbatches * config.grad_accum
+        return global_mean_loss(local, total_mb, self.ctx.device)
+
+    def _run_unpipelined(self, iteration: int, data: MicrobatchData) -> None:
+        stage, device = self.stages[0], self.ctx.device
+        for m, (x, y) in enumerate(zip(data.inputs, data.targets)):
+            start = time.perf_counter()
+            stage.forward(m, x.to(device), y.to(device))
+            self.record_since("F", start, iteration, m)
+            start = time.perf_counter()
+            stage.backward(m)
+            self.record_since("B", start, iteration, m)
+
+    # -- state -----------------------------------------------------------------------------------
+    def modules(self) -> dict[str, nn.Module]:
+        return {f"stage{v}": s.module for v, s in self.stages.items()}
+
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self._optimizer
+
+    def param_state(self) -> dict[str, torch.Tensor]:
+        """Dense parameters under their model names (collective over each layer's mesh)."""
+        return {f"{layer.name}.{name}": value for layer in self.layers
+                for name, value in dense_parameters(layer).items()}
+
+    def take_events(self) -> tuple[list[Event], float]:
+        if self.interpreter is None:
+            return super().take_events()
+        return self.interpreter.take_events(), self.interpreter.t0_unix
