@@ -8,9 +8,10 @@ Chromium, the way a student uses it:
   bubble and partition shown on the page change, and the partition is marked
   as edited.
 * notebooks/03_gropipe.ipynb: run the cells up to the partition editor, press
-  Launch; the job monitor appears under the editor and the step counter in
-  its rank table rises while the run trains; Cancel stops it (unless it has
-  already finished).
+  Launch; the job monitor appears under the editor, the step counter in its
+  rank table rises while the run trains and its timeline moves from one
+  measured iteration to the next; Cancel stops it (unless it has already
+  finished).
 
 Assertions read page text and count elements through the widgets' CSS
 classes (``wb-boundary``, ``wb-bottleneck``, ``wb-bubble``, ``wb-launch`` ...).
@@ -31,6 +32,13 @@ GROPIPE_NOTEBOOK = "notebooks/03_gropipe.ipynb"
 _MONITOR_STEPS_JS = """() => {
     const rows = [...document.querySelectorAll('.wb-launch-output table tr')].slice(1);
     return rows.map(row => [...row.querySelectorAll('td')].map(td => td.textContent.trim()));
+}"""
+
+
+# the title of the launched run's timeline (the third plot of the monitor under the editor)
+_MONITOR_TIMELINE_JS = """() => {
+    const plot = document.querySelectorAll('.wb-launch-output .js-plotly-plot')[2];
+    return {title: plot ? (plot.querySelector('.gtitle') || {textContent: ''}).textContent : ''};
 }"""
 
 
@@ -143,6 +151,12 @@ def test_launch_from_the_editor_shows_a_rising_step_counter(lab_page, lab_server
     shot = lab_page.screenshot("gropipe-launched")
     rows = lab_page.page.evaluate(_MONITOR_STEPS_JS)
     assert later > first, (first, later, rows)
+    # the monitor's timeline follows the run too: a measured iteration, then another one
+    lab_page.page.wait_for_function(f"() => /measured iteration/.test(({_MONITOR_TIMELINE_JS})().title)",
+                                    timeout=120_000)
+    shown = lab_page.page.evaluate(_MONITOR_TIMELINE_JS)
+    lab_page.page.wait_for_function(f"() => ({_MONITOR_TIMELINE_JS})().title !== {json.dumps(shown['title'])}",
+                                    timeout=60_000)
     assert len(rows) == 4 and {row[0] for row in rows} == {"0", "1", "2", "3"}, rows
     header = lab_page.page.locator(".wb-launch-output").first.inner_text()
     assert re.search(r"\b(RUNNING|SUCCEEDED)\b", header), header[:300]

@@ -11,6 +11,8 @@ import plotly.graph_objects as go
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "viz"))
+from figure_checks import lanes_top_to_bottom  # noqa: E402
 from job_test_helpers import wait_for, write_synthetic_run  # noqa: E402
 
 from workbench.core.rundir import events_path, make_event  # noqa: E402
@@ -40,6 +42,7 @@ def test_update_fills_curves_table_logs_and_timeline(tmp_path):
     assert list(monitor.timeline_fig.layout.yaxis.categoryarray)[::-1] == ["rank 0", "rank 0 comm", "rank 1",
                                                                           "rank 1 comm"]  # rank 0 on top
     assert monitor.cancel_button.disabled
+    assert (monitor.cancel_button.button_style, monitor.cancel_button.description) == ("", "Succeeded")  # not red
 
 
 def test_background_thread_shows_a_new_step_quickly(tmp_path):
@@ -96,3 +99,72 @@ def test_bad_options_are_refused(tmp_path):
         JobMonitor(job, refresh_hz=100, mode="static")
     with pytest.raises(ValueError, match="mode must be"):
         JobMonitor(job, mode="browser")
+
+
+def _append_iteration(run_dir, step, *, ranks=2, comm=True):
+    """One more step and its stage events on every rank (rank 1 one millisecond later), as a running job adds."""
+    t = time.time()
+    for rank in range(ranks):
+        ops = [("F", 0.0, 2.0), ("B", 2.0, 6.0)] + ([("AR", 6.0, 8.0)] if comm else [])
+        lines = [make_event("step", rank, t=t, step=step, loss=1.0 / (step + 1), samples_per_s=100.0, step_ms=10.0)]
+        lines += [make_event("stage", rank, t=t, stage=0, op=op, microbatch=None if op == "AR" else 0,
+                             iteration=step, start=start + rank + step % 3, end=end + rank + step % 3, t0=t)
+                  for op, start, end in ops]
+        with open(events_path(run_dir, rank), "a") as f:
+            f.write("".join(json.dumps(e) + "\n" for e in lines))
+
+
+def test_a_refresh_changes_data_only_in_one_message_per_figure(tmp_path, sent):
+    """No trace is added or removed once the monitor is shown: a page never draws part of a figure."""
+    run_dir = write_synthetic_run(tmp_path, steps=3, with_end=False)
+    monitor = JobMonitor(attach(run_dir), mode="widget", start=False)
+    figures = {"loss": monitor.loss_fig, "rate": monitor.rate_fig, "timeline": monitor.timeline_fig}
+    comm_ids = {name: fig.comm.comm_id for name, fig in figures.items()}
+    traces = {name: [t.name for t in fig.data] for name, fig in figures.items()}
+    for step in (3, 4, 5):
+        sent.clear()
+        _append_iteration(run_dir, step, comm=step == 3)  # later iterations have no communication lanes
+        monitor.update()
+        for name, comm_id in comm_ids.items():
+            messages = [state for sender, _, state in sent if sender == comm_id]
+            changes = sorted({key for state in messages for key, value in state.items()
+                              if key.startswith("_py2js_") and value is not None})
+            assert changes == ["_py2js_update"], (name, step, changes)
+            assert len([m for m in messages if m.get("_py2js_update")]) == 1, (name, step)
+        assert {name: [t.name for t in fig.data] for name, fig in figures.items()} == traces
+        assert lanes_top_to_bottom(monitor.timeline_fig)[0] == "rank 0"
+    # the latest iteration every rank has finished for sure is shown: 4, which did not communicate
+    assert monitor.timeline_fig.layout.title.text.startswith("timeline: measured iteration 4")
+    assert lanes_top_to_bottom(monitor.timeline_fig) == ["rank 0", "rank 1"]
+
+
+def test_cancel_pressed_as_the_run_ends_settles_on_the_final_state(tmp_path):
+    job = attach(write_synthetic_run(tmp_path, steps=4))
+    monitor = JobMonitor(job, mode="widget", start=False)  # the refresh thread is gone, as after a run's end
+    monitor.cancel_button.click()
+    wait_for(lambda: monitor.cancel_button.description != "Cancelling...", timeout=10, what="the button to settle")
+    assert monitor.cancel_button.disabled and monitor.cancel_button.description == "Succeeded"
+    assert "SUCCEEDED" in monitor.header.value
+
+
+def test_a_monitor_attached_after_a_restart_shows_the_same(tmp_path):
+    run_dir = write_synthetic_run(tmp_path, steps=6)
+    live = JobMonitor(attach(run_dir), mode="widget", start=False)
+    live.update()
+    again = JobMonitor(attach(run_dir), mode="widget", start=False)  # a new kernel: only the directory is left
+    again.update()
+    for before, after in ((live.loss_fig, again.loss_fig), (live.rate_fig, again.rate_fig),
+                          (live.timeline_fig, again.timeline_fig)):
+        assert _without_uids(before) == _without_uids(after)
+    assert live.log_box.value == again.log_box.value != ""
+    cut = live.table.value.index("</th></tr>")  # heartbeat ages differ by the time between the two reads
+    assert live.table.value[:cut] == again.table.value[:cut]
+    assert live.cancel_button.description == again.cancel_button.description == "Succeeded"
+
+
+def _without_uids(fig) -> dict:
+    """The figure as JSON, without the random trace ids a FigureWidget gives its traces."""
+    data = json.loads(fig.to_json())
+    for trace in data["data"]:
+        trace.pop("uid", None)
+    return data

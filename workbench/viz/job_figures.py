@@ -21,9 +21,12 @@ from plotly.subplots import make_subplots
 
 from ..core.timeline import Timeline
 from .style import apply_layout, palette_color
-from .timeline import add_timeline, timeline_figure
+from .timeline import add_timeline, timeline_figure, timeline_slots
 
-__all__ = ["thin", "restart_steps", "metric_figure", "timeline_figure_pair", "job_summary_figure"]
+__all__ = ["thin", "restart_steps", "metric_figure", "timeline_figure_pair", "monitor_timeline_figure",
+           "job_summary_figure", "TIMELINE_RUNS"]
+
+TIMELINE_RUNS = ("simulated", "measured")  # the runs a job's timeline overlays, the prediction on top
 
 
 def thin(values: np.ndarray, max_points: int) -> np.ndarray:
@@ -52,13 +55,17 @@ def restart_steps(columns: Mapping[str, np.ndarray]) -> list[float]:
 
 
 def metric_figure(metrics: Mapping[int, Mapping[str, np.ndarray]], field: str, *, title: str,
-                  max_points: int = 2000, width: int | None = None) -> go.Figure:
+                  max_points: int = 2000, width: int | None = None, ranks: int = 0) -> go.Figure:
     """One line per rank of ``field`` against step; dashed lines where torchrun restarted.
 
-    ``width`` in pixels (None: plotly's default, 700).
+    ``width`` in pixels (None: plotly's default, 700). ``ranks``: draw a
+    line (maybe empty) for every rank below it too, so a live view that
+    fills them in later never has to add a trace.
     """
     fig = go.Figure()
-    for rank, columns in sorted(metrics.items()):
+    empty = {"step": np.empty(0), field: np.empty(0)}
+    for rank in sorted(set(metrics) | set(range(ranks))):
+        columns = metrics.get(rank, empty)
         x, y = _thin_pair(columns["step"], columns[field], max_points)
         fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=f"rank {rank}",
                                  line={"color": palette_color(rank)}, marker={"size": 4}))
@@ -78,8 +85,24 @@ def timeline_figure_pair(measured: Timeline | None, simulated: Timeline | None =
     """The measured iteration's timeline with the simulated one overlaid (lanes per rank, rank 0 on top)."""
     timelines, names = _runs(measured, simulated)
     iteration = measured.meta.get("iteration") if measured is not None else None
-    title = "timeline" + (f" (measured iteration {iteration})" if iteration is not None else " (no stage events yet)")
+    if iteration is None:
+        title = "timeline (no stage events yet)"
+    else:
+        title = f"timeline: measured iteration {iteration}" + (" (pale), predicted (solid)" if "simulated" in names
+                                                                else "")
     return timeline_figure(timelines or [Timeline(())], names=names or ["measured"], title=title)
+
+
+def monitor_timeline_figure(measured: Timeline | None, simulated: Timeline | None = None) -> go.Figure:
+    """:func:`timeline_figure_pair` with a trace for every run and op category, present or not.
+
+    Every reading has the same traces in the same order, so a live view
+    changes from one iteration to the next by data alone
+    (``viz.timeline.update_timeline_slots``).
+    """
+    fig = timeline_slots(timeline_figure_pair(measured, simulated), TIMELINE_RUNS)
+    # a live view's title changes with the iteration: the legend goes beside the lanes, out of its way
+    return fig.update_layout(legend={"orientation": "v", "x": 1.01, "xanchor": "left", "y": 1.0, "yanchor": "top"})
 
 
 def job_summary_figure(data: Mapping[str, Any], *, measured: Timeline | None = None,

@@ -32,7 +32,8 @@ from plotly.subplots import make_subplots
 from ..core.timeline import Timeline
 from .style import CATEGORY_COLORS, CATEGORY_ORDER, IDLE, MEASURED_OPACITY, apply_layout, category_of
 
-__all__ = ["timeline_figure", "add_timeline", "idle_gaps", "timeline_rows", "update_timeline_figure"]
+__all__ = ["timeline_figure", "add_timeline", "idle_gaps", "timeline_rows", "update_timeline_figure", "timeline_slots",
+           "update_timeline_slots"]
 
 _COMPUTE = {"F", "B", "I", "W"}
 _COMM_CATEGORIES = {"send/recv", "all-reduce"}  # drawn on the rank's communication lane
@@ -154,6 +155,13 @@ def update_timeline_figure(fig: go.Figure, timeline: Timeline, *, name: str = "s
     return True
 
 
+def _bar_style(category: str, name: str) -> dict[str, Any]:
+    """What every bar trace of ``category`` in the run ``name`` shares, whatever its bars."""
+    return {"orientation": "h", "name": f"{category} ({name})", "legendgroup": f"{category}-{name}",
+            "marker": {"color": CATEGORY_COLORS[category], "line": {"width": 0.5, "color": "white"}},
+            "textposition": "inside", "insidetextanchor": "middle", "hovertemplate": _HOVER}
+
+
 def _bars(timeline: Timeline, name: str, *, width: float, opacity: float, show_labels: bool,
           show_idle: bool, legend_seen: set | None, offset: float | None) -> list[go.Bar]:
     """One bar trace per op category; ``legend_seen`` (None: no legend) keeps one legend entry per look."""
@@ -162,15 +170,57 @@ def _bars(timeline: Timeline, name: str, *, width: float, opacity: float, show_l
     for category, row in rows.items():
         key = (category, opacity)
         traces.append(go.Bar(
-            y=row["y"], base=row["base"], x=row["x"], orientation="h", width=width, offset=offset,
-            name=f"{category} ({name})",
-            legendgroup=f"{category}-{name}", showlegend=legend_seen is not None and key not in legend_seen,
-            marker={"color": CATEGORY_COLORS[category], "line": {"width": 0.5, "color": "white"}}, opacity=opacity,
-            text=row["text"] if show_labels else None, textposition="inside", insidetextanchor="middle",
-            hovertext=row["hover"], customdata=row["base"], hovertemplate=_HOVER))
+            y=row["y"], base=row["base"], x=row["x"], width=width, offset=offset,
+            showlegend=legend_seen is not None and key not in legend_seen, opacity=opacity,
+            text=row["text"] if show_labels else None, hovertext=row["hover"], customdata=row["base"],
+            **_bar_style(category, name)))
         if legend_seen is not None:
             legend_seen.add(key)
     return traces
+
+
+# what changes in a slot from one reading to the next (its style stays)
+_SLOT_PROPERTIES = ("y", "base", "x", "text", "hovertext", "customdata", "width", "offset", "opacity", "showlegend")
+
+
+def timeline_slots(fig: go.Figure, names: Sequence[str]) -> go.Figure:
+    """``fig`` (a single-panel timeline figure) with one bar trace per run in ``names`` and category, in order.
+
+    A figure drawn from other timelines then has the same traces in the
+    same order, absent pairs being empty traces, so a live view moves from
+    one to the next by changing data only (:func:`update_timeline_slots`):
+    no trace is ever added or removed, and no reading shows part of a figure.
+    """
+    by_name = {trace.name: trace for trace in fig.data}
+    slots = []
+    for name in names:
+        for category in CATEGORY_ORDER:
+            found = by_name.pop(f"{category} ({name})", None)
+            slots.append(found if found is not None else
+                         go.Bar(y=[], base=[], x=[], customdata=[], showlegend=False, **_bar_style(category, name)))
+    if by_name:
+        raise ValueError(f"timeline_slots: traces {sorted(by_name)} belong to none of the runs {list(names)}")
+    fig.data = ()
+    fig.add_traces(slots)
+    return fig
+
+
+def update_timeline_slots(fig: go.Figure, fresh: go.Figure) -> None:
+    """Make ``fig`` show ``fresh`` (both from :func:`timeline_slots` with the same names) in one batch.
+
+    On a ``FigureWidget`` the bars, the lanes and the title travel as one
+    update message, which the browser draws in one go.
+    """
+    if [t.name for t in fig.data] != [t.name for t in fresh.data]:
+        raise ValueError("update_timeline_slots needs two figures with the same slots (see timeline_slots)")
+    with fig.batch_update():
+        for trace, new in zip(fig.data, fresh.data):
+            for key in _SLOT_PROPERTIES:
+                trace[key] = new[key]
+        fig.layout.title.text = fresh.layout.title.text
+        fig.layout.height = fresh.layout.height
+        fig.layout.yaxis.categoryorder = fresh.layout.yaxis.categoryorder
+        fig.layout.yaxis.categoryarray = fresh.layout.yaxis.categoryarray
 
 
 def _lanes(timelines: Sequence[Timeline]) -> list[str]:

@@ -8,6 +8,16 @@ string, and a bounded log tail as one ``Textarea`` value (no ever-growing
 ``Output`` history). Widgets are created in the constructor (the calling
 cell's thread) and only their traits are set from the thread.
 
+Every figure is a :func:`~.figure.figure_widget` made with all its traces
+(one line per rank; one timeline trace per run and op category), so a
+refresh only changes data: one ``Plotly.update`` per figure, never a trace
+added or removed, so no reading of the page shows part of a figure. The
+Cancel button ends disabled and grey, labelled with the final state, once
+the run is over, however it ended (a press that comes as the run finishes
+included). Page hooks: the box has class ``wb-job-monitor``; its parts
+``wb-monitor-header``, ``wb-monitor-cancel``, ``wb-monitor-ranks`` and
+``wb-monitor-log``.
+
 Without a widget frontend (``WORKBENCH_STATIC=1``, no IPython kernel, or no
 anywidget for ``FigureWidget``) the monitor displays the static summary
 figure instead (renderer ``WORKBENCH_PLOTLY_RENDERER``, default
@@ -27,8 +37,9 @@ from typing import Any
 import numpy as np
 
 from ..core.timeline import Timeline
-from ..viz.job_figures import metric_figure, restart_steps, thin, timeline_figure_pair
+from ..viz.job_figures import metric_figure, monitor_timeline_figure, restart_steps, thin
 from ..viz.style import STATE_COLORS, palette_color
+from ..viz.timeline import update_timeline_slots
 
 __all__ = ["JobMonitor", "ui_mode"]
 
@@ -73,6 +84,7 @@ class JobMonitor:
         self._seen_version = -1
         self._timeline_key: Any = None
         self._log_tailers: dict[Any, Any] = {}
+        self._update_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.widget = self._build() if self.mode == "widget" else None
@@ -85,12 +97,12 @@ class JobMonitor:
 
         from .figure import figure_widget
 
-        # The figures are filled from the run as it stands before they become widgets, so their first
-        # message to the browser holds the data (see widgets.figure): a browser that drops the later
-        # updates still draws what the run had when the monitor was made, never empty axes.
-        self.loss_fig = metric_figure({}, "loss", title="loss", width=CURVE_WIDTH_PX)
-        self.rate_fig = metric_figure({}, "samples_per_s", title="samples / s", width=CURVE_WIDTH_PX)
-        self.timeline_fig = timeline_figure_pair(None, self.simulated)
+        # The figures are filled from the run as it stands before they become widgets, with a line for every
+        # rank the run will have and every timeline trace there can be: a refresh then only changes data.
+        ranks = int(self.job.launch_info.get("world_size") or 0)
+        self.loss_fig = metric_figure({}, "loss", title="loss", width=CURVE_WIDTH_PX, ranks=ranks)
+        self.rate_fig = metric_figure({}, "samples_per_s", title="samples / s", width=CURVE_WIDTH_PX, ranks=ranks)
+        self.timeline_fig = monitor_timeline_figure(None, self.simulated)
         state = self.job.refresh()
         self._seen_version = state.version
         self._update_curves(state)
@@ -99,11 +111,17 @@ class JobMonitor:
             figure_widget(fig) for fig in (self.loss_fig, self.rate_fig, self.timeline_fig))
         self.header = w.HTML()
         self.table = w.HTML()
-        self.log_box = w.Textarea(layout=w.Layout(width="100%", height="180px"), disabled=True)
+        self.log_box = w.Textarea(layout=w.Layout(width="100%", height="180px"), disabled=True,
+                                  placeholder="rank 0 logs its progress here every few steps; every rank its errors")
         self.cancel_button = w.Button(description="Cancel", button_style="danger", icon="stop")
         self.cancel_button.on_click(self._on_cancel)
-        return w.VBox([w.HBox([self.header, self.cancel_button]), w.HBox([self.loss_fig, self.rate_fig]),
-                       self.table, self.timeline_fig, self.log_box])
+        for part, name in ((self.header, "header"), (self.table, "ranks"), (self.log_box, "log"),
+                           (self.cancel_button, "cancel")):
+            part.add_class(f"wb-monitor-{name}")
+        box = w.VBox([w.HBox([self.header, self.cancel_button]), w.HBox([self.loss_fig, self.rate_fig]),
+                      self.table, self.timeline_fig, self.log_box])
+        box.add_class("wb-job-monitor")
+        return box
 
     # -- refresh loop ---------------------------------------------------------------------
     def start(self) -> None:
@@ -134,31 +152,40 @@ class JobMonitor:
 
     def update(self) -> bool:
         """One refresh of every view; returns True once the job has ended."""
-        status = self.job.status()
-        state = self.job.refresh()
-        if self.widget is not None:
-            if state.version != self._seen_version:
-                self._seen_version = state.version
-                self._update_curves(state)
-                self._update_timeline(state)
-            self._update_table(status)
-            self._update_logs()
-            if status.finished:
-                self.cancel_button.disabled = True
-        self.updates += 1
-        self.last_update_t = time.time()
-        return status.finished
+        with self._update_lock:  # the refresh thread and a Cancel press may both refresh
+            status = self.job.status()
+            state = self.job.refresh()
+            if self.widget is not None:
+                if state.version != self._seen_version:
+                    self._seen_version = state.version
+                    self._update_curves(state)
+                    self._update_timeline(state)
+                self._update_table(status)
+                self._update_logs()
+                if status.finished:
+                    self._show_ended(status.state)
+            self.updates += 1
+            self.last_update_t = time.time()
+            return status.finished
+
+    def _show_ended(self, state: str) -> None:
+        """The run is over: the button can do nothing more, and says how the run ended."""
+        button = self.cancel_button
+        with button.hold_sync():
+            button.disabled = True
+            button.button_style = ""
+            button.icon = ""
+            button.description = state.capitalize()
 
     def _update_curves(self, state) -> None:
         for fig, field in ((self.loss_fig, "loss"), (self.rate_fig, "samples_per_s")):
+            drawn = {t.name for t in fig.data}
+            for rank in sorted(r for r in state.metrics if f"rank {r}" not in drawn):  # more ranks than launched
+                fig.add_scatter(mode="lines+markers", name=f"rank {rank}", line={"color": palette_color(rank)},
+                                marker={"size": 4})
             with fig.batch_update():
                 for rank, columns in sorted(state.metrics.items()):
-                    name = f"rank {rank}"
-                    trace = next((t for t in fig.data if t.name == name), None)
-                    if trace is None:
-                        fig.add_scatter(mode="lines+markers", name=name, line={"color": palette_color(rank)},
-                                        marker={"size": 4})
-                        trace = fig.data[-1]
+                    trace = next(t for t in fig.data if t.name == f"rank {rank}")
                     index = thin(np.arange(len(columns)), self.max_points)
                     trace.x = columns.column("step")[index]
                     trace.y = columns.column(field)[index]
@@ -174,11 +201,7 @@ class JobMonitor:
             return
         self._timeline_key = key
         simulated = self.simulated if self.simulated is not None else self.job.predicted_timeline(measured)
-        fresh = timeline_figure_pair(measured, simulated)
-        with self.timeline_fig.batch_update():  # new lanes come with a new lane order: take the whole layout
-            self.timeline_fig.data = ()
-            self.timeline_fig.add_traces(list(fresh.data))
-            self.timeline_fig.layout = fresh.layout
+        update_timeline_slots(self.timeline_fig, monitor_timeline_figure(measured, simulated))
 
     def _update_table(self, status) -> None:
         head = (f"<b>{html.escape(status.run_id)}</b> <span style='color:{STATE_COLORS.get(status.state, '#000')}'>"
@@ -208,9 +231,22 @@ class JobMonitor:
             self.log_box.value = "\n".join(self.log_tail)
 
     def _on_cancel(self, _button=None) -> None:
-        self.cancel_button.disabled = True
-        self.cancel_button.description = "Cancelling..."
-        threading.Thread(target=self.job.cancel, kwargs={"grace_s": 5.0}, daemon=True).start()
+        with self.cancel_button.hold_sync():
+            self.cancel_button.disabled = True
+            self.cancel_button.description = "Cancelling..."
+        threading.Thread(target=self._cancel, name=f"job-cancel-{self.job.run_id}", daemon=True).start()
+
+    def _cancel(self) -> None:
+        """Stop the run, then refresh once more: the refresh thread may have ended before the run did."""
+        try:
+            self.job.cancel(grace_s=5.0)
+        except Exception as error:  # noqa: BLE001 - shown on the page, where the press was made
+            self.header.value += f" <b style='color:#d62728'>cancel failed: {html.escape(str(error))}</b>"
+            with self.cancel_button.hold_sync():
+                self.cancel_button.disabled = False
+                self.cancel_button.description = "Cancel"
+            return
+        self.update()
 
     # -- display --------------------------------------------------------------------------
     def summary_figure(self):

@@ -462,6 +462,8 @@ class PartitionEditor:
         config = self.run_config(**overrides)
         self.job = launch(LaunchSpec(config=config, run_root=self.run_root, name=config.name),
                           backend=self.launch_backend)
+        if self.monitor is not None:  # the previous launch's view goes away: stop refreshing it
+            self.monitor.stop()
         self.launch_output.clear_output()
         with self.launch_output:
             if self.launch_backend == "dryrun":
