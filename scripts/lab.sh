@@ -8,7 +8,9 @@
 #                  silently moving to another port, so the printed URL is right)
 #   JUPYTER_TOKEN  the token to require (default: generated)
 # Extra arguments are passed on to `jupyter lab` (e.g. --LabApp.expose_app_in_browser=True).
-# Announcements and update checks are off; a browser is opened only when a
+# Announcements, the news question and update checks are off (overrides.json in
+# the environment's JupyterLab settings); saving a lesson writes it stripped, as
+# committed (scripts/jupyter_lab_config.py); a browser is opened only when a
 # display is available. `exec` hands the process over to jupyter so Ctrl-C and
 # SIGTERM reach it directly and it shuts its kernels down.
 set -euo pipefail
@@ -46,6 +48,17 @@ if [ -n "${DISPLAY:-}" ] || [ -n "${WAYLAND_DISPLAY:-}" ] || [ "$(uname -s)" = "
     OPEN_BROWSER=True
 fi
 
+# Defaults every user setting can still change: no news question, no update check.
+"$REPO_ROOT/.venv/bin/python" - "$REPO_ROOT/.venv/share/jupyter/lab/settings/overrides.json" <<'EOF'
+import json, pathlib, sys
+path = pathlib.Path(sys.argv[1])
+settings = json.loads(path.read_text()) if path.is_file() else {}
+settings.setdefault("@jupyterlab/apputils-extension:notification", {}).update(fetchNews="false",
+                                                                              checkForUpdates=False)
+path.parent.mkdir(parents=True, exist_ok=True)
+path.write_text(json.dumps(settings, indent=2) + "\n")
+EOF
+
 EXTRA_ARGS=()
 if [ "$(id -u)" -eq 0 ]; then
     EXTRA_ARGS+=(--allow-root)
@@ -57,6 +70,7 @@ echo "lab: stop it with Ctrl-C"
 
 cd "$REPO_ROOT"
 exec "$JUPYTER" lab \
+    --config="$REPO_ROOT/scripts/jupyter_lab_config.py" \
     --ServerApp.ip=127.0.0.1 \
     --ServerApp.port="$PORT" \
     --ServerApp.port_retries=0 \

@@ -89,3 +89,41 @@ def test_lab_rejects_a_bad_port(bad_port):
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     assert f"LAB_PORT must be a port number in 1..65535, got '{bad_port}'" in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_saving_a_lesson_leaves_the_committed_notebook_unchanged_and_no_news_question(tmp_path):
+    import urllib.request
+
+    path = Path(lab_server.REPO_ROOT) / TOUR
+    before = path.read_bytes()
+    server = lab_server.start_lab(tmp_path)
+    try:
+        status, body = server.get(f"api/contents/{TOUR}")
+        assert status == 200
+        model = json.loads(body)
+        notebook = model["content"]
+        notebook["metadata"]["language_info"] = {"name": "python", "version": "3.11"}
+        code = next(cell for cell in notebook["cells"] if cell["cell_type"] == "code")
+        code["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "ran in the lab\n"}]
+        code["execution_count"] = 7
+        code["metadata"]["execution"] = {"iopub.status.idle": "2026-01-01T00:00:00Z"}
+        request = urllib.request.Request(server.with_token(f"api/contents/{TOUR}"), method="PUT",
+                                         data=json.dumps({"type": "notebook", "format": "json",
+                                                          "content": notebook}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert response.status == 200
+        saved = json.loads(path.read_text())
+        assert all(not c.get("outputs") and c.get("execution_count") is None
+                   for c in saved["cells"] if c["cell_type"] == "code")
+        assert set(saved["metadata"]) <= {"jupytext", "kernelspec"}
+        assert path.read_bytes() == before, "saving the tour changed the committed notebook"
+        overrides = Path(lab_server.REPO_ROOT) / ".venv/share/jupyter/lab/settings/overrides.json"
+        news = json.loads(overrides.read_text())["@jupyterlab/apputils-extension:notification"]
+        assert news["fetchNews"] == "false" and news["checkForUpdates"] is False
+    finally:
+        path.write_bytes(before)
+        leftovers = server.stop()
+    assert leftovers == [], f"processes survived the stop: {leftovers}"
