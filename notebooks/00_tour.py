@@ -48,10 +48,10 @@
 # sets it); this tour is small already, so its only parameter is where the
 # Chrome trace of section 5 is written.
 import os
-import tempfile
 from pathlib import Path
 
-trace_dir = Path(os.environ.get("WORKBENCH_TOUR_DIR", Path(tempfile.gettempdir()) / "workbench-tour"))
+project = next(d for d in (Path.cwd(), *Path.cwd().parents) if (d / "launch").is_dir())
+trace_dir = Path(os.environ.get("WORKBENCH_TOUR_DIR", project / "runs" / "tour"))  # in the project
 
 # %%
 import json

@@ -40,7 +40,8 @@ image_size = 64 if smoke else 128   # input images are image_size x image_size x
 profile_batch = 16                  # samples one pipeline processes per iteration
 num_stages = 3
 num_microbatches = 8
-run_root = os.environ.get("WORKBENCH_RUN_ROOT", "runs")
+run_root = os.environ.get("WORKBENCH_RUN_ROOT") or os.path.join(  # the project's runs/, from any folder
+    next(d for d in (os.getcwd(), os.path.dirname(os.getcwd())) if os.path.isdir(os.path.join(d, "launch"))), "runs")
 
 # %%
 import torch

@@ -52,7 +52,8 @@ delay = 1                   # 0: exact synchronous all-reduce; 1: applied one it
 train_steps = 12 if smoke else 40
 editor_launch_steps = 200   # steps of a run started with the editor's Launch button (about a minute)
 optimizer = {"name": "adam", "lr": 0.001}
-run_root = os.environ.get("WORKBENCH_RUN_ROOT", "runs")
+run_root = os.environ.get("WORKBENCH_RUN_ROOT") or os.path.join(  # the project's runs/, from any folder
+    next(d for d in (os.getcwd(), os.path.dirname(os.getcwd())) if os.path.isdir(os.path.join(d, "launch"))), "runs")
 
 # %%
 from pathlib import Path

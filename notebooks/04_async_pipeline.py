@@ -43,7 +43,8 @@ stages = 4
 microbatches = 4
 train_microbatches = 1  # per step in the real runs: stage 0's backward comes three steps after its forward
 learning_rate = 0.4
-run_root = os.environ.get("WORKBENCH_RUN_ROOT", "runs")
+run_root = os.environ.get("WORKBENCH_RUN_ROOT") or os.path.join(  # the project's runs/, from any folder
+    next(d for d in (os.getcwd(), os.path.dirname(os.getcwd())) if os.path.isdir(os.path.join(d, "launch"))), "runs")
 
 # %%
 from workbench.scheduling.generators import async_1f1b, one_f_one_b

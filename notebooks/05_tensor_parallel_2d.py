@@ -41,7 +41,8 @@ import os
 smoke = os.environ.get("WORKBENCH_SMOKE") == "1"
 q = 2                                  # grid side: q x q = 4 ranks
 train_steps = 4 if smoke else 12       # steps of the real 2x2 run
-run_root = os.environ.get("WORKBENCH_RUN_ROOT", "runs")
+run_root = os.environ.get("WORKBENCH_RUN_ROOT") or os.path.join(  # the project's runs/, from any folder
+    next(d for d in (os.getcwd(), os.path.dirname(os.getcwd())) if os.path.isdir(os.path.join(d, "launch"))), "runs")
 
 # %%
 from pathlib import Path

@@ -41,7 +41,8 @@ smoke = os.environ.get("WORKBENCH_SMOKE") == "1"
 num_nodes = 2
 train_steps = 12 if smoke else 30
 optimizer = {"name": "adam", "lr": 0.001}
-run_root = os.environ.get("WORKBENCH_RUN_ROOT", "runs")
+run_root = os.environ.get("WORKBENCH_RUN_ROOT") or os.path.join(  # the project's runs/, from any folder
+    next(d for d in (os.getcwd(), os.path.dirname(os.getcwd())) if os.path.isdir(os.path.join(d, "launch"))), "runs")
 # a Slurm job's run directory must be on storage every node sees (home or scratch, never /tmp)
 shared_run_root = os.environ.get("WORKBENCH_SHARED_RUN_ROOT", os.path.expanduser("~/workbench-runs"))
 
