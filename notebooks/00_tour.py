@@ -23,7 +23,13 @@
 # parallel). Real jobs mix them. Which mix is fastest, and why?
 #
 # This workbench is a place to answer that question with your hands on the
-# controls. From a notebook it
+# controls. Below, a real 2-process pipeline run as the job monitor shows it
+# (loss, throughput, the ranks' log, and the latest measured iteration over
+# the simulator's prediction):
+#
+# ![The job monitor during a 2-rank 1F1B run: loss and throughput curves, the log, and a measured pipeline timeline over its prediction](../docs/monitor.png)
+#
+# From a notebook the workbench
 #
 # 1. **profiles** a model layer by layer (time, FLOPs, parameter, activation and optimizer bytes),
 # 2. **partitions** it into pipeline stages,
@@ -197,13 +203,13 @@ print(f"Chrome trace: {trace_path} ({len(slices)} slices)")
 #
 # | notebook | what it teaches |
 # |---|---|
-# | `01_profile_and_partition` | profile a model layer by layer, cut it with AMPA, drag the boundaries yourself |
-# | `02_pipeline_schedules_explained` | GPipe, 1F1B, interleaved, asynchronous: bubbles, memory, exercises |
-# | `03_gropipe` | grouped pipelines with a delayed all-reduce, measured against the simulator and against DDP |
-# | `04_async_pipeline` | weight stashing and staleness in the asynchronous pipeline |
-# | `05_tensor_parallel_2d` | SUMMA on a q x q grid, and a real 2 x 2 run equal to dense |
-# | `06_planner` | which mix of strategies is fastest for this machine and for an 8-GPU server |
-# | `07_scale_out` | several nodes with torchrun, and Slurm |
+# | [01_profile_and_partition](01_profile_and_partition.ipynb) | profile a model layer by layer, cut it with AMPA, drag the boundaries yourself |
+# | [02_pipeline_schedules_explained](02_pipeline_schedules_explained.ipynb) | GPipe, 1F1B, interleaved, asynchronous: bubbles, memory, exercises |
+# | [03_gropipe](03_gropipe.ipynb) | grouped pipelines with a delayed all-reduce, measured against the simulator and against DDP |
+# | [04_async_pipeline](04_async_pipeline.ipynb) | weight stashing and staleness in the asynchronous pipeline |
+# | [05_tensor_parallel_2d](05_tensor_parallel_2d.ipynb) | SUMMA on a q x q grid, and a real 2 x 2 run equal to dense |
+# | [06_planner](06_planner.ipynb) | which mix of strategies is fastest for this machine and for an 8-GPU server |
+# | [07_scale_out](07_scale_out.ipynb) | several nodes with torchrun, and Slurm |
 #
 # The last cell below checks that everything this tour showed actually holds.
 

@@ -27,6 +27,14 @@ def test_tour_runs_all_cells_in_jupyterlab(lab_page, lab_server):
 
     lab_page.open(TOUR)
     assert lab_page.count(".jp-Dialog") == 0
+    # the first screen shows a picture of a run: the monitor screenshot, loaded
+    picture = lab_page.page.locator(".jp-Notebook .jp-MarkdownCell img").first
+    picture.wait_for(state="visible", timeout=20_000)
+    assert picture.evaluate("img => img.complete && img.naturalWidth > 100"), picture.get_attribute("src")
+    assert picture.evaluate("img => img.getBoundingClientRect().top < window.innerHeight * 1.5")
+    hrefs = lab_page.page.locator(".jp-Notebook .jp-MarkdownCell a").evaluate_all("as => as.map(a => a.href)")
+    lessons = {h.split("?")[0].split("#")[0].rsplit("/", 1)[-1] for h in hrefs if ".ipynb" in h} - {"00_tour.ipynb"}
+    assert len(lessons) == 7 and "06_planner.ipynb" in lessons, hrefs  # "where next" links every lesson
     assert lab_page.count(".jp-Notebook .jp-CodeCell") == code_cells
     assert "Python 3 (ipykernel)" in lab_page.page.locator(".jp-Toolbar-kernelName").first.inner_text()
 
