@@ -82,9 +82,25 @@ def test_balance_figure_marks_the_bottleneck_and_the_cap():
     assert any(t.startswith(f"bottleneck {res.bottleneck_ms:.3g}") for t in texts)
     assert fig.data[0].marker.line.width[res.bottleneck_stage] == 3
     assert list(fig.data[3].y) == pytest.approx([m / 2**30 for m in res.stage_memory_bytes])
-    assert any(s.type == "line" for s in fig.layout.shapes)  # the memory cap
+    assert any(s.type == "line" for s in fig.layout.shapes) or any("cap" in t for t in texts)  # the memory cap
     plain = balance_figure({"compute_ms": [1.0, 3.0, 2.0]})
     assert any("bottleneck 3" in a.text for a in plain.layout.annotations)
+
+
+def test_memory_panels_scale_to_their_bars_and_mark_the_cap():
+    from workbench.viz.plan import layer_strip_figure
+
+    data = {"compute_ms": [1.0, 2.0], "memory_bytes": [2**20, 2**21]}
+    near = balance_figure({**data, "memory_cap_bytes": 3 * 2**20})  # the cap just above the bars: a line
+    assert any(s.type == "line" and s.y0 == pytest.approx(3 / 1024) for s in near.layout.shapes)
+    assert near.layout.yaxis2.range[1] >= 3 / 1024
+    far = balance_figure({**data, "memory_cap_bytes": 80 * 2**30})  # a device's 80 GiB: written, bars stay visible
+    assert not any(s.type == "line" for s in far.layout.shapes)
+    assert far.layout.yaxis2.range[1] == pytest.approx(2 / 1024 * 1.3)
+    assert any("cap 80 GiB (off the scale)" == a.text for a in far.layout.annotations)
+    strip = layer_strip_figure([{"name": "a", "tp": 1, "dp_kind": "fsdp", "recompute": False}],
+                               stage_memory_gib=[1.0], budget_gib=1.2)
+    assert any(s.type == "line" for s in strip.layout.shapes) and strip.layout.yaxis2.range[1] >= 1.2
 
 
 def test_chrome_trace_of_a_simulation_is_loadable(tmp_path):

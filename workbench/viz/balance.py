@@ -16,7 +16,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .style import CATEGORY_COLORS, MEMORY_COLOR, MEMORY_PEAK_COLOR, apply_layout
+from .style import CATEGORY_COLORS, MEMORY_COLOR, MEMORY_PEAK_COLOR, apply_layout, mark_memory_cap
 
 __all__ = ["balance_figure", "stage_values", "update_balance_figure"]
 
@@ -116,6 +116,5 @@ def balance_figure(result: Any, *, title: str | None = None) -> go.Figure:
         fig.add_trace(go.Bar(x=labels, y=values["memory_gib"], name="memory",
                              marker={"color": values["memory_colors"]}), row=1, col=2)
         cap = data.get("memory_cap_bytes")
-        if cap:
-            fig.add_hline(y=cap / GIB, line_dash="dash", line_color="red", annotation_text="cap", row=1, col=2)
+        mark_memory_cap(fig, values["memory_gib"], cap / GIB if cap else None, row=1, col=2)
     return apply_layout(fig, barmode="stack", title=_title(data, title), height=380, legend={"y": -0.2})

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .style import CATEGORY_COLORS, IDLE, MEMORY_COLOR, apply_layout, palette_color
+from .style import CATEGORY_COLORS, IDLE, MEMORY_COLOR, apply_layout, mark_memory_cap, palette_color
 
 __all__ = ["plan_breakdown_figure", "select_plan", "layer_strip_figure", "layer_option_text", "BREAKDOWN_PARTS"]
 
@@ -52,8 +52,7 @@ def plan_breakdown_figure(rows: Sequence[dict[str, Any]], *, selected: str | Non
     fig.add_trace(go.Bar(y=names, x=[r["memory_gib"] for r in rows], name="memory", orientation="h",
                          marker={"color": MEMORY_COLOR, "line": {"width": outline, "color": "black"}},
                          hovertemplate="%{y}<br>%{x:.3f} GiB<extra></extra>"), row=1, col=2)
-    if memory_cap_gib:
-        fig.add_vline(x=memory_cap_gib, line_dash="dash", line_color="red", annotation_text="cap", row=1, col=2)
+    mark_memory_cap(fig, [r["memory_gib"] for r in rows], memory_cap_gib, row=1, col=2, axis="x")
     fig.update_yaxes(categoryorder="array", categoryarray=names[::-1])
     return apply_layout(fig, barmode="stack", title=title or "Ranked strategies: where the iteration goes",
                         height=max(280, 90 + 26 * len(rows)), legend={"y": -0.12},
@@ -114,9 +113,6 @@ def layer_strip_figure(layers: Sequence[dict[str, Any]], *, stage_memory_gib: Se
         names = [f"stage {k}" for k in range(len(stage_memory_gib))]
         fig.add_trace(go.Bar(x=names, y=list(stage_memory_gib), name="memory", marker={"color": MEMORY_COLOR},
                              showlegend=False, hovertemplate="%{x}: %{y:.2f} GiB<extra></extra>"), row=1, col=2)
-        top = max(list(stage_memory_gib) + ([budget_gib] if budget_gib else []))
-        if budget_gib:
-            fig.add_hline(y=budget_gib, line_dash="dash", line_color="red", annotation_text="budget", row=1, col=2)
-        fig.update_yaxes(range=[0, top * 1.15], row=1, col=2)
+        mark_memory_cap(fig, stage_memory_gib, budget_gib, row=1, col=2)
     return apply_layout(fig, barmode="overlay", title=title or "Per-layer plan", height=300,
                         legend={"orientation": "h", "y": -0.35}, margin={"l": 40, "r": 20, "t": 70, "b": 90})

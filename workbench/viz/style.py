@@ -27,7 +27,7 @@ import plotly.graph_objects as go
 
 __all__ = ["CATEGORY_COLORS", "CATEGORY_ORDER", "OP_CATEGORY", "OP_COLORS", "IDLE", "MEASURED_OPACITY",
            "category_of", "op_color", "PALETTE", "palette_color", "MEMORY_COLOR", "MEMORY_PEAK_COLOR",
-           "STATE_COLORS", "LAYOUT_DEFAULTS", "apply_layout"]
+           "STATE_COLORS", "LAYOUT_DEFAULTS", "apply_layout", "mark_memory_cap"]
 
 IDLE = "idle"
 CATEGORY_COLORS = {
@@ -90,3 +90,36 @@ def apply_layout(fig: go.Figure, **layout: Any) -> go.Figure:
     fig.update_layout(LAYOUT_DEFAULTS)
     fig.update_layout(**layout)
     return fig
+
+
+CAP_COLOR = "red"
+CAP_OFF_SCALE = 1.5  # a cap more than this many times the fullest bar is written, not drawn (it would squash them)
+
+
+def mark_memory_cap(fig: go.Figure, values: Any, cap: float | None, *, row: int, col: int, axis: str = "y",
+                    unit: str = "GiB") -> None:
+    """Scale a memory panel to its bars and mark the cap: a dashed line when it is near the bars, else a note
+    saying it is off the scale (a far cap drawn as a line squashes every bar to nothing)."""
+    values = [float(v) for v in values]
+    top = max(values, default=0.0)
+    update = fig.update_yaxes if axis == "y" else fig.update_xaxes
+    if not cap or cap <= 0:
+        if top > 0:
+            update(range=[0, top * 1.15], row=row, col=col)
+        return
+    if top > 0 and cap > CAP_OFF_SCALE * top:
+        update(range=[0, top * 1.3], row=row, col=col)
+        text = f"cap {cap:.3g} {unit} (off the scale)"
+        if axis == "y":
+            fig.add_annotation(text=text, xref="x domain" if col == 1 else f"x{col} domain", x=1, xanchor="right",
+                               yref="y" if col == 1 else f"y{col}", y=top * 1.25, showarrow=False,
+                               font={"color": CAP_COLOR, "size": 11})
+        else:
+            fig.add_annotation(text=text, yref="y domain" if col == 1 else f"y{col} domain", y=1, yanchor="bottom",
+                               xref="x" if col == 1 else f"x{col}", x=top * 1.25, xanchor="right", showarrow=False,
+                               font={"color": CAP_COLOR, "size": 11})
+        return
+    line = fig.add_hline if axis == "y" else fig.add_vline
+    kwargs = {"y": cap} if axis == "y" else {"x": cap}
+    line(**kwargs, line_dash="dash", line_color=CAP_COLOR, annotation_text=f"cap {cap:.3g} {unit}", row=row, col=col)
+    update(range=[0, max(top, cap) * 1.15], row=row, col=col)
