@@ -243,3 +243,50 @@ def test_each_rank_counts_its_shards_of_parameters_gradients_and_optimizer_state
         assert reports[0]["activations_peak_bytes"] == reports[1]["activations_peak_bytes"]
     # the two ranks' shards make up the sharded layers once and the replicated block twice
     assert sum(results[r][1] for r in range(2)) == sum(dense.values()) + dense[names[2]]
+
+
+# -- the loss on each rank's rows -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("size", "tp", "consecutive"), [(4, 1, True), (6, 2, True), (6, 2, False), (4, 4, True),
+                                                         (8, 1, True)])
+def test_the_rows_losses_of_a_stage_add_up_to_its_loss_and_gradient(size, tp, consecutive):
+    from workbench.models.sequence import token_cross_entropy
+    from workbench.runtime.layer_parallel import Layout
+    from workbench.runtime.strategies.layerwise import RowsLoss
+
+    torch.manual_seed(0)
+    replicas, replica_rows = 2, 12
+    rows = replicas * replica_rows
+    logits = torch.randn(rows, 5, 7, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(0, 7, (rows, 5))
+    target[3:6, :] = -100  # ignored tokens, unevenly spread over the rows (every token of one 8-rank block)
+    target[14, 1:] = -100
+    whole = sum(token_cross_entropy(o, t) for o, t in zip(logits.split(replica_rows), target.split(replica_rows)))
+    (expected,) = torch.autograd.grad(whole, logits)
+
+    layout = Layout(size, tp, consecutive)
+    block = rows // layout.dp
+    total, grad, counting = 0.0, torch.zeros_like(logits), 0
+    for rank in range(size):
+        loss = RowsLoss(token_cross_entropy, replica_rows, layout, rank)
+        group = layout.coords(rank)[0]
+        mine = logits.detach()[group * block:(group + 1) * block].requires_grad_(True)
+        part = loss(mine, target)
+        (mine_grad,) = torch.autograd.grad(part, mine)
+        if loss.counts():  # one rank per tensor-parallel group reports, and its gradient stands for the group's
+            counting += 1
+            total += float(part.detach())
+            grad[group * block:(group + 1) * block] += mine_grad
+    assert counting == layout.dp
+    assert total == pytest.approx(float(whole.detach()), abs=1e-12)
+    torch.testing.assert_close(grad, expected, rtol=0, atol=1e-12)
+
+
+def test_a_rows_loss_refuses_an_output_of_other_rows():
+    from workbench.models.sequence import token_cross_entropy
+    from workbench.runtime.layer_parallel import Layout
+    from workbench.runtime.strategies.layerwise import RowsLoss
+
+    loss = RowsLoss(token_cross_entropy, 4, Layout(4), 1)
+    with pytest.raises(RuntimeError, match="has 8 rows, its data group holds 2 of the 8 rows"):
+        loss(torch.zeros(8, 3, 5), torch.zeros(8, 3, dtype=torch.long))

@@ -26,12 +26,16 @@ building blocks:
   the layer's ``dp`` dim, gradients summed (see below);
 * between layers of different layouts, :class:`Relayout` moves activations
   through the logical *stage batch*: every rank of the stage holds the whole
-  stage micro-batch at the stage boundaries, a layer's data-parallel group
-  ``d`` takes rows ``[d N / D, (d + 1) N / D)``.
+  stage micro-batch where it enters the stage (and where it leaves it for
+  the next stage), a layer's data-parallel group ``d`` takes rows
+  ``[d N / D, (d + 1) N / D)``.
 
-Every rank of the stage computes the loss of the whole micro-batch, so each
-rank's gradient is an exact *part* of the true gradient: the data-parallel
-reduction sums (divide factor 1) instead of averaging.
+The last stage is not gathered: each of its ranks computes the loss only of
+the rows its last layer's data group holds, weighted so that the groups'
+parts add up to the loss of the whole stage micro-batch (the ranks of one
+tensor-parallel group compute the same part; one of them reports it). Each
+rank's gradient is thus an exact *part* of the true gradient: the
+data-parallel reduction sums (divide factor 1) instead of averaging.
 
 What was applied is read back from the wrapped modules
 (:func:`realized_options`) and compared with the plan; a mismatch is an
@@ -444,8 +448,8 @@ def parallelize_layer(index: int, name: str, layer: nn.Module, plan: LayerPlan, 
             replicate(module, mesh=dp_mesh)
         else:
             fully_shard(module, mesh=dp_mesh, reshard_after_forward=plan.dp == "fsdp")
-        # every rank back-propagates its part of the one stage loss: sum the parts (plain SUM collectives,
-        # which every backend has, rather than a pre-multiplied sum)
+        # every data group back-propagates its part of the one stage loss: sum the parts (plain SUM
+        # collectives, which every backend has, rather than a pre-multiplied sum)
         module.set_gradient_divide_factor(1.0)
         module.set_force_sum_reduction_for_comms(True)
     return ParallelLayer(index, name, module, layer, plan, layout, fused)

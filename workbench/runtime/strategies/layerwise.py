@@ -12,10 +12,16 @@ whose module moves activations between layer layouts and hands the whole
 stage micro-batch to the next stage, so the scheduled pipeline interpreter
 (GPipe, 1F1B, interleaved) runs it as it runs any stage, each rank talking to
 the rank of the next stage in its own position. Without a pipeline, the one
-stage runs forward and backward per micro-batch. Every rank of a stage
-computes the loss of the whole stage micro-batch (the replicas' micro-batches
-side by side when the mesh has ``dp > 1``), as the single-process reference
-does.
+stage runs forward and backward per micro-batch.
+
+The loss. The stage micro-batch is the replicas' micro-batches side by side
+(when the mesh has ``dp > 1``) and its loss is the sum of theirs, as in the
+single-process reference. The last stage does not gather its output: each
+rank computes the loss of the rows its last layer's data group holds only
+(:class:`RowsLoss`), weighted so that the parts add up to the stage loss and
+their gradients, summed by the data-parallel reductions, to its gradient;
+the step loss adds the parts over the ranks (one per tensor-parallel group)
+in the one scalar all-reduce the step loss needs anyway.
 
 What each layer realised is read back from its modules, checked against the
 plan (a mismatch raises) and reported by :meth:`Layerwise.layers_report`,
@@ -35,8 +41,9 @@ step event of that step. Fields, all in bytes of this rank:
 * ``grads_bytes``: gradients as the optimizer sees them (local shards);
 * ``optimizer_bytes``: optimizer state after the step;
 * ``activations_peak_bytes``: the peak of the tensors autograd saved for
-  backward over the step (all in-flight micro-batches, the loss included,
-  each storage once, see :class:`~workbench.runtime.layer_parallel.SavedActivations`);
+  backward over the step (all in-flight micro-batches, the loss over the
+  rank's own rows included, each storage once, see
+  :class:`~workbench.runtime.layer_parallel.SavedActivations`);
 * ``counted_bytes``: the sum of the five, states and activations together
   as a memory model adds them;
 * ``peak_bytes``: on CUDA ``torch.cuda.max_memory_allocated`` over the step,
@@ -63,19 +70,25 @@ from ..layer_parallel import (Layout, ParallelLayer, Relayout, SavedActivations,
 from ..stage import Stage, output_shapes
 from .base import RunContext, Strategy, global_mean_loss, make_optimizer
 
-__all__ = ["Layerwise", "StageModule"]
+__all__ = ["Layerwise", "StageModule", "RowsLoss"]
 
 
 class StageModule(nn.Module):
-    """A stage's parallelised layers with the relayouts between them: whole batch in, whole batch out."""
+    """A stage's parallelised layers with the relayouts between them: whole stage batch in, and out.
 
-    def __init__(self, layers: list[ParallelLayer], meshes: StageMeshes) -> None:
+    With ``gather_output=False`` (the last stage) the output stays in the last
+    layer's layout: each rank returns only the rows of the stage batch its
+    last layer's data group holds (:attr:`output_layout`).
+    """
+
+    def __init__(self, layers: list[ParallelLayer], meshes: StageMeshes, gather_output: bool = True) -> None:
         super().__init__()
         self.parallel_layers = layers
         self.layers = nn.ModuleDict({layer.name: layer.module for layer in layers})
         full = Layout(meshes.size, meshes.size)  # every rank holds the whole stage batch
+        self.output_layout = full if gather_output else layers[-1].layout
         sources = [full] + [layer.layout for layer in layers]
-        targets = [layer.layout for layer in layers] + [full]
+        targets = [layer.layout for layer in layers] + [self.output_layout]
         self.relayouts = [Relayout(src, dst, meshes.stage_rank, meshes.group) for src, dst in zip(sources, targets)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -130,13 +143,60 @@ class _MemoryCount:
                        "source": "cuda" if cuda else "count"}
 
 
-def _replica_loss(loss_fn, rows: int):
-    """The loss of side-by-side replica micro-batches: the sum of each one's own loss (the reference's order)."""
-    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        if output.shape[0] == rows:
-            return loss_fn(output, target)
-        return sum(loss_fn(o, t) for o, t in zip(output.split(rows), target.split(rows)))
-    return loss
+def _counted(target: torch.Tensor) -> torch.Tensor | float:
+    """What a mean loss over ``target`` divides by: its non-ignored (-100) entries for class targets, else its rows."""
+    if target.is_floating_point():
+        return float(target.shape[0])
+    return target.ne(-100).sum()
+
+
+class RowsLoss:
+    """This rank's part of the stage micro-batch loss, from the rows its output holds.
+
+    The stage micro-batch is the replicas' micro-batches of ``replica_rows``
+    rows side by side, and its loss is the sum of each replica's own loss,
+    as in the single-process reference. A rank of the last stage holds the
+    rows ``[g B, (g + 1) B)`` of its last layer's data group ``g`` (``B`` =
+    stage rows / data groups); for every replica those rows meet, it takes
+    the model's loss over the common rows, weighted by their share of what
+    the replica's mean divides by (its non-ignored targets for class
+    targets, its rows otherwise). The parts of the data groups add up to the
+    stage loss and their gradients to its gradient; the ranks of one
+    tensor-parallel group hold the same rows and compute the same part
+    (each needs the whole gradient of its rows), so the part is counted once
+    per group (:meth:`counts`).
+    """
+
+    def __init__(self, loss_fn, replica_rows: int, layout: Layout, stage_rank: int) -> None:
+        self.loss_fn, self.replica_rows, self.layout, self.stage_rank = loss_fn, replica_rows, layout, stage_rank
+
+    def counts(self) -> bool:
+        """Whether this rank's part enters the reported loss (the first rank of its tensor-parallel group)."""
+        return self.layout.coords(self.stage_rank)[1] == 0
+
+    def __call__(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        rows = target.shape[0]
+        block = rows // self.layout.dp
+        start = self.layout.coords(self.stage_rank)[0] * block
+        if output.shape[0] != block:
+            raise RuntimeError(f"stage rank {self.stage_rank}: the last layer's output has {output.shape[0]} rows, "
+                               f"its data group holds {block} of the {rows} rows of the stage micro-batch")
+        parts = []
+        for first in range(0, rows, self.replica_rows):
+            lo, hi = max(first, start), min(first + self.replica_rows, start + block)
+            if lo >= hi:
+                continue
+            piece = target[lo:hi]
+            loss = self.loss_fn(output[lo - start:hi - start], piece)
+            if hi - lo == self.replica_rows:
+                parts.append(loss)  # the whole replica
+                continue
+            share, whole = _counted(piece), _counted(target[first:first + self.replica_rows])
+            if isinstance(share, torch.Tensor):  # no targets counted in these rows: no part (and no 0/0)
+                parts.append(torch.where(share > 0, loss * share / whole, loss.new_zeros(())))
+            else:
+                parts.append(loss * (share / whole))
+        return sum(parts[1:], parts[0])
 
 
 class Layerwise(Strategy):
@@ -164,10 +224,10 @@ class Layerwise(Strategy):
             mine = schedule.stages_of(self.meshes.stage)
         else:
             self.actions, mine = [], [0]
-        loss_fn = _replica_loss(ctx.model.loss_fn, config.microbatch_size)
         loss_scale = 1.0 / (plan.dp * plan.microbatches * config.grad_accum)
         self.stages: dict[int, Stage] = {}
         self.layers: list[ParallelLayer] = []
+        self.loss: RowsLoss | None = None  # on the last stage's ranks
         for v in mine:
             first, last = bounds[v]
             stage_layers = []
@@ -176,9 +236,15 @@ class Layerwise(Strategy):
                 stage_layers.append(parallelize_layer(i, names[i], module, layer_plans[i], layouts[i],
                                                       self.meshes.mesh(layouts[i])))
             self.layers += stage_layers
-            self.stages[v] = _CountedStage(index=v, module=StageModule(stage_layers, self.meshes), device=ctx.device,
-                                   is_first=v == 0, is_last=v == num_virtual - 1, loss_fn=loss_fn,
-                                   loss_scale=loss_scale, autocast_dtype=ctx.autocast_dtype)
+            is_last = v == num_virtual - 1
+            loss_fn = None
+            if is_last:
+                loss_fn = self.loss = RowsLoss(ctx.model.loss_fn, config.microbatch_size, stage_layers[-1].layout,
+                                               self.meshes.stage_rank)
+            module = StageModule(stage_layers, self.meshes, gather_output=not is_last)
+            self.stages[v] = _CountedStage(index=v, module=module, device=ctx.device, is_first=v == 0,
+                                           is_last=is_last, loss_fn=loss_fn, loss_scale=loss_scale,
+                                           autocast_dtype=ctx.autocast_dtype)
         self._report = []
         for layer in self.layers:
             realized = realized_options(layer)
@@ -243,8 +309,8 @@ class Layerwise(Strategy):
             self.record_since("STEP", start, step * config.grad_accum + len(rounds) - 1)
         self.memory.end_step(self._optimizer)
         local = sum(sum(s.take_losses()) for s in self.stages.values())
-        if self.meshes.stage_rank != 0:
-            local = 0.0  # every rank of the stage computed the same losses: count them once
+        if self.loss is not None and not self.loss.counts():
+            local = 0.0  # the first rank of this tensor-parallel group reports the group's part
         total_mb = config.plan.dp * config.plan.microbatches * config.grad_accum
         return global_mean_loss(local, total_mb, self.ctx.device)
 
