@@ -209,3 +209,34 @@ def test_launch_trains_the_edited_partition_under_torchrun(tmp_path):
     assert written["plan"]["pipeline"] == {"kind": "1f1b"}
     metrics = editor.job.metrics()
     assert sorted(metrics["step"].unique().tolist()) == [1, 2, 3]
+
+
+def test_the_cluster_choice_projects_the_profile_onto_its_gpu():
+    import torch
+
+    from workbench.profiling import profile
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        costs = profile("mlp", batch=16, repeats=1, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    editor = PartitionEditor(costs, num_stages=2, num_microbatches=4, cluster="local-cpu", models=[])
+    here = editor.state.sim.metrics["iteration_ms"]
+    assert editor.cluster_costs is editor.costs
+    editor.cluster.value = "8xV100-PCIe"
+    projected = editor.cluster_costs
+    assert projected.device != costs.device and projected is editor.cluster_costs  # projected once, then cached
+    assert editor.state.sim.metrics["iteration_ms"] < here / 2, (editor.state.sim.metrics, here)  # a V100 beats two shared cores
+
+
+def test_launch_data_is_real_data_of_the_models_kind():
+    vision = PartitionEditor(uneven_costs(8, model="mlp", batch=16), num_stages=2, num_microbatches=4, models=[])
+    assert vision.run_config().data.kind == "digits"
+    lm = uneven_costs(8, model="gpt2-tiny", batch=16)
+    from dataclasses import replace
+
+    lm = replace(lm, meta={"input_shape": [16, 48]})
+    text = PartitionEditor(lm, num_stages=2, num_microbatches=4, models=[]).run_config()
+    assert text.data.kind == "bytes-lm" and text.data.seq_len == 48

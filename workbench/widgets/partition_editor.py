@@ -17,8 +17,13 @@ an in-place update of the two figures (``update_balance_figure`` /
 100-layer model on 8 stages with 32 micro-batches (``bench/bench_widgets.py``).
 The state after each update is :attr:`PartitionEditor.state` (an
 :class:`EditorState`), so the logic is tested by setting controls in Python.
+A GPU cluster preset projects the profile onto its GPU (FLOPs and bytes,
+:func:`~workbench.profiling.projection.project`), so the cluster choice
+changes the predicted times, not only the links and the memory cap.
 "Launch" turns the current partition into a ``RunConfig`` (partition text,
-the plan of the chosen schedule), launches it and shows its ``JobMonitor``.
+the plan of the chosen schedule, real data of the model's kind: byte text
+for language models, the handwritten digits otherwise, so the loss falls),
+launches it and shows its ``JobMonitor``.
 
 Page hooks (stable CSS classes for notebooks and browser tests): one
 ``IntSlider`` per boundary with class ``wb-boundary`` and description
@@ -240,6 +245,21 @@ class PartitionEditor:
             self._clusters[name] = get_cluster(name)
         return self._clusters[name]
 
+    @property
+    def cluster_costs(self) -> ModelCosts:
+        """The profile as the chosen cluster would run it: projected onto its GPU (FLOPs and bytes, roofline)
+        for a GPU preset, as measured for this machine's clusters and without one."""
+        cluster = self.cluster_spec
+        if cluster is None or cluster.shared_compute or self.costs.device == cluster.device.name \
+                or not any(layer.flops for layer in self.costs.layers):  # nothing to project from
+            return self.costs
+        key = (self.costs.model, id(self.costs), cluster.device.name)
+        if getattr(self, "_projected", (None, None))[0] != key:
+            from ..profiling.projection import project
+
+            self._projected = (key, project(self.costs, cluster.device))
+        return self._projected[1]
+
     def plan(self, partition: str = "uniform") -> ParallelPlan:
         """The parallel plan the controls describe (``partition``: the cut to launch, if any)."""
         return ParallelPlan.for_pipeline(self.schedule.value, self.stages.value, self.microbatches.value,
@@ -260,7 +280,7 @@ class PartitionEditor:
                 raise ValueError(f"cluster {cluster.name!r} has {cluster.world_size} devices, fewer than "
                                  f"{plan.dp} groups x {plan.pp} stages")
             schedule = plan.schedule()
-            projection = Projection(self.costs, V, num_microbatches=m, cluster=cluster,
+            projection = Projection(self.cluster_costs, V, num_microbatches=m, cluster=cluster,
                                     schedule=plan.memory_schedule)
             cap = cluster.device.memory_bytes if cluster else None
             optimum = solve(projection, cap)
@@ -295,7 +315,7 @@ class PartitionEditor:
             if algorithm == "ampa":
                 chosen = self.optimum.partition
             else:
-                chosen = run_partitioner(self.costs, self.num_virtual_stages, algorithm,
+                chosen = run_partitioner(self.cluster_costs, self.num_virtual_stages, algorithm,
                                          num_microbatches=self.microbatches.value, cluster=self.cluster_spec,
                                          schedule=self.projection.schedule).partition
         except ValueError as error:
@@ -345,7 +365,7 @@ class PartitionEditor:
         """Project and simulate ``partition`` under the current configuration (no widget change)."""
         result = self.projection.evaluate(partition, "manual", self.memory_cap)
         cluster = self.cluster_spec
-        stage_costs = StageCosts.from_model(self.costs, partition, self.projection.microbatch_size,
+        stage_costs = StageCosts.from_model(self.cluster_costs, partition, self.projection.microbatch_size,
                                             device=cluster.device if cluster else None)
         sim = simulate(self.schedule_value, stage_costs, cluster, microbatch_size=self.projection.microbatch_size,
                        collective_link=collective_link(cluster.name) if cluster and cluster.name in
@@ -446,9 +466,21 @@ class PartitionEditor:
             raise ValueError("the editor has no valid partition to launch; fix the configuration first")
         plan = self.plan(partition=str(self.state.partition))
         data = dict(model=self.costs.model, plan=plan.to_dict(), name=f"editor-{plan.family}",
-                    global_batch=self.costs.batch_size * plan.dp, steps=self.launch_steps)
+                    global_batch=self.costs.batch_size * plan.dp, steps=self.launch_steps, data=self._data())
         data.update(overrides)
         return RunConfig.from_dict(data)
+
+    def _data(self) -> dict[str, Any]:
+        """Real data of the model's kind, so the loss falls: byte text for language models (at the profiled
+        sequence length), the handwritten digits for the others."""
+        from ..models.zoo import ZOO
+
+        entry = ZOO.get(self.costs.model)
+        if entry is not None and any(k in entry.defaults for k in ("vocab_size", "vocab")):
+            shape = self.costs.meta.get("input_shape") or []
+            seq = int(shape[1]) if len(shape) > 1 else int(entry.defaults.get("seq_len", 64))
+            return {"kind": "bytes-lm", "seq_len": seq}
+        return {"kind": "digits"}
 
     def launch(self, **overrides: Any):
         """Launch the current partition as a real job (``launch_backend``) and show its monitor."""
