@@ -11,7 +11,7 @@ pytestmark = [pytest.mark.multiproc,
                                  reason="needs the training entry workbench.runtime.entry")]
 
 CONFIG = {"name": "pred", "model": "mlp", "plan": "pp2-1f1b-m4", "global_batch": 16,
-          "steps": 3, "data": {"kind": "synthetic"}}
+          "steps": 6, "data": {"kind": "synthetic"}}  # the compared iteration is past the warm-up
 
 
 def test_monitor_prediction_uses_the_runs_own_schedule_and_stage_times(tmp_path):
