@@ -53,10 +53,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..core.costs import ClusterSpec, LayerCost, LinkSpec, ModelCosts
+from ..core.partition import Partition
 from ..core.plan import GroPipe, NoPipeline, OneFOneB, ParallelPlan
 from ..core.topology import Topology
+from .estimate import Estimate
 from .layer_strategies import LayerKind, LayerStrategy, for_layer, layer_kinds, stage_strategies
-from .layerwise import MIB, StageAssignment, StageSpec, assignment_cost, layer_cost, search_stage
+from .layerwise import NoFit, StageAssignment, StageSpec, assignment_cost, layer_cost, search_stage
 
 __all__ = ["StagePlan", "HybridPlan", "HybridResult", "search_hybrid", "cost_plan", "as_estimate", "TEMPLATES",
            "TEMPLATE_TEXT", "template_of"]
@@ -276,38 +278,28 @@ class _Search:
             return self.cache[key]
         spec = self.spec(pp, m, stage, first, last)
         self.searched += 1
-        try:
-            if strategy is None:
+        need: float | None = None
+        if strategy is None:
+            try:
                 found: StageAssignment | str = search_stage(spec, self.pool(spec.devices), self.budget)
-            else:
-                fixed = [_as_template(strategy, spec.kind(i)) for i in range(last - first + 1)]
-                found = assignment_cost(spec, fixed)
-                if found.memory_bytes > self.budget:
-                    found = (f"stage {stage} (layers {first}-{last}) needs {found.memory_bytes / 2**30:.3f} GiB per "
-                             f"device")
-        except ValueError as exc:
-            found = str(exc)
-        if isinstance(found, str):
+            except NoFit as exc:
+                found, need = str(exc), exc.needed_bytes
+        else:
+            fixed = [_as_template(strategy, spec.kind(i)) for i in range(last - first + 1)]
+            found = assignment_cost(spec, fixed)
+            if found.memory_bytes > self.budget:
+                need = found.memory_bytes
+                found = f"stage {stage} (layers {first}-{last}) needs {need / 2**30:.3f} GiB per device"
+        if need is not None:
             for name in ([template] if strategy is None else _template_names(strategy, pp, TEMPLATES)):
-                self._miss(name, found, pp, m)
+                self._miss(name, need, found, pp, m)
         self.cache[key] = found
         return found
 
-    def _miss(self, template: str, reason: str, pp: int, m: int) -> None:
+    def _miss(self, template: str, need: float, reason: str, pp: int, m: int) -> None:
         """Keep, per template, the failure that needs the least memory."""
-        need = _needed_bytes(reason)
-        if need is not None and (template not in self.misses or need < self.misses[template][0]):
+        if template not in self.misses or need < self.misses[template][0]:
             self.misses[template] = (need, f"pipeline degree {pp}, {m} micro-batches: {reason}")
-
-
-def _needed_bytes(reason: str) -> float | None:
-    import re
-
-    m = re.search(r"needs ([\d.]+) GiB", reason)
-    if m:
-        return float(m.group(1)) * 2**30
-    m = re.search(r"least memory any needs is (\d+) bytes", reason)
-    return float(m.group(1)) if m else None
 
 
 def _as_template(strategy: LayerStrategy, kind: LayerKind) -> LayerStrategy:
@@ -382,8 +374,7 @@ def _evaluate(search: _Search, template: str, strategy: LayerStrategy | None, pp
         assignments.append(found)
     try:
         plan = _to_plan(assignments, bounds, pp, m, search.world, search.mesh_tp)
-    except ValueError as exc:
-        search._miss(template, str(exc), pp, m)
+    except ValueError:  # layers mixing 1D and 2D tensor parallelism: no mesh holds them
         return None
     return _timed(search, plan, bounds, assignments, template, strategy)
 
@@ -578,12 +569,9 @@ def _template_names(strategy: LayerStrategy, pp: int, templates: Sequence[str]) 
     return sorted(names & set(templates) - {"per-layer"})
 
 
-def as_estimate(found: HybridPlan) -> "Estimate":
+def as_estimate(found: HybridPlan) -> Estimate:
     """The planner's :class:`~.estimate.Estimate` of a per-layer plan: compute of the slowest stage, the bubble,
     and as exposed communication its TP, DP and transition time plus the boundary transfers."""
-    from ..core.partition import Partition
-    from .estimate import Estimate
-
     b = found.breakdown()
     exposed = b["tp_comm_ms"] + b["dp_comm_ms"] + b["transition_ms"] + found.p2p_ms
     partition = Partition.parse(found.plan.partition) if found.plan.pp > 1 else None
@@ -602,8 +590,6 @@ def cost_plan(costs: ModelCosts, cluster: ClusterSpec, global_batch: int, plan: 
     The plan runs without a pipeline, with 1F1B, or as GroPipe's groups without delay; its partition is
     ranges, or ``uniform`` (equal layer counts). ValueError for what the model does not cost.
     """
-    from ..core.partition import Partition
-
     plan = ParallelPlan.parse(plan) if isinstance(plan, str) else plan
     if not isinstance(plan, ParallelPlan):
         raise ValueError(f"plan must be a ParallelPlan or a plan name, got {type(plan).__name__}")

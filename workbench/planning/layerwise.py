@@ -68,8 +68,8 @@ from ..core.plan import LayerPlan
 from ..scheduling.stagecosts import OPTIMIZER_STATE_FACTORS, optimizer_bytes
 from .layer_strategies import LayerKind, LayerStrategy, for_layer, layer_kinds, stage_strategies
 
-__all__ = ["StageSpec", "LayerChoiceCost", "StageAssignment", "layer_cost", "transition_ms", "assignment_cost",
-           "search_stage", "pareto_dp", "bucket_dp"]
+__all__ = ["StageSpec", "LayerChoiceCost", "StageAssignment", "NoFit", "layer_cost", "transition_ms",
+           "assignment_cost", "search_stage", "pareto_dp", "bucket_dp"]
 
 Option = tuple[float, float, Hashable]  # (time_ms, memory_bytes, layout) of one strategy for one layer
 MIB = 2**20
@@ -460,6 +460,14 @@ def bucket_dp(options: Sequence[Sequence[Option]], transition: Callable[[int, Ha
     return best, sum(options[l][i][1] for l, i in enumerate(picks)), picks
 
 
+class NoFit(ValueError):
+    """No assignment fits the budget; ``needed_bytes`` is the least memory any assignment needs."""
+
+    def __init__(self, message: str, needed_bytes: float) -> None:
+        super().__init__(message)
+        self.needed_bytes = needed_bytes
+
+
 def _shifted(value: float, r: float) -> float:
     """``value + r`` exactly as the table built it (a zero transition leaves the row untouched)."""
     return value + r if r else value
@@ -529,7 +537,7 @@ def search_stage(spec: StageSpec, strategies: Sequence[LayerStrategy] | None = N
         least = sum(min(o[1] for o in layer) for layer in options)
         first, last = spec.layers
         short = least - budget
-        raise ValueError(f"no per-layer assignment of layers {first}-{last} fits budget_bytes = {budget:.0f}: the "
-                         f"least memory any needs is {least} bytes, {short:.0f} bytes ({short / MIB:.1f} MiB) over"
-                         + ("" if short > 0 else " after rounding to buckets"))
+        raise NoFit(f"no per-layer assignment of layers {first}-{last} fits budget_bytes = {budget:.0f}: the "
+                    f"least memory any needs is {least} bytes, {short:.0f} bytes ({short / MIB:.1f} MiB) over"
+                    + ("" if short > 0 else " after rounding to buckets"), least)
     return assignment_cost(spec, [per_layer[i][k] for i, k in enumerate(found[2])])

@@ -288,7 +288,7 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
         if hybrid is not None and "per-layer" in hybrid.best:
             final += [as_estimate(p) for p in _distinct_mixes(hybrid)]
             uniform = hybrid.best.get("uniform")
-            if uniform is not None and uniform.name not in {e.strategy.name for e in final}:
+            if uniform is not None and uniform.plan not in {e.strategy for e in final}:
                 final.append(as_estimate(uniform))  # the template to compare with, costed the same way
     if not final:
         raise ValueError(f"no strategy for {costs.model} on {world} devices of {spec.name} fits"
@@ -340,11 +340,11 @@ def _per_layer_search(ctx, costs: ModelCosts, world: int, coll: LinkSpec | None,
 
 def _distinct_mixes(found: "HybridResult", limit: int = 3) -> list["HybridPlan"]:
     """The best per-layer plan and the next fastest ones with other names (at most ``limit``)."""
-    out, seen = [found.best["per-layer"]], {found.best["per-layer"].name}
+    out, seen = [found.best["per-layer"]], {found.best["per-layer"].plan}
     for p in found.plans:
         if len(out) >= limit:
             break
-        if p.source is None and p.name not in seen:
+        if p.source is None and p.plan not in seen:
             out.append(p)
-            seen.add(p.name)
+            seen.add(p.plan)
     return out
