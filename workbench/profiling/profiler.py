@@ -2,7 +2,9 @@
 
 A pipeline planner needs, per layer, what a stage holding it will spend.
 Each layer is therefore measured the way a stage runs it: its input arrives
-detached (a boundary tensor that requires grad, as after a receive), it runs
+detached and enters through the stage's boundary
+(:func:`workbench.models.boundary.stage_input`, which in-place first ops may
+modify), it runs
 forward, and backward starts from an incoming output gradient (the last
 layer from the loss). Per layer and repeat, forward and backward are timed
 separately with the device synchronised around each; the median and the
@@ -39,6 +41,7 @@ from torch import nn
 
 from ..core.costs import LayerCost, ModelCosts
 from ..models import LayerSequence, build_model, sample_batch
+from ..models.boundary import stage_input
 from . import cache as profile_cache
 from .flops import flop_counter
 
@@ -116,21 +119,38 @@ def _zero_grads(module: nn.Module) -> None:
         param.grad = None
 
 
-def _boundary(x: torch.Tensor, needs_grad: bool) -> torch.Tensor:
-    """The tensor a stage receives: detached; requiring grad unless it is the data (first layer)."""
-    return x.detach().requires_grad_(needs_grad and x.is_floating_point())
-
-
 class _LayerRunner:
-    """Runs one layer forward and backward like a pipeline stage does."""
+    """Runs one layer forward and backward like a pipeline stage does.
+
+    Every run gets a fresh stage input (:meth:`prepare`, untimed): the data for
+    the first layer, else :func:`stage_input` over the previous layer's output,
+    exactly what a stage builds from a received activation. A layer that
+    modifies its input in place (it starts with an in-place op) would change
+    the input of the next run, so it runs on a copy of the original; whether
+    it does is read from the input's version counter after the first run, and
+    layers that do not are never copied.
+    """
 
     def __init__(self, seq: LayerSequence, index: int, x: torch.Tensor, targets: torch.Tensor) -> None:
         self.seq, self.index, self.targets = seq, index, targets
         self.layer = seq[index]
         self.is_last = index == len(seq) - 1
-        self.x = _boundary(x, needs_grad=index > 0)
+        self.source = x.detach()
+        self.needs_grad = index > 0 and x.is_floating_point()
+        self.modifies_input: bool | None = None  # None until the first run shows it
+        self._last: tuple[torch.Tensor, int] | None = None  # the buffer the last run read, and its version then
+        self.x: torch.Tensor = self.source
         self.grad_out: torch.Tensor | None = None
         self.layer_output: torch.Tensor | None = None
+
+    def prepare(self) -> None:
+        """A fresh stage input for the next run (outside the timed region)."""
+        if self.modifies_input is None and self._last is not None:
+            buffer, version = self._last
+            self.modifies_input = buffer._version != version
+        buffer = self.source if self.modifies_input is False else self.source.clone()
+        self._last = (buffer, buffer._version)
+        self.x = stage_input(buffer)[0] if self.needs_grad else buffer
 
     def forward(self) -> torch.Tensor:
         out = self.seq.call_layer(self.index, self.x)
@@ -155,7 +175,7 @@ def _time_layer(runner: _LayerRunner, device: torch.device, warmup: int, repeats
     forward_ms, backward_ms = [], []
     for run in range(warmup + repeats):
         _zero_grads(runner.layer)
-        runner.x.grad = None
+        runner.prepare()
         _sync(device)
         start = time.perf_counter()
         out = runner.forward()
@@ -183,7 +203,7 @@ def _count_layer(runner: _LayerRunner, device: torch.device) -> dict[str, int]:
         return t
 
     _zero_grads(runner.layer)
-    runner.x.grad = None
+    runner.prepare()
     if device.type == "cuda":
         _sync(device)
         torch.cuda.reset_peak_memory_stats(device)

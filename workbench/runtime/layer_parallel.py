@@ -395,16 +395,34 @@ class _Keep(torch.autograd.Function):
 
 
 class Recomputed(nn.Module):
-    """A layer that keeps only its input for backward and re-runs its forward there (torch.utils.checkpoint)."""
+    """A layer that keeps only its input for backward and re-runs its forward there (torch.utils.checkpoint).
+
+    The replay reads the kept input, so a layer that modifies its input in
+    place (starts with ``ReLU(inplace=True)`` or ``x += b``) runs on a copy made
+    inside the checkpointed region (freed with the layer's other
+    intermediates). Whether it does is read from the copy's version counter
+    at the first call; layers that do not are never copied.
+    """
 
     def __init__(self, layer: nn.Module) -> None:
         super().__init__()
         self.layer = layer
+        self.modifies_input: bool | None = None
+
+    def _call(self, x: torch.Tensor) -> torch.Tensor:
+        if self.modifies_input is False:
+            return self.layer(x)
+        copy = x.clone()
+        version = copy._version
+        out = self.layer(copy)
+        if self.modifies_input is None:
+            self.modifies_input = copy._version != version
+        return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and x.requires_grad:
             x = _Keep.apply(x)
-        return checkpoint(self.layer, x, use_reentrant=False)
+        return checkpoint(self._call, x, use_reentrant=False)
 
 
 @dataclass

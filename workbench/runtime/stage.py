@@ -15,6 +15,15 @@ exactly as in a single-process run over the same micro-batches.
 Activation recomputation: with ``recompute`` the forward runs under
 ``no_grad`` and keeps only the input and the RNG state; the backward replays
 the forward with the same RNG state, then back-propagates.
+
+Stage inputs: a received activation enters the block through
+:func:`workbench.models.boundary.stage_input`, a zero-copy non-leaf alias
+whose backward hands over the input gradient, so blocks that start with an
+in-place op (``ReLU(inplace=True)``, ``x += b``) run as in the dense model. Such
+a block overwrites its input; a recomputing stage, which must replay the
+forward on the original input, then runs its no-grad forward on a copy. It
+learns whether the block modifies its input from the first micro-batch (the
+input's version counter) and copies only if so.
 """
 
 from __future__ import annotations
@@ -25,6 +34,8 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+
+from ..models.boundary import InputGrad, stage_input
 
 __all__ = ["Stage", "autocast_context", "output_shapes"]
 
@@ -38,8 +49,9 @@ def autocast_context(device: torch.device, dtype: torch.dtype | None) -> context
 
 @dataclass
 class _Saved:
-    inputs: torch.Tensor
+    inputs: torch.Tensor  # as received; the original values when recomputing (the block may overwrite them)
     output: torch.Tensor | None = None  # None when recomputing
+    input_grad: InputGrad | None = None  # where the backward leaves the input gradient (stages that need one)
     target: torch.Tensor | None = None  # kept for the replay of a last stage
     rng_state: torch.Tensor | None = None
     cuda_rng_state: torch.Tensor | None = None
@@ -60,6 +72,8 @@ class Stage:
     recompute: bool = False
     _saved: dict[int, _Saved] = field(default_factory=dict, repr=False)
     losses: list[torch.Tensor] = field(default_factory=list, repr=False)
+    # Recompute only: does the block modify its input in place? None until the first micro-batch shows it.
+    _modifies_input: bool | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.is_last and self.loss_fn is None:
@@ -80,16 +94,16 @@ class Stage:
         """Run the block; return the activation to send (``None`` on the last stage)."""
         if microbatch in self._saved:
             raise RuntimeError(f"stage {self.index}: forward of micro-batch {microbatch} ran twice before its backward")
-        if not self.is_first and inputs.is_floating_point():
-            inputs = inputs.detach().requires_grad_(True)
         saved = _Saved(inputs=inputs, target=target if self.recompute else None)
         if self.recompute:
             saved.rng_state = torch.get_rng_state()
             if self.device.type == "cuda":
                 saved.cuda_rng_state = torch.cuda.get_rng_state(self.device)
             with torch.no_grad():
-                out = self._run(inputs, target)
+                out = self._run_keeping_input(inputs, target)
         else:
+            if self._needs_input_grad(inputs):
+                inputs, saved.input_grad = stage_input(inputs)  # zero-copy, in-place safe (module docstring)
             out = self._run(inputs, target)
             saved.output = out
         self._saved[microbatch] = saved
@@ -108,7 +122,10 @@ class Stage:
                 torch.set_rng_state(saved.rng_state)
                 if saved.cuda_rng_state is not None:
                     torch.cuda.set_rng_state(saved.cuda_rng_state, self.device)
-                output = self._run(saved.inputs, saved.target)
+                inputs = saved.inputs
+                if self._needs_input_grad(inputs):
+                    inputs, saved.input_grad = stage_input(inputs)
+                output = self._run(inputs, saved.target)
         else:
             output = saved.output
         if self.is_last:
@@ -117,9 +134,33 @@ class Stage:
             if grad_output is None:
                 raise RuntimeError(f"stage {self.index}: backward of micro-batch {microbatch} needs an output gradient")
             output.backward(grad_output.to(output.dtype))
-        if self.is_first or not saved.inputs.requires_grad:
+        if saved.input_grad is None:
             return None
-        return saved.inputs.grad
+        return saved.input_grad.grad
+
+    def _needs_input_grad(self, inputs: torch.Tensor) -> bool:
+        return not self.is_first and inputs.is_floating_point()
+
+    def _run_keeping_input(self, inputs: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:
+        """The no-grad forward of a recomputing stage, leaving ``inputs`` as they were for the replay.
+
+        A block that modifies its input in place (its first op is in-place)
+        runs on a copy; whether it does is read from the copy's version
+        counter at the first micro-batch, so blocks that do not pay nothing.
+        """
+        if self._modifies_input is False:
+            version = inputs._version
+            out = self._run(inputs, target)
+            if inputs._version != version:
+                raise RuntimeError(f"stage {self.index}: the block modified its input in place, which it did not do "
+                                   f"at the first micro-batch; the recompute replay would read the modified input")
+            return out
+        copy = inputs.clone()
+        version = copy._version
+        out = self._run(copy, target)
+        if self._modifies_input is None:
+            self._modifies_input = copy._version != version
+        return out
 
     @property
     def in_flight(self) -> int:
