@@ -7,6 +7,9 @@ While the job runs, the test reads the page the way a person watches it:
 
 * the loss and throughput charts gain points (from the plots' own data and
   drawn markers), and the log box shows the lines rank 0 logs;
+* the validation chart (the run evaluates every 20 steps) gains its first
+  point while the job trains and ends with one per evaluation, the target
+  accuracy drawn as a line;
 * the timeline changes between two polls, and every animation frame of the
   page (a sampler started before the job's first stage event) draws all the
   traces of the reading it shows: no frame with part of a figure;
@@ -40,26 +43,31 @@ from workbench.jobs import LaunchSpec, launch
 config = RunConfig.from_dict({{
     "name": "monitor-live", "model": "mlp", "model_overrides": {{"hidden": 2048, "depth": 4}},
     "plan": "pp2-1f1b-m4", "global_batch": 64, "steps": {steps}, "data": {{"kind": "digits"}},
-    "optimizer": {{"name": "adam", "lr": 0.001}}, "events": {{"heartbeat_s": 1.0}}}})
+    "optimizer": {{"name": "adam", "lr": 0.001}}, "events": {{"heartbeat_s": 1.0}},
+    "eval_every": {eval_every}, "eval_batches": 4, "target_accuracy": 0.5}})
 job = launch(LaunchSpec(config=config, run_root=os.environ["WORKBENCH_RUN_ROOT"], name="monitor-live"))
 monitor = job.monitor(refresh_hz=3.0)
 monitor"""
 _LIVE_STEPS = 100
 _CANCEL_STEPS = 400
+_EVAL_EVERY = 20  # five evaluations in the live run, the first while it trains
 
 # The monitor's parts, found the way a person finds them: its output area holds three plots (loss, samples/s,
-# timeline), a read-only log box and one button.
+# timeline), the validation chart (the run evaluates), a read-only log box and one button.
 _MONITOR_JS = """() => {
     const out = document.querySelector('.jp-Notebook .jp-CodeCell .jp-OutputArea');
     if (!out) return null;
-    const plots = [...out.querySelectorAll('.js-plotly-plot')];
+    const all = [...out.querySelectorAll('.js-plotly-plot')];
+    const plots = all.filter(p => !p.closest('.wb-monitor-eval'));
+    const evalPlot = all.find(p => p.closest('.wb-monitor-eval'));
     const button = out.querySelector('button');
     const log = out.querySelector('textarea');
     const points = p => (p && p.data ? p.data.map(t => (t.x ? t.x.length : 0)) : []);
     const header = out.querySelector('.widget-html-content');
     return {
         plots: plots.length,
-        loss: points(plots[0]), rate: points(plots[1]),
+        loss: points(plots[0]), rate: points(plots[1]), eval: points(evalPlot),
+        evalMarkers: evalPlot ? evalPlot.querySelectorAll('.scatterlayer .point').length : 0,
         markers: plots.slice(0, 2).map(p => p.querySelectorAll('.scatterlayer .point').length),
         log: log ? log.value : '',
         button: button ? {text: button.textContent.trim(), disabled: button.disabled,
@@ -70,7 +78,8 @@ _MONITOR_JS = """() => {
 # One reading of the timeline plot: its title, lanes from the top, the bar traces it holds (with their bars)
 # and how many bars it draws.
 _TIMELINE_JS = """() => {
-    const plot = document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-OutputArea .js-plotly-plot')[2];
+    const plot = [...document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-OutputArea .js-plotly-plot')]
+        .filter(p => !p.closest('.wb-monitor-eval'))[2];
     if (!plot || !plot.data) return null;
     const held = plot.data.filter(t => t.type === 'bar' && t.x && t.x.length);
     return {
@@ -106,7 +115,7 @@ def monitor_notebook(lab_server, request):
     """A notebook that launches a short job and shows its monitor; its path from the served root."""
     steps = _CANCEL_STEPS if "cancel" in request.node.name else _LIVE_STEPS
     folder = lab_server.root / "runs" / f"browser-monitor-{os.getpid()}-{request.node.name[:40]}"
-    write_notebook(folder / "monitor.ipynb", [_LAUNCH.format(steps=steps)])
+    write_notebook(folder / "monitor.ipynb", [_LAUNCH.format(steps=steps, eval_every=_EVAL_EVERY)])
     yield str((folder / "monitor.ipynb").relative_to(lab_server.root))
     shutil.rmtree(folder, ignore_errors=True)
 
@@ -137,7 +146,8 @@ def _wait(lab_page, predicate_js: str, timeout_s: float, what: str) -> None:
 def _launch(lab_page, notebook: str) -> None:
     lab_page.open(notebook)
     lab_page.run_all(timeout_s=120)
-    _wait(lab_page, f"() => {{ const m = ({_MONITOR_JS})(); return m && m.plots === 3 && m.button; }}", 60,
+    _wait(lab_page, f"() => {{ const m = ({_MONITOR_JS})(); "
+          f"return m && m.plots === 3 && m.eval.length === 3 && m.button; }}", 60,
           "the monitor did not appear")
 
 
@@ -162,6 +172,7 @@ def test_monitor_fills_live_and_ends_succeeded(lab_page, monitor_notebook):
     first = lab_page.page.evaluate(_TIMELINE_JS)
     _wait(lab_page, f"() => ({_TIMELINE_JS})().data !== {json.dumps(first['data'])}", 60,
           "the timeline did not change between two polls")
+    _wait(lab_page, f"() => ({_MONITOR_JS})().eval[0] >= 1", 120, "the validation chart gained no point")
     running = _monitor(lab_page)
     assert "RUNNING" in running["header"], f"the job ended before the checks were made: {running['header']!r}"
     assert min(running["markers"]) > 0 and min(running["loss"] + running["rate"]) >= 3, running
@@ -173,6 +184,8 @@ def test_monitor_fills_live_and_ends_succeeded(lab_page, monitor_notebook):
     ended = _monitor(lab_page)
     assert not ended["button"]["danger"] and "Succeeded" in ended["button"]["text"], ended["button"]
     assert min(ended["loss"] + ended["rate"]) >= _LIVE_STEPS, ended  # every step of every rank
+    # validation accuracy and loss at every evaluation, drawn, and the target as a line
+    assert ended["eval"] == [_LIVE_STEPS // _EVAL_EVERY] * 2 + [2] and ended["evalMarkers"] > 0, ended
     assert _failed_models(console) == [], console
 
     # every frame since the first measured iteration shows all of its reading: prediction and measurement,

@@ -33,22 +33,10 @@ __all__ = ["prepare_run", "torchrun_command", "register"]
 
 
 def check_against_model(config: RunConfig) -> None:
-    """Refuse an unknown model or a partition that does not fit it (imports torch)."""
-    from ..core.partition import Partition
-    from ..models import build_model, list_models
+    """Refuse a model, partition or data the run could not use (imports torch; see ``runtime.preflight``)."""
+    from ..runtime.preflight import check_run
 
-    if config.model not in list_models():
-        raise ValueError(f"config field 'model' = {config.model!r} is not in the zoo; valid: "
-                         f"{', '.join(list_models())}")
-    text = config.plan.partition
-    if text in ("uniform", "ampa") or config.plan.num_virtual_stages == 1:
-        return
-    num_layers = len(build_model(config.model, seed=config.seed, **config.model_overrides))
-    try:
-        Partition.parse(text, num_layers)  # its stage count was checked with the plan
-    except ValueError as exc:
-        raise ValueError(f"plan field 'partition' = {text!r} does not fit model {config.model!r} "
-                         f"with {num_layers} layers (0-{num_layers - 1}): {exc}") from None
+    check_run(config)
 
 
 def torchrun_command(config_path: Path, nproc: int) -> list[str]:
@@ -88,8 +76,14 @@ def launch_foreground(run_dir: Path, command: list[str]) -> int:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     started = time.time()
     proc = subprocess.Popen(command, env=env)
-    (run_dir / LAUNCH_FILE).write_text(json.dumps({"backend": "local-foreground", "pid": proc.pid,
-                                                   "start": started, "host": socket.gethostname()}) + "\n")
+    # the local backend's record, so ``workbench status`` and ``attach`` read a foreground run like any other
+    from ..jobs.process import create_time
+
+    agent = {"node": 0, "pid": proc.pid, "create_time": create_time(proc.pid)}
+    (run_dir / LAUNCH_FILE).write_text(json.dumps({
+        "backend": "local", "run_id": run_dir.name, "host": socket.gethostname(), "start_time": started,
+        "foreground": True, "agents": [agent], "launcher_pid": os.getpid(),
+        "launcher_create_time": create_time(os.getpid()), "commands": [shlex.join(command)]}) + "\n")
     try:
         code = proc.wait()
     except KeyboardInterrupt:
@@ -98,6 +92,9 @@ def launch_foreground(run_dir: Path, command: list[str]) -> int:
         state = "CANCELLED"
     else:
         state = "SUCCEEDED" if code == 0 else "FAILED"
+    node_dir = run_dir / LOGS_DIR / "node0"
+    node_dir.mkdir(parents=True, exist_ok=True)
+    (node_dir / "exit_code").write_text(f"{code}\n")
     status_path(run_dir).write_text(json.dumps({"state": state, "returncode": code, "start": started,
                                                 "end": time.time()}) + "\n")
     return code

@@ -50,11 +50,18 @@ from typing import Any
 
 from .plan import AsyncPipeline, GPipe, Interleaved, NoPipeline, OneFOneB, ParallelPlan, TorchPipelining, plan_error
 
-__all__ = ["RunConfig", "runs_layer_by_layer", "OptimizerConfig", "DataConfig", "EventsConfig", "MOVED_TO_PLAN",
+__all__ = ["RunConfig", "runs_layer_by_layer", "is_import_path", "OptimizerConfig", "DataConfig", "EventsConfig", "MOVED_TO_PLAN",
            "read_toml", "to_toml"]
 
 OPTIMIZERS = ("sgd", "adam")
-DATA_KINDS = ("synthetic", "digits", "bytes-lm")
+DATA_KINDS = ("synthetic", "digits", "bytes-lm", "factory", "image-folder", "cifar10", "hf-disk")
+# "package.module:factory" (a model or data factory given by import path)
+IMPORT_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def is_import_path(text: object) -> bool:
+    """Whether ``text`` names a factory as ``package.module:function`` (rather than a zoo model)."""
+    return isinstance(text, str) and bool(IMPORT_PATH.match(text))
 PRECISIONS = ("auto", "fp32", "bf16")
 # flat keys of the earlier config format -> where each lives now
 MOVED_TO_PLAN: dict[str, str] = {
@@ -115,6 +122,38 @@ def _check_bool(name: str, value: Any) -> None:
         raise _fail(name, value, "expected true or false")
 
 
+def _factory_name(obj: Any) -> Any:
+    """A model factory (function or class) passed as an object, as the import path the ranks can use.
+
+    Processes started by torchrun cannot receive a model object from the
+    notebook; they build the model themselves, so the config keeps a name
+    they can import. A model *instance*, or a factory defined in the notebook
+    itself, has no such name: that is refused with what to do instead.
+    """
+    import importlib
+
+    what = type(obj).__name__
+    if hasattr(obj, "named_parameters") and not isinstance(obj, type):
+        raise _fail("model", f"<{what} object>", "a model object cannot be sent to the run's processes, which "
+                    "build the model themselves: move the code that builds it into a function in a module "
+                    "(a .py file next to the notebook) and pass model = 'module:function' (or the function)")
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
+    if not callable(obj) or not module or not qualname:
+        return obj  # not a factory: the string check below names the field
+    if module == "__main__" or "<" in qualname or "." in qualname:
+        raise _fail("model", f"{module}.{qualname}", "this factory is defined in the notebook (or nested), so the "
+                    "run's processes cannot import it: move it into a module (a .py file next to the notebook) "
+                    "and import it from there")
+    try:
+        found = getattr(importlib.import_module(module), qualname, None)
+    except Exception:  # noqa: BLE001 - any import failure means it cannot be named
+        found = None
+    if found is not obj:
+        raise _fail("model", f"{module}.{qualname}", "this factory cannot be imported by its name; pass "
+                    "model = 'package.module:function'")
+    return f"{module}:{qualname}"
+
+
 def _build(cls: type, name: str, data: Any) -> Any:
     if isinstance(data, cls):
         return data
@@ -143,12 +182,58 @@ class OptimizerConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
+    """Where batches come from.
+
+    Built-in kinds: ``synthetic`` (random tensors of the model's input shape),
+    ``digits`` (scikit-learn's 8x8 digits, resized) and ``bytes-lm`` (next-byte
+    prediction over the standard library's source). Datasets on disk:
+    ``image-folder`` (``path`` holding ``train/`` and ``val/`` class folders,
+    or one folder split by ``val_fraction``), ``cifar10`` (``path`` holding the
+    extracted ``cifar-10-batches-py``) and ``hf-disk`` (a dataset saved with
+    ``datasets``' ``save_to_disk``; ``columns`` names the input and target).
+    ``factory`` calls ``factory(**args)``, a ``package.module:function``
+    returning ``(train, validation)`` torch Datasets of ``(input, target)``
+    pairs. Dataset kinds load with ``workers`` DataLoader processes per rank,
+    each rank reading only its data-parallel share.
+    """
+
     kind: str = "synthetic"
     seq_len: int = 64
+    factory: str = ""
+    args: dict[str, Any] = field(default_factory=dict)
+    path: str = ""
+    columns: tuple[str, ...] = ()
+    image_size: int = 0
+    val_fraction: float = 0.1
+    workers: int = 0
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "columns", tuple(self.columns))
         _check_choice("data.kind", self.kind, DATA_KINDS)
         _check_int("data.seq_len", self.seq_len, 1)
+        _check_int("data.image_size", self.image_size, 0)
+        _check_int("data.workers", self.workers, 0)
+        if isinstance(self.val_fraction, bool) or not isinstance(self.val_fraction, (int, float)) \
+                or not 0 < self.val_fraction < 1:
+            raise _fail("data.val_fraction", self.val_fraction, "expected a fraction between 0 and 1")
+        if not isinstance(self.args, dict):
+            raise _fail("data.args", self.args, "expected a table of keyword arguments for the data factory")
+        if self.kind == "factory" and not is_import_path(self.factory):
+            raise _fail("data.factory", self.factory, "expected 'package.module:function' returning (train, "
+                        "validation) datasets")
+        if self.kind != "factory" and (self.factory or self.args):
+            raise _fail("data.factory" if self.factory else "data.args", self.factory or self.args,
+                        "only data.kind = 'factory' takes a factory and its args")
+        if self.kind in ("image-folder", "cifar10", "hf-disk") and not (isinstance(self.path, str) and self.path):
+            raise _fail("data.path", self.path, f"data.kind = {self.kind!r} reads a dataset from disk: give its "
+                        "folder")
+        if self.columns and (len(self.columns) != 2 or not all(isinstance(c, str) for c in self.columns)):
+            raise _fail("data.columns", list(self.columns), "expected two column names: [input, target]")
+
+    @property
+    def is_dataset(self) -> bool:
+        """Whether batches are drawn from finite datasets (vs the endless built-in streams)."""
+        return self.kind in ("factory", "image-folder", "cifar10", "hf-disk")
 
 
 @dataclass(frozen=True)
@@ -174,6 +259,8 @@ class RunConfig:
     plan: ParallelPlan
     name: str = "run"
     model_overrides: dict[str, Any] = field(default_factory=dict)
+    model_args: dict[str, Any] = field(default_factory=dict)
+    split_points: tuple[str, ...] = ()
     global_batch: int = 32
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     steps: int = 10
@@ -190,20 +277,54 @@ class RunConfig:
     dump_params: bool = False
     fail_at_step: int = -1
     fail_rank: int = 0
+    eval_every: int = 0
+    eval_batches: int = 8
+    target_accuracy: float = 0.0
+    target_perplexity: float = 0.0
+    tensorboard: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "plan", ParallelPlan.from_dict(self.plan))
         object.__setattr__(self, "optimizer", _build(OptimizerConfig, "optimizer", self.optimizer))
+        if is_import_path(self.data):
+            object.__setattr__(self, "data", DataConfig(kind="factory", factory=self.data))
         object.__setattr__(self, "data", _build(DataConfig, "data", self.data))
         object.__setattr__(self, "events", _build(EventsConfig, "events", self.events))
+        if not isinstance(self.model, str):
+            object.__setattr__(self, "model", _factory_name(self.model))
         if not isinstance(self.model, str) or not self.model:
-            raise _fail("model", self.model, "expected a model name such as 'vgg-tiny', 'resnet18', 'mlp'")
+            raise _fail("model", self.model, "expected a zoo model name such as 'vgg-tiny', 'resnet18', 'mlp', "
+                        "or a factory 'package.module:function'")
         if not isinstance(self.model_overrides, dict):
             raise _fail("model_overrides", self.model_overrides, "expected a table of model constructor overrides")
-        for name in ("global_batch", "steps", "grad_accum"):
+        if not isinstance(self.model_args, dict):
+            raise _fail("model_args", self.model_args, "expected a table of keyword arguments for the model factory")
+        if self.model_args and not self.model_from_factory:
+            raise _fail("model_args", self.model_args, f"model {self.model!r} is a zoo name; zoo models take "
+                        "model_overrides, and model_args go to a factory model = 'package.module:function'")
+        if self.model_overrides and self.model_from_factory:
+            raise _fail("model_overrides", self.model_overrides, "a factory model takes its arguments as "
+                        "model_args")
+        if isinstance(self.split_points, str) or not isinstance(self.split_points, (list, tuple)) \
+                or not all(isinstance(p, str) and p for p in self.split_points):
+            raise _fail("split_points", self.split_points, "expected a list of submodule names to cut the model "
+                        "before, such as ['layer2', 'layer3']")
+        object.__setattr__(self, "split_points", tuple(self.split_points))
+        if self.split_points and not self.model_from_factory:
+            raise _fail("split_points", list(self.split_points), "zoo models are already cut into layers; "
+                        "split_points apply to a factory model")
+        for name in ("global_batch", "steps", "grad_accum", "eval_batches"):
             _check_int(name, getattr(self, name), 1)
-        for name in ("seed", "checkpoint_every"):
+        for name in ("seed", "checkpoint_every", "eval_every"):
             _check_int(name, getattr(self, name), 0)
+        if isinstance(self.target_accuracy, bool) or not isinstance(self.target_accuracy, (int, float)) \
+                or not 0 <= self.target_accuracy <= 1:
+            raise _fail("target_accuracy", self.target_accuracy, "expected a top-1 accuracy in [0, 1] (0: none)")
+        _check_number("target_perplexity", self.target_perplexity, 0.0)
+        if (self.target_accuracy or self.target_perplexity) and not self.eval_every:
+            raise _fail("eval_every", self.eval_every, "a target is reached only by evaluating: set eval_every "
+                        "to evaluate every N steps")
+        _check_bool("tensorboard", self.tensorboard)
         _check_int("fail_at_step", self.fail_at_step, -1)
         _check_int("fail_rank", self.fail_rank, 0)
         _check_choice("precision", self.precision, PRECISIONS)
@@ -220,6 +341,12 @@ class RunConfig:
     def _check_runnable(self) -> None:
         """Refuse, before launch, what the runtime cannot run yet, and options that contradict the plan."""
         plan = self.plan
+        if self.eval_every and not runs_layer_by_layer(plan) and plan.tp_kind != "none":
+            raise _fail("eval_every", self.eval_every, f"plan {plan.name!r} runs the uniform {plan.tp_kind.upper()} "
+                        f"tensor-parallel strategy, whose ranks hold parameter shards the evaluation cannot put "
+                        f"back into the dense model; set eval_every = 0" + (
+                            ", or give the layers per-layer options ([[plan.layers]]): the layer-by-layer runtime "
+                            "gathers dense parameters" if plan.tp_kind == "1d" else ""))
         if runs_layer_by_layer(plan):
             self._check_layerwise()
             return
@@ -302,6 +429,11 @@ class RunConfig:
 
     # -- derived ----------------------------------------------------------------------
     @property
+    def model_from_factory(self) -> bool:
+        """Whether ``model`` is a ``package.module:function`` factory rather than a zoo name."""
+        return is_import_path(self.model)
+
+    @property
     def world_size(self) -> int:
         """Processes the plan needs: its mesh's size (replicas x stages x tensor-parallel ranks)."""
         return self.plan.world_size
@@ -314,7 +446,9 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data.update(plan=self.plan.to_dict(), optimizer=asdict(self.optimizer), data=asdict(self.data),
-                    events=asdict(self.events), model_overrides=dict(self.model_overrides))
+                    events=asdict(self.events), model_overrides=dict(self.model_overrides),
+                    model_args=dict(self.model_args), split_points=list(self.split_points))
+        data["data"]["columns"] = list(self.data.columns)
         return data
 
     @classmethod

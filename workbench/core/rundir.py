@@ -13,6 +13,7 @@ Layout::
       events/rank{r}.jsonl   one JSON object per line per rank (schema below)
       logs/                  torchrun logs (per rank stdout/stderr)
       checkpoints/step{N}/   checkpoints
+      tensorboard/           rank 0's TensorBoard scalars (config tensorboard = true)
       status.json            final status, written once at the end
 
 Event lines (``EVENT_SCHEMA_VERSION`` = 1): every line has ``v`` (schema
@@ -27,6 +28,9 @@ extra fields:
   relative to ``t0``; plus ``t0``, the unix time those ms count from)
 - ``heartbeat``: ``step``
 - ``checkpoint``: ``step``, ``path``
+- ``eval`` (rank 0): ``step``, ``val_loss``, ``accuracy`` (top-1 of a classifier, token accuracy of a language
+  model), ``perplexity`` (language models, else null), ``samples``, ``tokens`` (language models), ``eval_s``,
+  ``train_s`` (training seconds so far: step times, evaluations excluded) and ``wall_s`` (since training began)
 - ``end``: ``step``, ``status`` ("SUCCEEDED" | "CANCELLED")
 - ``error``: ``message``, ``traceback``, ``exc_type``
 
@@ -49,7 +53,7 @@ __all__ = [
 ]
 
 EVENT_SCHEMA_VERSION = 1
-EVENT_KINDS = ("start", "step", "stage", "heartbeat", "checkpoint", "end", "error")
+EVENT_KINDS = ("start", "step", "stage", "heartbeat", "checkpoint", "eval", "end", "error")
 JOB_STATES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "UNKNOWN")
 TERMINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
 

@@ -29,7 +29,7 @@ from typing import Any, Iterator
 
 from ..core.rundir import CONFIG_FILE, COMMAND_FILE, LAUNCH_FILE, LOGS_DIR, TERMINAL_STATES, status_path
 from .backends import ProcessState, get_backend
-from .monitor_model import METRIC_FIELDS, RunState
+from .monitor_model import EVAL_FIELDS, METRIC_FIELDS, RunState
 from .process import kill_processes, process_alive, run_processes
 from .spec import LaunchSpec, check_launchable, config_dict, resolve_run_root
 from .status import JobStatus, RankStatus
@@ -133,7 +133,8 @@ class Job:
             now = time.time()
             final = _read_json(status_path(self.run_dir))
             if final is not None:
-                return JobStatus.from_dict({**final, "ranks": self._rank_rows(state, now, final["state"], True)})
+                return JobStatus.from_dict({**final, **_eval_fields(state),
+                                            "ranks": self._rank_rows(state, now, final["state"], True)})
             processes = self.backend.poll(self.launch_info, self._processes, self.run_dir)
             job_state, reason, codes = self._decide(state, processes)
             finished = job_state in TERMINAL_STATES or processes.running is False
@@ -143,11 +144,12 @@ class Job:
             ranks = tuple(RankStatus(**row) for row in self._rank_rows(state, now, job_state, finished))
             status = JobStatus(state=job_state, reason=reason, run_id=self.run_id, ranks=ranks,
                                exit_codes=codes, restarts=state.restarts, root_cause=cause, step=state.latest_step(),
-                               final_loss=state.final_loss(), updated=now, finished=finished)
+                               final_loss=state.final_loss(), updated=now, finished=finished, **_eval_fields(state))
             if finished and self.backend.name != "dryrun":
                 _write_json_atomic(status_path(self.run_dir), status.to_dict(), exclusive=True)
                 final = _read_json(status_path(self.run_dir)) or status.to_dict()
-                return JobStatus.from_dict({**final, "ranks": self._rank_rows(state, now, final["state"], True)})
+                return JobStatus.from_dict({**final, **_eval_fields(state),
+                                            "ranks": self._rank_rows(state, now, final["state"], True)})
             return status
 
     @staticmethod
@@ -300,6 +302,17 @@ class Job:
         out["restart"] = out["restart"].astype("Int64")
         return out
 
+    def evals(self):
+        """Every ``eval`` event so far as a pandas DataFrame (step, val_loss, accuracy, perplexity, train_s,
+        wall_s, ...); the time to the run's target is in :meth:`status` (``time_to_target``)."""
+        import pandas as pd
+
+        with self._lock:
+            series = self.refresh().eval_series()
+        out = pd.DataFrame(series, columns=list(EVAL_FIELDS))
+        out["step"] = out["step"].astype("Int64")
+        return out
+
     def timeline(self, iteration: int | None = None):
         """The measured timeline of ``iteration`` (default: the latest complete one), starting at 0 ms."""
         with self._lock:
@@ -362,6 +375,12 @@ class Job:
                                   title=f"{self.run_id}: {self.status().state}")
 
 
+def _eval_fields(state: RunState) -> dict[str, Any]:
+    """The status fields folded from ``eval`` events (none when the events hold none, e.g. deleted)."""
+    fields = {"last_eval": state.last_eval(), "time_to_target": state.time_to_target()}
+    return {k: v for k, v in fields.items() if v is not None}
+
+
 def state_figure_data(state: RunState) -> dict[str, Any]:
     """Plain numpy/dict data of a run state for the figure functions."""
     return {
@@ -370,6 +389,9 @@ def state_figure_data(state: RunState) -> dict[str, Any]:
                     for rank, cols in sorted(state.metrics.items())},
         "rows": state.summary_rows(),
         "checkpoints": list(state.checkpoints),
+        "evals": state.eval_series() if len(state.evals) else {},
+        "targets": {"accuracy": state.targets.target_accuracy, "perplexity": state.targets.target_perplexity},
+        "time_to_target": state.time_to_target(),
     }
 
 

@@ -20,10 +20,11 @@ import numpy as np
 
 from ..core.timeline import Event, Timeline
 
-__all__ = ["RankState", "RunState", "MetricColumns", "RANK_STATES", "METRIC_FIELDS"]
+__all__ = ["RankState", "RunState", "MetricColumns", "RANK_STATES", "METRIC_FIELDS", "EVAL_FIELDS", "EvalTargets"]
 
 RANK_STATES = ("PENDING", "RUNNING", "STALLED", "SUCCEEDED", "FAILED", "CANCELLED")
 METRIC_FIELDS = ("t", "step", "loss", "samples_per_s", "step_ms", "memory_bytes", "restart")
+EVAL_FIELDS = ("t", "step", "val_loss", "accuracy", "perplexity", "samples", "eval_s", "train_s", "wall_s")
 _KEPT_ITERATIONS = 4
 
 
@@ -85,6 +86,30 @@ class RankState:
         return None if self.last_event_t is None else max(0.0, now - self.last_event_t)
 
 
+@dataclass(frozen=True)
+class EvalTargets:
+    """What a run evaluates for, from the config in its start event (0: no target, as in the config)."""
+
+    eval_every: int = 0
+    target_accuracy: float = 0.0
+    target_perplexity: float = 0.0
+
+    @classmethod
+    def from_config(cls, config: Any) -> "EvalTargets":
+        config = config if isinstance(config, dict) else {}
+
+        def number(name: str) -> float:
+            value = config.get(name)
+            return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+        return cls(int(number("eval_every")), number("target_accuracy"), number("target_perplexity"))
+
+    @property
+    def metric(self) -> str | None:
+        """The metric a target is set on: ``"accuracy"`` (reached at >=), ``"perplexity"`` (at <=), or None."""
+        return "accuracy" if self.target_accuracy else "perplexity" if self.target_perplexity else None
+
+
 @dataclass
 class RunState:
     """Everything folded from a run's events so far; ``version`` grows with every change."""
@@ -99,6 +124,8 @@ class RunState:
     restarts: int = 0
     version: int = 0
     last_event_t: float | None = None
+    evals: MetricColumns = field(default_factory=lambda: MetricColumns(EVAL_FIELDS, capacity=32))
+    targets: EvalTargets = field(default_factory=EvalTargets)
 
     def rank(self, rank: int) -> RankState:
         if rank not in self.ranks:
@@ -135,6 +162,8 @@ class RunState:
         state.layers = tuple(_layer_text(layer) for layer in event.get("layers") or () if isinstance(layer, dict))
         if isinstance(event.get("world_size"), int):
             self.world_size = event["world_size"]
+        if isinstance(event.get("config"), dict):
+            self.targets = EvalTargets.from_config(event["config"])
         self.restarts = max(self.restarts, restart)
 
     def _on_step(self, state: RankState, event: dict[str, Any]) -> None:
@@ -151,6 +180,9 @@ class RunState:
     def _on_checkpoint(self, state: RankState, event: dict[str, Any]) -> None:
         self.checkpoints.append({"rank": state.rank, "step": event.get("step"), "path": event.get("path"),
                                  "t": event.get("t")})
+
+    def _on_eval(self, state: RankState, event: dict[str, Any]) -> None:
+        self.evals.append(event)
 
     def _on_end(self, state: RankState, event: dict[str, Any]) -> None:
         state.end_status = event.get("status", "SUCCEEDED")
@@ -222,6 +254,40 @@ class RunState:
             if finite.size:
                 return float(finite[-1])
         return None
+
+    def eval_series(self) -> dict[str, np.ndarray]:
+        """Every evaluation so far, as columns (:data:`EVAL_FIELDS`; NaN where a field was absent)."""
+        return {name: self.evals.column(name).copy() for name in EVAL_FIELDS}
+
+    def last_eval(self) -> dict[str, Any] | None:
+        """The latest evaluation's fields (None before the first)."""
+        if not len(self.evals):
+            return None
+        values = {name: float(self.evals.column(name)[-1]) for name in EVAL_FIELDS}
+        out: dict[str, Any] = {name: (None if not np.isfinite(v) else v) for name, v in values.items()}
+        out["step"] = None if out["step"] is None else int(out["step"])
+        return out
+
+    def time_to_target(self) -> dict[str, Any] | None:
+        """When the run first reached its target: ``metric``, ``target``, ``reached`` and, once reached, the
+        ``step``, ``train_s`` (training seconds: step times only) and ``wall_s`` of that evaluation (else None);
+        ``best`` is the best value evaluated so far. None when the run has no target."""
+        metric = self.targets.metric
+        if metric is None:
+            return None
+        target = self.targets.target_accuracy if metric == "accuracy" else self.targets.target_perplexity
+        values = self.evals.column(metric)
+        finite = values[np.isfinite(values)]
+        best = None if not finite.size else float(finite.max() if metric == "accuracy" else finite.min())
+        hits = np.nonzero(values >= target if metric == "accuracy" else values <= target)[0]
+        out: dict[str, Any] = {"metric": metric, "target": target, "reached": bool(hits.size), "best": best,
+                               "step": None, "train_s": None, "wall_s": None}
+        if hits.size:
+            first = int(hits[0])
+            for name in ("step", "train_s", "wall_s"):
+                value = float(self.evals.column(name)[first])
+                out[name] = None if not np.isfinite(value) else int(value) if name == "step" else value
+        return out
 
     def summary_rows(self, now: float | None = None) -> list[dict[str, Any]]:
         now = time.time() if now is None else now

@@ -20,6 +20,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
@@ -246,6 +247,40 @@ def check_launchable(spec: LaunchSpec, *, check_entry: bool = True) -> None:
     _check_restarts_resume(spec)
     if check_entry:
         _check_entry_importable(spec)
+        _check_run_config(spec)
+
+
+def _needs_model_check(config: Any) -> bool:
+    """Mirror of ``runtime.preflight.needs_check`` (that module imports torch; this one must not)."""
+    plan = config.plan
+    return bool(config.model_from_factory or config.data.is_dataset or config.model_overrides
+                or (plan.partition not in ("uniform", "ampa") and plan.num_virtual_stages > 1))
+
+
+def _check_run_config(spec: LaunchSpec) -> None:
+    """The default entry's model, partition and data, checked by the interpreter and environment of the ranks.
+
+    ``workbench.runtime.preflight`` imports the factories, builds the model
+    and runs two samples through it in a child process, so a factory that
+    imports in the notebook but not in the run's processes is refused too.
+    """
+    run_config = _run_config_class()
+    if spec.entry != DEFAULT_ENTRY or run_config is None:
+        return
+    config = spec.config if isinstance(spec.config, run_config) else run_config.from_dict(config_dict(spec.config))
+    if not _needs_model_check(config):
+        return
+    env = {**os.environ, **spec.env}
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "config.json"
+        path.write_text(json.dumps(config_dict(config)))
+        out = subprocess.run([spec.python, "-m", "workbench.runtime.preflight", str(path)], env=env,
+                             capture_output=True, text=True, timeout=600, cwd=os.getcwd())
+    if out.returncode != 0:
+        lines = out.stderr.strip().splitlines()
+        raise ValueError(lines[-1] if lines and out.returncode == 2 else
+                         f"the run config could not be checked by {spec.python} (exit {out.returncode}): "
+                         f"{lines[-1] if lines else 'no output'}")
 
 
 def _check_restarts_resume(spec: LaunchSpec) -> None:

@@ -51,6 +51,8 @@ class JobStatus:
     final_loss: float | None = None
     updated: float = 0.0
     finished: bool = False
+    last_eval: dict[str, Any] | None = None  # the latest evaluation (step, val_loss, accuracy, perplexity, ...)
+    time_to_target: dict[str, Any] | None = None  # see RunState.time_to_target; None without a target
 
     @property
     def is_terminal(self) -> bool:
@@ -93,6 +95,7 @@ class JobStatus:
                 age = f"{r.heartbeat_age_s:.1f}s" if r.heartbeat_age_s is not None else "-"
                 step = str(r.step) if r.step is not None else "-"
                 lines.append(f"{r.rank:>4}  {r.state:<9} {step:>6} {loss:>10} {rate:>10} {age:>9}")
+        lines += self._eval_lines()
         if any(r.layers for r in self.ranks):
             lines.append("layers as run:")
             lines += [f"{r.rank:>4}  {' '.join(r.layers)}" for r in self.ranks if r.layers]
@@ -100,5 +103,28 @@ class JobStatus:
             lines += [f"root cause (rank {self.root_cause.get('rank')}):", self.root_cause["traceback"].rstrip()]
         return "\n".join(lines)
 
+    def _eval_lines(self) -> list[str]:
+        lines = []
+        if self.last_eval:
+            e = self.last_eval
+            parts = [f"eval at step {e.get('step')}: val_loss {_num(e.get('val_loss'))}"]
+            parts += [f"{name} {_num(e.get(name))}" for name in ("accuracy", "perplexity") if e.get(name) is not None]
+            lines.append(", ".join(parts))
+        target = self.time_to_target
+        if target:
+            sign = ">=" if target["metric"] == "accuracy" else "<="
+            head = f"target {target['metric']} {sign} {target['target']:g}: "
+            if target.get("reached"):
+                lines.append(head + f"reached at step {target.get('step')} after {_num(target.get('train_s'))} s "
+                             f"of training, {_num(target.get('wall_s'))} s wall")
+            else:
+                lines.append(head + "not reached" + (f" (best {_num(target['best'])})"
+                                                     if target.get("best") is not None else ""))
+        return lines
+
     def __str__(self) -> str:
         return self.text()
+
+
+def _num(value: Any) -> str:
+    return "-" if value is None else f"{value:.4g}"

@@ -14,22 +14,87 @@ from __future__ import annotations
 
 from typing import Iterator
 
+import numpy as np
 import torch
 
 from ..core.config import RunConfig
 from .interpreter import MicrobatchData
 
-__all__ = ["global_batches", "split_rounds"]
+__all__ = ["global_batches", "split_rounds", "validation_batches", "run_model", "group_share"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-def global_batches(config: RunConfig, model, start_step: int = 0) -> Iterator[Batch]:
-    """Infinite iterator of (inputs, targets) global batches starting at ``start_step``."""
+def run_model(config: RunConfig):
+    """The run's model as every rank and the reference build it; a factory model without an input spec
+    takes the per-sample shape of the first training item of a dataset."""
+    from ..models.source import build_run_model
+
+    spec = None
+    if config.model_from_factory and config.data.is_dataset:
+        from ..models.datasets import load_datasets
+        from ..models.sequence import InputSpec
+
+        x, _ = load_datasets(config.data, seed=config.seed)[0][0]
+        x = torch.as_tensor(x)
+        spec = InputSpec(tuple(x.shape), x.dtype)
+    return build_run_model(config, input_spec=spec)
+
+
+def group_share(indices: list[int], config: RunConfig, group: int) -> list[int]:
+    """The rows of a global batch that data-parallel replica ``group`` trains, round by round."""
+    round_size = config.global_batch // config.grad_accum
+    size = round_size // config.plan.dp
+    return [i for r in range(config.grad_accum) for i in indices[r * round_size + group * size:][:size]]
+
+
+class _StepIndices:
+    """Batch sampler: step ``s``'s global batch is a slice of epoch ``s // per_epoch``'s seeded permutation."""
+
+    def __init__(self, length: int, config: RunConfig, start_step: int, group: int | None) -> None:
+        self.length, self.config, self.start, self.group = length, config, start_step, group
+        self.per_epoch = length // config.global_batch
+        if self.per_epoch == 0:
+            raise ValueError(f"config field 'global_batch' = {config.global_batch} is larger than the training "
+                             f"set ({length} samples)")
+
+    def __iter__(self) -> Iterator[list[int]]:
+        step, batch = self.start, self.config.global_batch
+        while True:
+            epoch, offset = divmod(step, self.per_epoch)
+            order = np.random.default_rng([self.config.seed, epoch]).permutation(self.length)
+            indices = order[offset * batch:(offset + 1) * batch].tolist()
+            yield indices if self.group is None else group_share(indices, self.config, self.group)
+            step += 1
+
+
+def _pairs(batch) -> Batch:
+    inputs, targets = batch[0], batch[1]
+    return torch.as_tensor(inputs), torch.as_tensor(targets)
+
+
+def global_batches(config: RunConfig, model, start_step: int = 0, group: int | None = None) -> Iterator[Batch]:
+    """Infinite iterator of (inputs, targets) global batches starting at ``start_step``.
+
+    For datasets (``config.data.is_dataset``), a DataLoader with
+    ``data.workers`` worker processes reads the samples; with ``group`` it
+    reads only that data-parallel replica's share of each global batch
+    (:func:`group_share`), which :func:`split_rounds` takes as it is.
+    """
     from ..models import sample_batch
     from ..models import data as datasets
 
     kind = config.data.kind
+    if config.data.is_dataset:
+        from torch.utils.data import DataLoader
+
+        from ..models.datasets import load_datasets
+
+        train, _ = load_datasets(config.data, seed=config.seed)
+        sampler = _StepIndices(len(train), config, start_step, None if config.plan.dp == 1 else group)
+        loader = DataLoader(train, batch_sampler=sampler, num_workers=config.data.workers,
+                            persistent_workers=config.data.workers > 0)
+        return (_pairs(b) for b in loader)
     if kind == "synthetic":
         def synthetic() -> Iterator[Batch]:
             step = start_step
@@ -50,18 +115,42 @@ def global_batches(config: RunConfig, model, start_step: int = 0) -> Iterator[Ba
                                      start_batch=start_step)
 
 
+def validation_batches(config: RunConfig, model) -> Iterator[Batch]:
+    """The held-out batches an evaluation runs over: ``config.eval_batches`` of ``global_batch`` samples
+    (fewer when the validation set is smaller), the same ones at every evaluation."""
+    if not config.data.is_dataset:
+        from ..models.datasets import builtin_validation
+
+        yield from builtin_validation(config, model, config.global_batch)
+        return
+    from torch.utils.data import DataLoader, Subset
+
+    from ..models.datasets import load_datasets
+
+    _, val = load_datasets(config.data, seed=config.seed)
+    val = Subset(val, range(min(len(val), config.eval_batches * config.global_batch)))
+    for batch in DataLoader(val, batch_size=config.global_batch, shuffle=False, num_workers=config.data.workers):
+        yield _pairs(batch)
+
+
 def split_rounds(batch: Batch, config: RunConfig, group: int) -> list[MicrobatchData]:
-    """This group's micro-batches of one global batch, one entry per accumulation round."""
+    """This group's micro-batches of one global batch, one entry per accumulation round.
+
+    A batch of ``global_batch / dp`` samples (with dp > 1) is already the
+    group's share (:func:`global_batches` with ``group``): its rounds follow
+    one another.
+    """
     inputs, targets = batch
-    if inputs.shape[0] != config.global_batch:
+    round_size = config.global_batch // config.grad_accum
+    group_size = round_size // config.plan.dp
+    shared = config.plan.dp > 1 and inputs.shape[0] == config.global_batch // config.plan.dp
+    if inputs.shape[0] != config.global_batch and not shared:
         raise ValueError(f"data yielded a batch of {inputs.shape[0]} samples, config global_batch is "
                          f"{config.global_batch}")
     rounds = []
-    round_size = config.global_batch // config.grad_accum
-    group_size = round_size // config.plan.dp
     mb = config.microbatch_size
     for r in range(config.grad_accum):
-        lo = r * round_size + group * group_size
+        lo = r * group_size if shared else r * round_size + group * group_size
         x, y = inputs[lo:lo + group_size], targets[lo:lo + group_size]
         rounds.append(MicrobatchData(inputs=list(x.split(mb)), targets=list(y.split(mb))))
     return rounds

@@ -33,8 +33,10 @@ import torch.distributed as dist
 
 from ..core.config import RunConfig
 from ..core.partition import Partition
-from .batches import global_batches, split_rounds
+from .batches import global_batches, run_model, split_rounds
+from .board import ScalarBoard
 from .checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .evaluation import Evaluation
 from .events import EventWriter
 from .progress import ProgressLog
 from .groups import init_distributed, pick_device
@@ -119,9 +121,7 @@ def _restore(run_dir: Path, step: int, rank: int, strategy: Strategy, device: to
 def train(config: RunConfig, run_dir: Path, writer: EventWriter) -> None:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     device = pick_device(config.device)
-    from ..models import build_model
-
-    model = build_model(config.model, seed=config.seed, **config.model_overrides)
+    model = run_model(config)
     torch.manual_seed(config.seed + 1)
     batches_from_start = global_batches(config, model, 0)
     example = split_rounds(next(batches_from_start), config, 0)[0].inputs[0]
@@ -140,7 +140,10 @@ def train(config: RunConfig, run_dir: Path, writer: EventWriter) -> None:
                  resumed_from=resumed_from, partition=str(partition), device=str(device),
                  **({"layers": strategy.layers_report()} if hasattr(strategy, "layers_report") else {}))
     writer.start_heartbeat(config.events.heartbeat_s)
-    batches = global_batches(config, model, start_step)
+    board = ScalarBoard(run_dir) if config.tensorboard and rank == 0 else None
+    evaluation = (Evaluation(config, strategy, writer, device, board=board, run_dir=run_dir, resumed_from=resumed_from)
+                  if config.eval_every else None)  # every rank: evaluating is a collective
+    batches = global_batches(config, model, start_step, group=strategy.data_group)
     unwritten: list[tuple[int, float | PendingLoss, float]] = []  # steps whose loss is still being reduced
 
     progress = ProgressLog(rank, config.steps)
@@ -153,6 +156,8 @@ def train(config: RunConfig, run_dir: Path, writer: EventWriter) -> None:
                          memory_bytes=_memory_bytes(device),
                          **(strategy.memory_report() if hasattr(strategy, "memory_report") else {}))
             progress.step(done, value, rate, elapsed * 1e3)
+            if board is not None:
+                board.step(done, value, rate, elapsed * 1e3)
         unwritten.clear()
 
     for step in range(start_step, config.steps):
@@ -174,8 +179,12 @@ def train(config: RunConfig, run_dir: Path, writer: EventWriter) -> None:
             write_steps()
             folder = _save(run_dir, step + 1, rank, strategy, device)
             writer.write("checkpoint", step=step + 1, path=str(folder))
+        if evaluation is not None:
+            evaluation.after_step(step + 1, elapsed)  # outside the step's clock
     write_steps()
     strategy.close()
+    if board is not None:
+        board.close()
     if config.dump_params:
         folder = run_dir / "params"
         folder.mkdir(exist_ok=True)

@@ -14,12 +14,12 @@ iteration), i.e. ``w_{t+1} = w_t - lr * g_{t-1}``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from ..core.config import RunConfig
-from .batches import global_batches, split_rounds
+from .batches import global_batches, run_model, split_rounds
 from .strategies.base import make_optimizer
 
 __all__ = ["ReferenceResult", "reference_train"]
@@ -29,15 +29,14 @@ __all__ = ["ReferenceResult", "reference_train"]
 class ReferenceResult:
     losses: list[float]  # mean micro-batch loss per step
     params: dict[str, torch.Tensor]  # final parameters by dense-model name
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)  # final buffers (BatchNorm statistics, ...)
 
 
 def reference_train(config: RunConfig, *, steps: int | None = None, delay: int | None = None) -> ReferenceResult:
     """Train ``steps`` steps (default ``config.steps``) in this process, fp32 on CPU."""
-    from ..models import build_model
-
     steps = config.steps if steps is None else steps
     delay = (config.plan.pipeline.delay if config.plan.delayed_update else 0) if delay is None else delay
-    model = build_model(config.model, seed=config.seed, **config.model_overrides)
+    model = run_model(config)
     torch.manual_seed(config.seed + 1)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(params, config)
@@ -66,4 +65,5 @@ def reference_train(config: RunConfig, *, steps: int | None = None, delay: int |
                 optimizer.step()
             previous = current
         optimizer.zero_grad(set_to_none=True)
-    return ReferenceResult(losses, {n: p.detach().clone() for n, p in model.named_parameters()})
+    return ReferenceResult(losses, {n: p.detach().clone() for n, p in model.named_parameters()},
+                           {n: b.detach().clone() for n, b in model.named_buffers()})

@@ -1,4 +1,4 @@
-"""Figures of a run: loss and throughput per rank, restarts, and measured vs simulated timelines.
+"""Figures of a run: loss and throughput per rank, restarts, validation curves, and measured vs simulated timelines.
 
 Pure functions from plain data (numpy columns per rank, a
 :class:`~workbench.core.timeline.Timeline`) to ``go.Figure``; the live
@@ -20,11 +20,11 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..core.timeline import Timeline
-from .style import apply_layout, palette_color
+from .style import EVAL_COLORS, apply_layout, palette_color
 from .timeline import add_timeline, timeline_figure, timeline_slots
 
 __all__ = ["thin", "restart_steps", "metric_figure", "timeline_figure_pair", "monitor_timeline_figure",
-           "job_summary_figure", "TIMELINE_RUNS"]
+           "job_summary_figure", "TIMELINE_RUNS", "eval_metric", "eval_traces", "eval_figure", "EVAL_TRACES"]
 
 TIMELINE_RUNS = ("simulated", "measured")  # the runs a job's timeline overlays, the prediction on top
 
@@ -75,6 +75,51 @@ def metric_figure(metrics: Mapping[int, Mapping[str, np.ndarray]], field: str, *
                         margin={"l": 50, "r": 10, "t": 40, "b": 40})
 
 
+EVAL_TRACES = ("metric", "val_loss", "target")  # the validation chart's traces, in order, always all three
+
+
+def eval_metric(evals: Mapping[str, np.ndarray], targets: Mapping[str, float] | None = None) -> str:
+    """``"perplexity"`` for a run with a perplexity target or (without an accuracy target) perplexities
+    evaluated, else ``"accuracy"``: the validation metric a chart of the run shows."""
+    targets = targets or {}
+    if targets.get("perplexity"):
+        return "perplexity"
+    perplexity = evals.get("perplexity")
+    has_perplexity = perplexity is not None and bool(np.isfinite(perplexity).any())
+    return "perplexity" if has_perplexity and not targets.get("accuracy") else "accuracy"
+
+
+def eval_traces(evals: Mapping[str, np.ndarray], metric: str, target: float = 0.0,
+                max_points: int = 2000) -> list[go.Scatter]:
+    """The validation chart's three traces against wall seconds: ``metric`` (left axis), validation loss
+    (right axis, ``y2``) and the target as a dashed line across the curve's span (empty without a target)."""
+    empty = np.empty(0)
+    wall = evals.get("wall_s", empty)
+    x, y = _thin_pair(wall, evals.get(metric, empty), max_points)
+    _, loss = _thin_pair(wall, evals.get("val_loss", empty), max_points)
+    span = [0.0, float(np.nanmax(wall)) if wall.size and np.isfinite(wall).any() else 1.0]
+    return [
+        go.Scatter(x=x, y=y, mode="lines+markers", name=f"val {metric}", line={"color": EVAL_COLORS["metric"]},
+                   marker={"size": 5}),
+        go.Scatter(x=x, y=loss, mode="lines+markers", name="val loss", yaxis="y2",
+                   line={"color": EVAL_COLORS["val_loss"], "dash": "dot"}, marker={"size": 4}),
+        go.Scatter(x=span if target else [], y=[target, target] if target else [], mode="lines",
+                   name=f"target {metric}", line={"color": EVAL_COLORS["target"], "dash": "dash"}),
+    ]
+
+
+def eval_figure(evals: Mapping[str, np.ndarray], *, metric: str = "accuracy", target: float = 0.0,
+                title: str = "validation", width: int | None = None, max_points: int = 2000) -> go.Figure:
+    """Validation ``metric`` and loss against wall time, with the target as a line when set.
+
+    Always :data:`EVAL_TRACES` (maybe empty), so a live view fills them in by data alone.
+    """
+    fig = go.Figure(eval_traces(evals, metric, target, max_points))
+    return apply_layout(fig, title=title, xaxis_title="wall s", yaxis_title=metric, height=280, width=width,
+                        yaxis2={"title": "val loss", "overlaying": "y", "side": "right", "showgrid": False},
+                        margin={"l": 50, "r": 50, "t": 40, "b": 40})
+
+
 def _runs(measured: Timeline | None, simulated: Timeline | None) -> tuple[list[Timeline], list[str]]:
     """The timelines there are to draw, the prediction first (it takes the top of each lane)."""
     pairs = [(t, name) for t, name in ((simulated, "simulated"), (measured, "measured")) if t is not None and len(t)]
@@ -107,10 +152,24 @@ def monitor_timeline_figure(measured: Timeline | None, simulated: Timeline | Non
 
 def job_summary_figure(data: Mapping[str, Any], *, measured: Timeline | None = None,
                        simulated: Timeline | None = None, title: str = "", max_points: int = 2000) -> go.Figure:
-    """A static summary: loss and throughput per rank (top), iteration timeline (bottom)."""
+    """A static summary: loss and throughput per rank (top), iteration timeline (middle) and, for a run that
+    evaluates (``data["evals"]``), validation metric and loss against wall time with the target (bottom)."""
     metrics = data.get("metrics", {})
-    fig = make_subplots(rows=2, cols=2, specs=[[{}, {}], [{"colspan": 2}, None]], vertical_spacing=0.15,
-                        subplot_titles=("loss", "samples / s", "timeline (ms)"))
+    evals = data.get("evals") or {}
+    rows = 3 if evals else 2
+    specs = [[{}, {}], [{"colspan": 2}, None]] + ([[{"colspan": 2, "secondary_y": True}, None]] if evals else [])
+    fig = make_subplots(rows=rows, cols=2, specs=specs, vertical_spacing=0.15 if rows == 2 else 0.1,
+                        subplot_titles=("loss", "samples / s", "timeline (ms)") + (("validation",) if evals else ()))
+    if evals:
+        targets = data.get("targets") or {}
+        metric = eval_metric(evals, targets)
+        for trace in eval_traces(evals, metric, float(targets.get(metric) or 0.0), max_points):
+            on_loss = trace.yaxis == "y2"
+            trace.yaxis = None
+            fig.add_trace(trace, row=3, col=1, secondary_y=on_loss)
+        fig.update_xaxes(title_text="wall s", row=3, col=1)
+        fig.update_yaxes(title_text=metric, row=3, col=1, secondary_y=False)
+        fig.update_yaxes(title_text="val loss", row=3, col=1, secondary_y=True, showgrid=False)
     for rank, columns in sorted(metrics.items()):
         for col, field in ((1, "loss"), (2, "samples_per_s")):
             x, y = _thin_pair(columns["step"], columns[field], max_points)
@@ -122,7 +181,7 @@ def job_summary_figure(data: Mapping[str, Any], *, measured: Timeline | None = N
     timelines, names = _runs(measured, simulated)
     if timelines:
         add_timeline(fig, timelines, names=names, row=2, col=1, showlegend=False)
-    apply_layout(fig, title=title, height=620, margin={"l": 90, "r": 10, "t": 60, "b": 40},
+    apply_layout(fig, title=title, height=620 if rows == 2 else 860, margin={"l": 90, "r": 10, "t": 60, "b": 40},
                  legend={"orientation": "v"})
     fig.update_xaxes(title_text="step", row=1, col=1)
     fig.update_xaxes(title_text="step", row=1, col=2)

@@ -27,7 +27,7 @@ import plotly.graph_objects as go
 
 __all__ = ["CATEGORY_COLORS", "CATEGORY_ORDER", "OP_CATEGORY", "OP_COLORS", "IDLE", "MEASURED_OPACITY",
            "category_of", "op_color", "PALETTE", "palette_color", "MEMORY_COLOR", "MEMORY_PEAK_COLOR",
-           "STATE_COLORS", "LAYOUT_DEFAULTS", "apply_layout", "mark_memory_cap"]
+           "STATE_COLORS", "EVAL_COLORS", "LAYOUT_DEFAULTS", "apply_layout", "mark_memory_cap"]
 
 IDLE = "idle"
 CATEGORY_COLORS = {
@@ -54,6 +54,8 @@ MEASURED_OPACITY = 0.55  # the second of two overlaid runs, so the first stays r
 PALETTE = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#EECA3B", "#B279A2", "#FF9DA6",
            "#9D755D", "#BAB0AC")
 MEMORY_COLOR, MEMORY_PEAK_COLOR = "#B279A2", "#7A4F73"  # memory bars; the fullest one darker
+# validation curves: the metric (accuracy or perplexity), the validation loss, and the target line
+EVAL_COLORS = {"metric": "#54A24B", "val_loss": "#E45756", "target": "#7F7F7F"}
 STATE_COLORS = {"RUNNING": "#2CA02C", "SUCCEEDED": "#1F77B4", "FAILED": "#D62728", "CANCELLED": "#7F7F7F",
                 "STALLED": "#FF7F0E", "PENDING": "#BCBD22", "UNKNOWN": "#7F7F7F"}  # job and rank states
 

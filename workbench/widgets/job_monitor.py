@@ -14,9 +14,12 @@ refresh only changes data: one ``Plotly.update`` per figure, never a trace
 added or removed, so no reading of the page shows part of a figure. The
 Cancel button ends disabled and grey, labelled with the final state, once
 the run is over, however it ended (a press that comes as the run finishes
-included). Page hooks: the box has class ``wb-job-monitor``; its parts
-``wb-monitor-header``, ``wb-monitor-cancel``, ``wb-monitor-ranks`` and
-``wb-monitor-log``.
+included). A run that evaluates (``eval_every`` in its config) also gets a
+validation chart: accuracy (or perplexity) and validation loss against wall
+time, with the target as a dashed line when the config sets one. Page
+hooks: the box has class ``wb-job-monitor``; its parts ``wb-monitor-header``,
+``wb-monitor-cancel``, ``wb-monitor-ranks``, ``wb-monitor-log`` and (runs that
+evaluate) ``wb-monitor-eval``.
 
 Without a widget frontend (``WORKBENCH_STATIC=1``, no IPython kernel, or no
 anywidget for ``FigureWidget``) the monitor displays the static summary
@@ -28,16 +31,20 @@ headless runs and saved notebooks show real data.
 from __future__ import annotations
 
 import html
+import json
 import os
 import threading
 import time
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..core.rundir import CONFIG_FILE
 from ..core.timeline import Timeline
-from ..viz.job_figures import metric_figure, monitor_timeline_figure, restart_steps, thin
+from ..viz.job_figures import (eval_figure, eval_metric, eval_traces, metric_figure, monitor_timeline_figure,
+                               restart_steps, thin)
 from ..viz.style import STATE_COLORS, palette_color
 from ..viz.timeline import update_timeline_slots
 
@@ -104,11 +111,21 @@ class JobMonitor:
         self.rate_fig = metric_figure({}, "samples_per_s", title="samples / s", width=CURVE_WIDTH_PX, ranks=ranks)
         self.timeline_fig = monitor_timeline_figure(None, self.simulated)
         state = self.job.refresh()
+        self._eval_targets = self._read_eval_targets(state)
+        self.eval_fig = None
+        if self._eval_targets is not None:
+            metric = eval_metric({}, self._eval_targets)
+            self.eval_fig = eval_figure({}, metric=metric, target=self._eval_targets.get(metric, 0.0),
+                                        title="validation", width=CURVE_WIDTH_PX)
         self._seen_version = state.version
         self._update_curves(state)
+        self._update_evals(state)
         self._update_timeline(state)
         self.loss_fig, self.rate_fig, self.timeline_fig = (
             figure_widget(fig) for fig in (self.loss_fig, self.rate_fig, self.timeline_fig))
+        if self.eval_fig is not None:
+            self.eval_fig = figure_widget(self.eval_fig)
+            self.eval_fig.add_class("wb-monitor-eval")
         self.header = w.HTML()
         self.table = w.HTML()
         self.log_box = w.Textarea(layout=w.Layout(width="100%", height="180px"), disabled=True,
@@ -118,8 +135,9 @@ class JobMonitor:
         for part, name in ((self.header, "header"), (self.table, "ranks"), (self.log_box, "log"),
                            (self.cancel_button, "cancel")):
             part.add_class(f"wb-monitor-{name}")
-        box = w.VBox([w.HBox([self.header, self.cancel_button]), w.HBox([self.loss_fig, self.rate_fig]),
-                      self.table, self.timeline_fig, self.log_box])
+        curves = [w.HBox([self.loss_fig, self.rate_fig])] + ([w.HBox([self.eval_fig])] if self.eval_fig else [])
+        box = w.VBox([w.HBox([self.header, self.cancel_button]), *curves, self.table, self.timeline_fig,
+                      self.log_box])
         box.add_class("wb-job-monitor")
         return box
 
@@ -159,6 +177,7 @@ class JobMonitor:
                 if state.version != self._seen_version:
                     self._seen_version = state.version
                     self._update_curves(state)
+                    self._update_evals(state)
                     self._update_timeline(state)
                 self._update_table(status)
                 self._update_logs()
@@ -193,6 +212,33 @@ class JobMonitor:
                                 for s in restart_steps({k: columns.column(k) for k in ("restart", "step")})})
                 fig.layout.shapes = [{"type": "line", "xref": "x", "yref": "paper", "x0": s, "x1": s, "y0": 0,
                                       "y1": 1, "line": {"dash": "dash", "color": "gray"}} for s in marks]
+
+    def _read_eval_targets(self, state) -> dict[str, float] | None:
+        """``{"accuracy": target, "perplexity": target}`` (0: none) for a run that evaluates, else None.
+
+        From the run's config.json (there from launch) or, without one, the start event's config."""
+        config: dict = {}
+        try:
+            config = json.loads((Path(self.job.run_dir) / CONFIG_FILE).read_text())
+        except (OSError, ValueError, TypeError, AttributeError):
+            pass
+        targets = state.targets
+        every = config.get("eval_every") or targets.eval_every
+        if not every and not len(state.evals):
+            return None
+        return {"accuracy": float(config.get("target_accuracy") or targets.target_accuracy),
+                "perplexity": float(config.get("target_perplexity") or targets.target_perplexity)}
+
+    def _update_evals(self, state) -> None:
+        if self.eval_fig is None or not len(state.evals):
+            return
+        series = state.eval_series()
+        metric = eval_metric(series, self._eval_targets)
+        traces = eval_traces(series, metric, self._eval_targets.get(metric, 0.0), self.max_points)
+        with self.eval_fig.batch_update():
+            for live, new in zip(self.eval_fig.data, traces):
+                live.x, live.y, live.name = new.x, new.y, new.name
+            self.eval_fig.layout.yaxis.title.text = metric
 
     def _update_timeline(self, state) -> None:
         measured = state.timeline()

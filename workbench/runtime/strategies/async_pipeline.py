@@ -381,6 +381,10 @@ class AsyncPipeline(Strategy):
         self._optimizer.zero_grad(set_to_none=True)
 
     # -- Strategy ---------------------------------------------------------------------
+    @property
+    def data_group(self) -> int:
+        return self.group_index
+
     def train_step(self, step: int, batch: tuple[torch.Tensor, torch.Tensor]) -> PendingLoss:
         config = self.config
         segment = self.segments[step]
@@ -391,7 +395,7 @@ class AsyncPipeline(Strategy):
             needed = max((a.iteration for a in segment if a.op is Op.FORWARD), default=step)
             while self._next_iteration <= needed:  # forwards of later iterations 1F1B starts in this segment
                 if self._ahead is None:
-                    self._ahead = global_batches(config, self.ctx.model, self._next_iteration)
+                    self._ahead = global_batches(config, self.ctx.model, self._next_iteration, self.group_index)
                 self._add_iteration(self._next_iteration, next(self._ahead))
                 self._next_iteration += 1
         self.interpreter.run_segment(segment, self._data)

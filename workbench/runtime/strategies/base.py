@@ -111,12 +111,26 @@ class Strategy(ABC):
     def optimizer(self) -> torch.optim.Optimizer:
         """The optimizer over this rank's parameters."""
 
+    @property
+    def data_group(self) -> int | None:
+        """The data-parallel replica whose share of each global batch this rank trains, or None when the
+        rank reads whole global batches (datasets are then read only in that share; see ``global_batches``)."""
+        return None
+
     def param_state(self) -> dict[str, torch.Tensor]:
         """This rank's parameters under their dense-model names (for comparison with the reference)."""
         out: dict[str, torch.Tensor] = {}
         for module in self.modules().values():
             for name, p in module.named_parameters():
                 out[name] = p.detach().float().cpu().clone()
+        return out
+
+    def buffer_state(self) -> dict[str, torch.Tensor]:
+        """This rank's buffers (e.g. BatchNorm running statistics) under their dense-model names, as stored."""
+        out: dict[str, torch.Tensor] = {}
+        for module in self.modules().values():
+            for name, b in module.named_buffers():
+                out[name] = b.detach().cpu().clone()
         return out
 
     def extra_state(self) -> dict[str, Any]:

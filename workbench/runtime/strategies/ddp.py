@@ -62,6 +62,10 @@ class DataParallel(Strategy):
         self.record_since(op, start, iteration, microbatch)
         return out
 
+    @property
+    def data_group(self) -> int:
+        return self.ctx.rank
+
     def train_step(self, step: int, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
         config, device = self.config, self.ctx.device
         rounds = split_rounds(batch, config, self.ctx.rank)

@@ -336,6 +336,13 @@ class Layerwise(Strategy):
         return {f"{layer.name}.{name}": value for layer in self.layers
                 for name, value in dense_parameters(layer).items()}
 
+    def buffer_state(self) -> dict[str, torch.Tensor]:
+        """Buffers under their model names (a replicated DTensor buffer as its full tensor)."""
+        from torch.distributed.tensor import DTensor
+
+        return {f"{layer.name}.{name}": (b.full_tensor() if isinstance(b, DTensor) else b).detach().cpu().clone()
+                for layer in self.layers for name, b in layer.layer.named_buffers()}
+
     def take_events(self) -> tuple[list[Event], float]:
         if self.interpreter is None:
             return super().take_events()

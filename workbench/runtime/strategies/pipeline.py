@@ -90,6 +90,10 @@ class ScheduledPipeline(Strategy):
         return None
 
     # -- Strategy -----------------------------------------------------------------------
+    @property
+    def data_group(self) -> int:
+        return self.groups.coord("dp")
+
     def train_step(self, step: int, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
         rounds = split_rounds(batch, self.config, self.groups.coord("dp"))
         accumulate_only = frozenset({Op.ALL_REDUCE, Op.STEP})

@@ -1,0 +1,118 @@
+"""Checks of a run config against its model and data, before any process starts.
+
+:class:`~workbench.core.config.RunConfig` checks its fields alone (stdlib,
+no torch). What needs torch is checked here, in the launching process, so
+that a bad run is refused with one line naming the field instead of failing
+inside every rank: the model (a zoo name with known overrides, or a factory
+that imports, accepts ``model_args`` and returns a module), an explicit
+partition against the model's layer count, and the data against the model
+(two training samples run through the model and its loss).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..core.config import RunConfig
+from ..core.partition import Partition
+
+__all__ = ["check_run"]
+
+
+def _first_samples(config: RunConfig, model, count: int = 2) -> tuple[torch.Tensor, torch.Tensor] | None:
+    if config.data.is_dataset:
+        from torch.utils.data import default_collate
+
+        from ..models.datasets import load_datasets
+
+        train, _ = load_datasets(config.data, seed=config.seed)
+        inputs, targets = default_collate([train[i] for i in range(min(count, len(train)))])
+        return torch.as_tensor(inputs), torch.as_tensor(targets)
+    if config.data.kind == "synthetic" and getattr(model, "input_spec", None) is None:
+        raise ValueError(f"config field 'data.kind' = 'synthetic' needs the input shape of model {config.model!r}, "
+                         "which its factory does not give: return a LayerSequence with an input_spec, or train "
+                         "on a dataset (data = 'package.module:function')")
+    if not config.model_from_factory:
+        return None  # the zoo's models and the built-in data are made for each other
+    from .batches import validation_batches
+
+    inputs, targets = next(iter(validation_batches(config.replace(eval_batches=1), model)))
+    return inputs[:count], targets[:count]
+
+
+def check_run(config: RunConfig) -> None:
+    """Refuse (ValueError naming the field) a model, partition or data the run could not use."""
+    from ..models.zoo import get_entry, list_models
+
+    needs_model = (config.model_from_factory or config.data.is_dataset
+                   or (config.plan.partition not in ("uniform", "ampa") and config.plan.num_virtual_stages > 1))
+    if not config.model_from_factory:
+        if config.model not in list_models():
+            raise ValueError(f"config field 'model' = {config.model!r} is not in the zoo; valid: "
+                             f"{', '.join(list_models())}, or a factory 'package.module:function'")
+        try:
+            get_entry(config.model).config(config.model_overrides)
+        except ValueError as exc:
+            raise ValueError(f"config field 'model_overrides': {exc}") from None
+    if not needs_model:
+        return
+    from .batches import run_model
+
+    model = run_model(config)
+    text = config.plan.partition
+    if text not in ("uniform", "ampa") and config.plan.num_virtual_stages > 1:
+        try:
+            Partition.parse(text, len(model))  # its stage count was checked with the plan
+        except ValueError as exc:
+            raise ValueError(f"plan field 'partition' = {text!r} does not fit model {config.model!r} "
+                             f"with {len(model)} layers (0-{len(model) - 1}): {exc}") from None
+    if len(model) < config.plan.num_virtual_stages:
+        raise ValueError(f"config field 'plan' = {config.plan.name!r} has {config.plan.num_virtual_stages} stages, "
+                         f"model {config.model!r} only {len(model)} layers ({', '.join(model.layer_names)}); "
+                         "use fewer stages or more split_points")
+    samples = _first_samples(config, model)
+    if samples is None:
+        return
+    inputs, targets = samples
+    where = f"data ({config.data.factory or config.data.path or config.data.kind})"
+    model.eval()
+    with torch.no_grad():
+        try:
+            out = model(inputs)
+        except ValueError as exc:
+            raise ValueError(f"config field 'data': {where} does not fit model {config.model!r}: {exc}") from None
+        try:
+            loss = model.loss_fn(out, targets)
+        except (RuntimeError, ValueError, IndexError, TypeError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ValueError(f"config field 'data': the targets of {where} (shape {tuple(targets.shape)}, "
+                             f"{targets.dtype}) do not fit the loss of model {config.model!r}, whose output has "
+                             f"shape {tuple(out.shape)}: {first}") from None
+    if not torch.isfinite(loss):
+        raise ValueError(f"config field 'data': the loss of model {config.model!r} on the first samples of {where} "
+                         f"is {float(loss)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m workbench.runtime.preflight CONFIG.json``: exit 2 with one line when the run is refused.
+
+    The job launcher runs it with the interpreter and environment the ranks
+    will have, so a factory that imports in the notebook but not there is
+    refused too.
+    """
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="workbench.runtime.preflight", description=main.__doc__.splitlines()[0])
+    parser.add_argument("config", help="a run config (JSON)")
+    args = parser.parse_args(argv)
+    try:
+        check_run(RunConfig.from_json(args.config))
+    except ValueError as exc:
+        print(" ".join(str(exc).split()), file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
