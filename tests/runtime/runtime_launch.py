@@ -62,3 +62,49 @@ def processes_mentioning(text: str) -> list[int]:
         if text in cmdline:
             pids.append(int(proc.name))
     return pids
+
+
+def stashing_reference(config: RunConfig) -> dict[str, torch.Tensor]:
+    """One process applying the asynchronous rule by hand, for the run's own model and partition.
+
+    Each micro-batch runs every stage on the weight version the schedule
+    names for it; stage ``s``'s step of iteration ``t`` applies the gradients
+    of iteration ``t``'s micro-batches. The versions are the stage's weights
+    after each step, kept here as a history.
+    """
+    from torch.func import functional_call
+
+    from workbench.core.partition import Partition
+    from workbench.runtime.batches import global_batches, run_model, split_rounds
+    from workbench.runtime.strategies.base import make_optimizer
+    from workbench.scheduling.generators import async_1f1b
+
+    S, m = config.plan.pp, config.plan.microbatches
+    model = run_model(config)
+    torch.manual_seed(config.seed + 1)
+    text = config.plan.partition
+    partition = Partition.uniform(len(model), S) if text == "uniform" else Partition.parse(text, len(model))
+    blocks = [model.stage(*partition.bounds[s]) for s in range(S)]
+    optimizers = [make_optimizer(list(b.parameters()), config) for b in blocks]
+    history = [[{n: p.detach().clone() for n, p in b.named_parameters()}] for b in blocks]
+    spec = config.plan.pipeline
+    inflight = spec.inflight if isinstance(spec.inflight, int) else None
+    plan = async_1f1b(S, m, config.steps, inflight=inflight, mode=spec.mode, vertical_sync=spec.vertical_sync)
+    version = {(s, a.iteration, a.microbatch): a.version for s in range(S) for a in plan.actions(s) if a.op.value == "F"}
+    batches = global_batches(config, model, 0)
+    for t in range(config.steps):
+        data = split_rounds(next(batches), config, 0)[0]
+        for mb, (x, y) in enumerate(zip(data.inputs, data.targets)):
+            h, leaves = x, []
+            for s, block in enumerate(blocks):
+                leaves.append({n: w.clone().requires_grad_(True) for n, w in history[s][version[(s, t, mb)]].items()})
+                h = functional_call(block, leaves[-1], (h,))
+            (model.loss_fn(h, y) / m).backward()
+            for block, bound in zip(blocks, leaves):
+                for n, p in block.named_parameters():
+                    p.grad = bound[n].grad.clone() if p.grad is None else p.grad + bound[n].grad
+        for s, (block, optimizer) in enumerate(zip(blocks, optimizers)):
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            history[s].append({n: p.detach().clone() for n, p in block.named_parameters()})
+    return {n: p.detach() for b in blocks for n, p in b.named_parameters()}

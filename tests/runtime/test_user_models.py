@@ -24,7 +24,7 @@ from torch import nn
 
 from fixtures import user_models
 from fixtures.user_models import MODULE, PreActBlock
-from runtime_launch import dumped_params, run_ok, step_losses
+from runtime_launch import dumped_params, run_ok, stashing_reference, step_losses
 from workbench.core.partition import Partition
 from workbench.models.boundary import stage_input
 from workbench.models.sequence import InputSpec, LayerSequence
@@ -229,51 +229,13 @@ def test_gropipe_delay1_equals_reference(tmp_path, workers_import_fixtures):
     _assert_equals_reference(tmp_path, config, [0, 1], delay=1)
 
 
-def _stashing_reference(config) -> dict[str, torch.Tensor]:
-    """The asynchronous rule by hand (as ``test_async_sync.stashing_reference``), for the run's own model and
-    partition: each micro-batch runs every stage on the weight version the schedule names for it."""
-    from torch.func import functional_call
-
-    from workbench.runtime.batches import global_batches, split_rounds
-    from workbench.runtime.strategies.base import make_optimizer
-    from workbench.scheduling.generators import async_1f1b
-
-    S, m = config.plan.pp, config.plan.microbatches
-    model = _model_of(config)
-    torch.manual_seed(config.seed + 1)
-    partition = _partition_of(config, len(model))
-    blocks = [model.stage(*partition.bounds[s]) for s in range(S)]
-    optimizers = [make_optimizer(list(b.parameters()), config) for b in blocks]
-    history = [[{n: p.detach().clone() for n, p in b.named_parameters()}] for b in blocks]
-    spec = config.plan.pipeline
-    plan = async_1f1b(S, m, config.steps, inflight=spec.inflight, mode=spec.mode, vertical_sync=spec.vertical_sync)
-    version = {(s, a.iteration, a.microbatch): a.version for s in range(S) for a in plan.actions(s) if a.op.value == "F"}
-    batches = global_batches(config, model, 0)
-    for t in range(config.steps):
-        data = split_rounds(next(batches), config, 0)[0]
-        for mb, (x, y) in enumerate(zip(data.inputs, data.targets)):
-            h, leaves = x, []
-            for s, block in enumerate(blocks):
-                leaves.append({n: w.clone().requires_grad_(True) for n, w in history[s][version[(s, t, mb)]].items()})
-                h = functional_call(block, leaves[-1], (h,))
-            (model.loss_fn(h, y) / m).backward()
-            for block, bound in zip(blocks, leaves):
-                for n, p in block.named_parameters():
-                    p.grad = bound[n].grad.clone() if p.grad is None else p.grad + bound[n].grad
-        for s, (block, optimizer) in enumerate(zip(blocks, optimizers)):
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            history[s].append({n: p.detach().clone() for n, p in block.named_parameters()})
-    return {n: p.detach() for b in blocks for n, p in b.named_parameters()}
-
-
 @pytest.mark.multiproc
 def test_async_pipeline_equals_the_stashing_rule(tmp_path, workers_import_fixtures):
     # stage 1 starts with conv1's ReLU(inplace=True)
     config = run_ok(tmp_path, 2, model=f"{MODULE}:shufflenet", data=DATA, plan="async-1x2-m4-if2@0-1|2-24",
                     global_batch=8, steps=3, optimizer=SGD)
     _assert_in_place_first_on_a_stage(config)
-    expected = _stashing_reference(config)
+    expected = stashing_reference(config)
     params = dumped_params(tmp_path, [0, 1])
     assert sorted(params) == sorted(expected)
     for name, value in expected.items():

@@ -117,7 +117,8 @@ def eval_figure(evals: Mapping[str, np.ndarray], *, metric: str = "accuracy", ta
     fig = go.Figure(eval_traces(evals, metric, target, max_points))
     return apply_layout(fig, title=title, xaxis_title="wall s", yaxis_title=metric, height=280, width=width,
                         yaxis2={"title": "val loss", "overlaying": "y", "side": "right", "showgrid": False},
-                        margin={"l": 50, "r": 50, "t": 40, "b": 40})
+                        legend={"orientation": "h", "x": 1.0, "xanchor": "right", "y": 1.02, "yanchor": "bottom"},
+                        margin={"l": 50, "r": 50, "t": 40, "b": 40})  # legend top right: clear of the axis title
 
 
 def _runs(measured: Timeline | None, simulated: Timeline | None) -> tuple[list[Timeline], list[str]]:
