@@ -1,0 +1,230 @@
+"""Why a 2-stage 1F1B pipeline falls short of its ideal over naive model parallelism, on two ranks.
+
+Naive model parallelism (the whole global batch as one micro-batch, one
+stage busy at a time), 1F1B and the asynchronous pipeline (both with ``M``
+micro-batches) run ResNet-18 on two uncontended ranks (one per core), at
+32x32 and 64x64 inputs, global batch 64, synthetic data, interleaved per
+repeat (naive, 1f1b, async, then 1f1b and async again on the partition
+AMPA picks from the profile at the micro-batch size; the others use the
+default partition, uniform in layers). With ``S`` stages the ideal
+1F1B / naive throughput ratio is ``S M / (M + S - 1)`` (1.6 for S=2, M=4).
+The gap to it is taken apart into:
+
+* **micro-batch efficiency**: ``M`` micro-batches of ``b / M`` samples
+  against one of ``b``, forward + backward summed over the layers, from the
+  profiler at both sizes (``> 1``: small micro-batches cost more per sample);
+* **stage imbalance**: the slower stage against the mean of the two, from
+  the profile at the micro-batch size and the partition the run used (the
+  pipeline runs at its slowest stage; naive parallelism pays the sum);
+* **concurrency**: the compute the ranks measured (forward, backward and
+  step, both ranks) against the profile's time for the same work, measured
+  alone: naive parallelism computes on one rank at a time, a pipeline on
+  both at once, and two processes computing at once on this machine's two
+  vCPUs share more than the cores (memory bandwidth, caches);
+* **communication**: the time each rank spends in its sends and receives
+  per step (a blocking receive includes waiting for the peer), from the
+  measured events;
+* **runtime overhead**: the time between a rank's recorded actions within an
+  iteration that is neither compute nor communication, per step, from the
+  measured events; the time between iterations (optimizer step, loss
+  reduction, next batch, waiting for the other rank) is reported apart.
+
+The simulator, given the profile at each run's micro-batch size and the
+partition used, predicts the ratio; the target is within 10% of the
+measured one. Throughput is samples over the summed step times after
+``WARMUP`` steps; medians over repeats, ratios taken within a repeat.
+
+    .venv/bin/python bench/bench_pipeline_gap.py [--repeats 3] [--sizes 32,64] [--microbatches 4]
+
+Writes ``bench/results/pipeline_gap.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from workbench.core.config import RunConfig
+from workbench.core.partition import Partition
+from workbench.core.timeline import Timeline
+from workbench.jobs import LaunchSpec, launch
+from workbench.planning.ampa import ampa
+from workbench.planning.clusters import collective_link, core_sharing, get_cluster
+from workbench.runtime.events import load_measured_timeline, read_events
+from workbench.scheduling import generators
+from workbench.scheduling.simulate import simulate
+from workbench.scheduling.stagecosts import StageCosts
+
+RESULTS = Path(__file__).resolve().parent / "results" / "pipeline_gap.json"
+STEPS, WARMUP = 10, 3
+GLOBAL_BATCH = 64
+STAGES = 2
+COMPUTE = ("F", "B", "STEP", "STASH", "RESTORE")
+COMM = ("SEND_F", "RECV_F", "SEND_B", "RECV_B", "AR")
+
+
+def model_fields(size: int) -> dict:
+    return {"model": "resnet18", "model_overrides": {"image_size": size, "num_classes": 10},
+            "global_batch": GLOBAL_BATCH, "data": {"kind": "synthetic"}, "optimizer": {"name": "sgd", "lr": 0.01}}
+
+
+def cases(m: int, balanced: Partition) -> dict[str, str]:
+    """The runs: naive, 1F1B and async on the default (uniform) partition, and the last two on AMPA's."""
+    return {"naive": f"pp{STAGES}-1f1b-m1", "1f1b": f"pp{STAGES}-1f1b-m{m}", "async": f"async-1x{STAGES}-m{m}",
+            "1f1b-ampa": f"pp{STAGES}-1f1b-m{m}@{balanced}", "async-ampa": f"async-1x{STAGES}-m{m}@{balanced}"}
+
+
+def throughput(run_dir: Path) -> float:
+    steps = [e for e in read_events(run_dir, 0) if e["kind"] == "step" and e["step"] > WARMUP]
+    return len(steps) * GLOBAL_BATCH / (sum(e["step_ms"] for e in steps) / 1e3)
+
+
+def per_step_breakdown(timeline: Timeline, steps: int) -> dict[str, float]:
+    """Mean over ranks, in ms per step, of compute, communication, and the time covered by no event.
+
+    From iteration ``WARMUP`` on. Uncovered time inside an iteration (between
+    two actions) is the runtime's own overhead; uncovered time between one
+    iteration's last action and the next one's first is the step boundary:
+    the optimizer step, the loss reduction, the next batch, and waiting for
+    the other rank there (naive parallelism's idle rank waits there).
+    """
+    out = {"compute_ms": [], "comm_ms": [], "overhead_ms": [], "boundary_ms": []}
+    for rank in timeline.ranks:
+        events = sorted((e for e in timeline.on_rank(rank) if e.iteration >= WARMUP), key=lambda e: e.start)
+        if not events:
+            continue
+        overhead = boundary = 0.0
+        reach, iteration = events[0].start, events[0].iteration
+        for e in events:
+            if e.start > reach:
+                if e.iteration == iteration:
+                    overhead += e.start - reach
+                else:
+                    boundary += e.start - reach
+            reach, iteration = max(reach, e.end), e.iteration
+        out["compute_ms"].append(sum(e.duration for e in events if e.op in COMPUTE) / steps)
+        out["comm_ms"].append(sum(e.duration for e in events if e.op in COMM) / steps)
+        out["overhead_ms"].append(overhead / steps)
+        out["boundary_ms"].append(boundary / steps)
+    return {k: statistics.mean(v) for k, v in out.items()}
+
+
+def run_case(root: str, size: int, case: str, plan: str) -> dict:
+    fields = {"name": f"gap-{size}-{case}", "steps": STEPS, "seed": 0, "plan": plan, **model_fields(size)}
+    job = launch(LaunchSpec(config=fields, name=f"gap-{size}-{case}", run_root=root))
+    state = job.wait(timeout=900).state
+    if state != "SUCCEEDED":
+        raise RuntimeError(f"{size} {case}: the run ended {state}; see {job.run_dir}")
+    start = next(e for e in read_events(job.run_dir, 0) if e["kind"] == "start")
+    timeline = load_measured_timeline(job.run_dir)
+    return {"samples_per_s": throughput(job.run_dir), "partition": start["partition"],
+            "load_avg_1m": os.getloadavg()[0], **per_step_breakdown(timeline, STEPS - WARMUP),
+            "run_dir": str(job.run_dir)}
+
+
+def profile_at(size: int, batch: int):
+    from workbench.models import build_model, sample_batch
+    from workbench.profiling import profile
+
+    fields = model_fields(size)
+    model = build_model(fields["model"], seed=0, **fields["model_overrides"])
+    return profile(copy.deepcopy(model), sample_batch(model, batch, seed=0), device="cpu", progress=False,
+                   cache=False, repeats=5)
+
+
+def predicted_step_ms(costs, partition: Partition, microbatches: int, kind: str) -> float:
+    """The simulator's step time for ``kind`` (1f1b or async) at ``microbatches`` from the profile."""
+    cluster = get_cluster("local-cpu")
+    stage_costs = StageCosts.from_model(costs, partition, GLOBAL_BATCH // microbatches, optimizer="sgd")
+    if kind == "async":
+        from workbench.core.plan import ParallelPlan
+
+        schedule = ParallelPlan.parse(f"async-1x{STAGES}-m{microbatches}").schedule(num_iterations=STEPS)
+    else:
+        schedule = generators.gropipe(1, STAGES, microbatches, inner="1f1b", num_iterations=STEPS)
+    result = simulate(schedule, stage_costs, cluster, collective_link=collective_link("local-cpu"),
+                      sharing=core_sharing(cluster))
+    return result.metrics["makespan_ms"] / STEPS
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sizes", default="32,64")
+    parser.add_argument("--microbatches", type=int, default=4)
+    args = parser.parse_args()
+    m = args.microbatches
+    root = tempfile.mkdtemp(prefix="bench-gap-")
+    result = {"steps": STEPS, "warmup": WARMUP, "global_batch": GLOBAL_BATCH, "stages": STAGES, "microbatches": m,
+              "repeats": args.repeats, "sizes": {}}
+    ideal = STAGES * m / (m + STAGES - 1)
+    for size in (int(s) for s in args.sizes.split(",")):
+        whole, small = profile_at(size, GLOBAL_BATCH), profile_at(size, GLOBAL_BATCH // m)
+        balanced = ampa(small, STAGES, num_microbatches=m, batch_size=GLOBAL_BATCH, optimizer="sgd").partition
+        plans = cases(m, balanced)
+        runs = {case: [] for case in plans}
+        for rep in range(args.repeats):
+            for case, plan in plans.items():
+                row = run_case(root, size, case, plan)
+                runs[case].append(row)
+                print(f"{size}x{size} rep {rep} {case:<10} {row['samples_per_s']:7.1f} samples/s  compute "
+                      f"{row['compute_ms']:6.1f}  comm {row['comm_ms']:6.1f}  overhead {row['overhead_ms']:5.1f}  boundary "
+                      f"{row['boundary_ms']:6.1f} ms/step  "
+                      f"load {row['load_avg_1m']:.1f}", flush=True)
+        cost = {1: sum(l.forward_ms + l.backward_ms for l in whole.layers),
+                m: sum(l.forward_ms + l.backward_ms for l in small.layers)}
+        mb_efficiency = m * cost[m] / cost[1]
+        summary = {case: {k: statistics.median(r[k] for r in rows) for k in
+                          ("samples_per_s", "compute_ms", "comm_ms", "overhead_ms", "boundary_ms", "load_avg_1m")}
+                   for case, rows in runs.items()}
+        for case in plans:  # measured compute (both ranks) against the profile's solo time for the same work
+            solo = cost[1] if case == "naive" else m * cost[m]
+            summary[case]["compute_over_profile"] = STAGES * summary[case]["compute_ms"] / solo
+        summary["naive"]["predicted_step_ms"] = predicted_step_ms(whole, Partition.parse(runs["naive"][0]["partition"]),
+                                                                  1, "1f1b")
+        for case in plans:
+            if case == "naive":
+                continue
+            partition = Partition.parse(runs[case][0]["partition"])
+            stage_ms = partition.stage_sums([l.forward_ms + l.backward_ms for l in small.layers])
+            imbalance = max(stage_ms) / statistics.mean(stage_ms)
+            row = summary[case]
+            row.update(partition=str(partition), stage_ms=stage_ms, imbalance=imbalance,
+                       ideal_after_efficiency_and_imbalance=ideal / mb_efficiency / imbalance,
+                       predicted_step_ms=predicted_step_ms(small, partition, m, case.split("-")[0]))
+            row["over_naive"] = statistics.median(a["samples_per_s"] / b["samples_per_s"]
+                                                  for a, b in zip(runs[case], runs["naive"]))
+            row["predicted_over_naive"] = summary["naive"]["predicted_step_ms"] / row["predicted_step_ms"]
+        for part in ("", "-ampa"):
+            summary[f"async_over_1f1b{part}"] = statistics.median(
+                a["samples_per_s"] / b["samples_per_s"] for a, b in zip(runs[f"async{part}"], runs[f"1f1b{part}"]))
+        summary.update(ideal=ideal, microbatch_efficiency=mb_efficiency, ampa_partition=str(balanced),
+                       profile_ms={"whole_batch": cost[1], "microbatch": cost[m]}, runs=runs)
+        result["sizes"][str(size)] = summary
+        print(f"\n{size}x{size}: ideal 1f1b / naive {ideal:.2f}; micro-batch efficiency x{mb_efficiency:.2f} "
+              f"(profile: {cost[1]:.1f} ms for {GLOBAL_BATCH} samples, {cost[m]:.1f} ms for {GLOBAL_BATCH // m})")
+        for case in plans:
+            if case == "naive":
+                continue
+            r = summary[case]
+            print(f"  {case:<10} / naive measured {r['over_naive']:.2f}, simulated {r['predicted_over_naive']:.2f}; "
+                  f"compute x{r['compute_over_profile']:.2f} of the profile (naive x"
+                  f"{summary['naive']['compute_over_profile']:.2f}); "
+                  f"partition {r['partition']} imbalance x{r['imbalance']:.2f} -> ideal after efficiency and "
+                  f"imbalance {r['ideal_after_efficiency_and_imbalance']:.2f}")
+        print(f"  async / 1f1b: {summary['async_over_1f1b']:.2f} (uniform), {summary['async_over_1f1b-ampa']:.2f} "
+              f"(AMPA)\n", flush=True)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
