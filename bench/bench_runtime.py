@@ -5,12 +5,19 @@ the same session, in interleaved launches (A, B, A, B, ...) so the drift of
 a shared machine hits both sides, median over ``--reps`` pairs:
 
 1. our interpreter running 1F1B vs ``torch.distributed.pipelining``'s
-   ``Schedule1F1B`` on the same model, partition and micro-batches, on 2
-   and 4 CPU ranks (ratio >= 1.0 means ours is at least as fast);
+   ``Schedule1F1B`` on the same model and partition, on 2 and 4 CPU ranks
+   (ratio >= 1.0 means ours is at least as fast);
 2. GroPipe (2 groups x 2 stages, delay 0 and 1) vs torch DDP on 4 ranks,
    on the small VGG with big FC layers, on the same VGG with 4096-wide FC
    layers (communication-heavy) and on ResNet-18 (32x32 inputs),
    and GroPipe delay 1 vs delay 0 (what hiding the all-reduce buys).
+
+Every side runs at its own best setting for the same global batch: DDP
+without gradient accumulation (one micro-batch: the whole replica batch
+fits in memory here), and each pipeline (ours, torch's, GroPipe) at the
+micro-batch count among ``--microbatches`` that gave it the most samples/s
+in a sweep of single launches before the paired ones (the sweep is printed
+and kept in the results).
 
 Every run is a real ``torchrun`` launch of ``workbench.runtime.entry``;
 throughput is the median over the steps after ``--warmup`` of the
@@ -78,6 +85,24 @@ def paired(name: str, a: dict, b: dict, reps: int, steps: int, warmup: int) -> d
     return row
 
 
+def best_setting(label: str, fields: dict, plans: dict[int, str], steps: int, warmup: int,
+                 sweeps: dict[str, dict[int, float]]) -> dict:
+    """``fields`` with the plan (one per micro-batch count) that ran fastest in one launch each."""
+    if label not in sweeps:
+        sweeps[label] = {}
+        for m, plan in plans.items():
+            try:
+                sweeps[label][m] = throughput({**fields, "plan": plan}, steps, warmup)
+            except RuntimeError as exc:  # a count the schedule refuses (torch's 1F1B wants m >= stages)
+                print(f"  sweep {label}: m{m} did not run: {str(exc).splitlines()[-1][:160]}", flush=True)
+        rates = ", ".join(f"m{m} {r:.1f}" for m, r in sweeps[label].items())
+        print(f"  sweep {label}: {rates} samples/s", flush=True)
+    if not sweeps[label]:
+        raise RuntimeError(f"{label}: no micro-batch count ran")
+    best = max(sweeps[label], key=sweeps[label].get)
+    return {**fields, "plan": plans[best]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3, help="paired launches per comparison (median)")
@@ -85,21 +110,33 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="only the 2-rank pipeline and VGG comparisons")
     parser.add_argument("--only", default="", help="run only the comparisons whose name contains this text")
+    parser.add_argument("--microbatches", default="2,4,8", help="micro-batch counts each pipeline is swept over")
     args = parser.parse_args()
-    comparisons = []
+    counts = [int(m) for m in args.microbatches.split(",")]
+    sweeps: dict[str, dict[int, float]] = {}
+    comparisons = []  # (name, A's label, A's fields, A's plans, B's label, B's fields, B's plans)
     for ranks in (2, 4) if not args.quick else (2,):
         comparisons.append((f"1f1b ours vs torch Schedule1F1B, {ranks} ranks",
-                            {**VGG, "plan": f"pp{ranks}-1f1b-m8"}, {**VGG, "plan": f"torchpp{ranks}-1f1b-m8"}))
+                            f"ours pp{ranks}", VGG, {m: f"pp{ranks}-1f1b-m{m}" for m in counts},
+                            f"torch pp{ranks}", VGG, {m: f"torchpp{ranks}-1f1b-m{m}" for m in counts}))
     models = [("vgg-tiny", VGG)] + ([] if args.quick else [("vgg-fc4096", VGG_WIDE), ("resnet18", RESNET)])
     for model_name, model in models:
-        ddp = {**model, "plan": "dp4-m2"}
-        gro = {delay: {**model, "plan": f"gropipe-2x2-1f1b-m4-d{delay}"} for delay in (0, 1)}
+        ddp = (f"ddp x4 {model_name}", model, {1: "dp4"})  # no accumulation: the replica batch fits
+        gro = {d: (f"gropipe d{d} {model_name}", model, {m: f"gropipe-2x2-1f1b-m{m}-d{d}" for m in counts})
+               for d in (0, 1)}
         for delay in (0, 1):
-            comparisons.append((f"gropipe 2x2 delay {delay} vs ddp x4, {model_name}", gro[delay], ddp))
-        comparisons.append((f"gropipe 2x2 delay 1 vs delay 0, {model_name}", gro[1], gro[0]))
+            comparisons.append((f"gropipe 2x2 delay {delay} vs ddp x4, {model_name}", *gro[delay], *ddp))
+        comparisons.append((f"gropipe 2x2 delay 1 vs delay 0, {model_name}", *gro[1], *gro[0]))
     print(f"{'comparison (A vs B)':<44} {'A smp/s':>9} {'B smp/s':>9} {'A/B':>7}")
-    rows = [paired(name, a, b, args.reps, args.steps, args.warmup)
-            for name, a, b in comparisons if args.only in name]
+    rows = []
+    for name, label_a, fields_a, plans_a, label_b, fields_b, plans_b in comparisons:
+        if args.only not in name:
+            continue
+        a = best_setting(label_a, fields_a, plans_a, args.steps, args.warmup, sweeps)
+        b = best_setting(label_b, fields_b, plans_b, args.steps, args.warmup, sweeps)
+        row = paired(name, a, b, args.reps, args.steps, args.warmup)
+        row.update(a_plan=a["plan"], b_plan=b["plan"], a_sweep=sweeps[label_a], b_sweep=sweeps[label_b])
+        rows.append(row)
     previous = json.loads(RESULTS.read_text())["rows"] if RESULTS.is_file() else []
     ran = {row["comparison"] for row in rows}
     merged = [row for row in previous if row["comparison"] not in ran] + rows
