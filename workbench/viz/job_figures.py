@@ -115,10 +115,10 @@ def eval_figure(evals: Mapping[str, np.ndarray], *, metric: str = "accuracy", ta
     Always :data:`EVAL_TRACES` (maybe empty), so a live view fills them in by data alone.
     """
     fig = go.Figure(eval_traces(evals, metric, target, max_points))
-    return apply_layout(fig, title=title, xaxis_title="wall s", yaxis_title=metric, height=280, width=width,
+    return apply_layout(fig, title=title, xaxis_title="wall s", yaxis_title=metric, height=310, width=width,
                         yaxis2={"title": "val loss", "overlaying": "y", "side": "right", "showgrid": False},
-                        legend={"orientation": "h", "x": 1.0, "xanchor": "right", "y": 1.02, "yanchor": "bottom"},
-                        margin={"l": 50, "r": 50, "t": 40, "b": 40})  # legend top right: clear of the axis title
+                        legend={"orientation": "h", "x": 0.0, "y": -0.3, "yanchor": "top"},
+                        margin={"l": 50, "r": 50, "t": 40, "b": 70})  # legend under the axis title, clear of both
 
 
 def _runs(measured: Timeline | None, simulated: Timeline | None) -> tuple[list[Timeline], list[str]]:
