@@ -168,17 +168,27 @@ def test_profile_json_loads_as_a_new_model(editor, tmp_path):
 
 
 def test_run_config_carries_the_edited_partition_and_dry_run_launch_writes_it(tmp_path):
-    editor = PartitionEditor(uneven_costs(8, model="mlp", batch=16), num_stages=2, num_microbatches=4,
+    # costs with as many layers as the zoo's mlp: a dry run checks the partition against the model too
+    editor = PartitionEditor(uneven_costs(4, model="mlp", batch=16), num_stages=2, num_microbatches=4,
                              schedule="gropipe", groups=2, delay=1, cluster="local-cpu", run_root=str(tmp_path),
                              launch_backend="dryrun", models=[])
     editor.set_cuts([3])
     config = editor.run_config()
-    assert config.plan == ParallelPlan.parse("gropipe-2x2-1f1b-m4-d1@0-2|3-7")
+    assert config.plan == ParallelPlan.parse("gropipe-2x2-1f1b-m4-d1@0-2|3-3")
     assert config.global_batch == 32 and config.plan.microbatches == 4
     job = editor.launch()
     written = json.loads((Path(job.run_dir) / "config.json").read_text())
     assert ParallelPlan.from_dict(written["plan"]) == config.plan
     assert editor.monitor is None
+
+
+def test_dry_run_refuses_a_partition_the_model_does_not_have(tmp_path):
+    editor = PartitionEditor(uneven_costs(8, model="mlp", batch=16), num_stages=2, num_microbatches=4,
+                             cluster="local-cpu", run_root=str(tmp_path), launch_backend="dryrun", models=[])
+    editor.set_cuts([5])
+    with pytest.raises(ValueError, match="does not fit model 'mlp' with 4 layers"):
+        editor.launch()
+    assert not any(tmp_path.iterdir())  # refused before a run directory was made
 
 
 def test_launching_a_model_outside_the_zoo_is_refused(editor):
