@@ -251,7 +251,8 @@ def check_launchable(spec: LaunchSpec, *, check_entry: bool = True) -> None:
 
 
 def _needs_model_check(config: Any) -> bool:
-    """Mirror of ``runtime.preflight.needs_check`` (that module imports torch; this one must not)."""
+    """Whether launching must build the model first: a factory, a dataset, overrides or an explicit partition
+    (a zoo model on built-in data with defaults cannot fail the preflight's checks, so it skips the subprocess)."""
     plan = config.plan
     return bool(config.model_from_factory or config.data.is_dataset or config.model_overrides
                 or (plan.partition not in ("uniform", "ampa") and plan.num_virtual_stages > 1))
