@@ -10,8 +10,11 @@ pytestmark = [pytest.mark.multiproc,
               pytest.mark.skipif(importlib.util.find_spec("workbench.runtime.entry") is None,
                                  reason="needs the training entry workbench.runtime.entry")]
 
-CONFIG = {"name": "pred", "model": "mlp", "plan": "pp2-1f1b-m4", "global_batch": 16,
-          "steps": 6, "data": {"kind": "synthetic"}}  # the compared iteration is past the warm-up
+# wide enough that compute (milliseconds per micro-batch), not per-call overhead (a fraction of a
+# millisecond that the simulator does not model), makes the iteration; the compared iteration is
+# past the warm-up
+CONFIG = {"name": "pred", "model": "mlp", "model_overrides": {"hidden": 2048}, "plan": "pp2-1f1b-m4",
+          "global_batch": 64, "steps": 6, "data": {"kind": "synthetic"}}
 
 
 def test_monitor_prediction_uses_the_runs_own_schedule_and_stage_times(tmp_path):
@@ -27,6 +30,6 @@ def test_monitor_prediction_uses_the_runs_own_schedule_and_stage_times(tmp_path)
         assert ops.count("F") == 4 and ops.count("B") == 4
         assert sorted(e.op for e in measured.on_rank(rank) if e.op in ("F", "B")) == sorted(ops)
     # the prediction is calibrated by the measured stage times, so its makespan is of the same order
-    assert 0.2 < predicted.makespan / measured.makespan < 5
+    assert 0.33 < predicted.makespan / measured.makespan < 3
     sources = {getattr(t, "name", "") for t in job.summary_figure().data}
     assert any("simulated" in s for s in sources) and any("measured" in s for s in sources)
