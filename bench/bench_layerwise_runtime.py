@@ -49,6 +49,8 @@ MODEL = "gpt2-tiny"
 OVERRIDES = {"n_layer": 4, "n_embd": 128, "n_head": 4, "vocab_size": 4096}
 BATCH, SEQ, STEPS, WARMUP = 16, 64, 9, 3
 CALIBRATION = "dp4"
+# one uniform plan of the layer-by-layer runtime, not among the compared plans: fixes its per-call collective cost
+CALL_CALIBRATION = "dp4-fsdp"
 PLANS = [
     "tp1d-2-dp2-L[0=fsdp;1-2=ddp.tp1d2;3-4=fsdp.rc;5=zero2]",
     "tp1d-2-dp2-m2-L[0=ddp;1=fsdp.tp1d2.rc;2-3=zero2;4=ddp.rc;5=fsdp]",
@@ -117,7 +119,10 @@ def _profile():
     return profile(build_model(MODEL, **OVERRIDES), batch=BATCH // 2, repeats=5, cache=False, progress=False)
 
 
-def _predict(costs, k: float, background: float, plan: str):
+def _predict(costs, k: float, background: float, plan: str, call_ms: float | None = None):
+    """The per-layer cost model's plan; ``call_ms``: the per-step cost of a collective (default: the cluster's)."""
+    from dataclasses import replace
+
     from workbench.planning.calibration import scale_compute
     from workbench.planning.clusters import load_cluster
     from workbench.planning.estimate import cost_context
@@ -125,7 +130,8 @@ def _predict(costs, k: float, background: float, plan: str):
 
     cluster, link = load_cluster("local")
     ctx = cost_context(costs, cluster, BATCH, world_size=4, background_load=background, collective_link=link)
-    return cost_plan(scale_compute(costs, k * ctx.compute_scale(4)), ctx.cluster, BATCH, plan, optimizer="adam",
+    spec = ctx.cluster if call_ms is None else replace(ctx.cluster, collective_call_ms=call_ms)
+    return cost_plan(scale_compute(costs, k * ctx.compute_scale(4)), spec, BATCH, plan, optimizer="adam",
                      collective_link=link)
 
 
@@ -139,6 +145,7 @@ def one_round(rep: int, root: Path, plans: list[str]) -> dict:
 
     from workbench.core.plan import ParallelPlan
     from workbench.planning import calibrate_from_run
+    from workbench.planning.calibrate import fit_call_ms
 
     costs = _profile()
     background = runnable_now()
@@ -148,14 +155,21 @@ def one_round(rep: int, root: Path, plans: list[str]) -> dict:
     cal_ms = _iteration_ms(cal_job)
     print(f"round {rep}: background {background:.2f}, compute calibrated x{k:.3f} from {CALIBRATION} "
           f"({cal_ms:.1f} ms)", flush=True)
+    call_job = _run(CALL_CALIBRATION, root)
+    call_measured = _iteration_ms(call_job)
+    call_ms = fit_call_ms(lambda x: _predict(costs, k, background, CALL_CALIBRATION, x).iteration_ms, call_measured)
+    print(f"  per-call cost of the layer-by-layer runtime's collectives: {call_ms:.2f} ms a step, from "
+          f"{CALL_CALIBRATION} ({call_measured:.1f} ms)", flush=True)
     rows = {}
     for name in plans:
         plan = ParallelPlan.parse(name)
-        predicted = _predict(costs, k, background, name)
-        job = _run(name, root)
+        predicted = _predict(costs, k, background, name, call_ms)
+        compute_only = _predict(costs, k, background, name)
+        job = call_job if name == CALL_CALIBRATION else _run(name, root)
         measured = _memory(job.run_dir, plan.world_size)
         b = predicted.breakdown()
         row = {"predicted_ms": predicted.iteration_ms, "measured_ms": _iteration_ms(job),
+               "predicted_compute_only_ms": compute_only.iteration_ms,
                "predicted_memory_bytes": predicted.memory_bytes,
                "predicted_stage_memory_bytes": [g * 2**30 for g in b["stage_memory_gib"]],
                "run_dir": str(job.run_dir)}
@@ -173,7 +187,8 @@ def one_round(rep: int, root: Path, plans: list[str]) -> dict:
         print(f"  {name:75s} predicted {row['predicted_ms']:7.1f} ms measured {row['measured_ms']:7.1f} ms; "
               f"memory predicted {row['predicted_memory_bytes'] / 2**20:6.2f} MiB measured "
               f"{row.get('measured_memory_bytes', float('nan')) / 2**20:6.2f} MiB", flush=True)
-    return {"background": background, "compute_scale": k, "calibration_ms": cal_ms, "rows": rows}
+    return {"background": background, "compute_scale": k, "calibration_ms": cal_ms, "call_ms": call_ms,
+            "call_calibration_ms": call_measured, "rows": rows}
 
 
 def _median_rows(rounds: list[dict], names: list[str]) -> dict:
@@ -181,7 +196,7 @@ def _median_rows(rounds: list[dict], names: list[str]) -> dict:
     for name in names:
         rows = [r["rows"][name] for r in rounds]
         row = {key: statistics.median(r[key] for r in rows)
-               for key in ("predicted_ms", "measured_ms", "predicted_memory_bytes")}
+               for key in ("predicted_ms", "measured_ms", "predicted_memory_bytes", "predicted_compute_only_ms")}
         row["measured_ms_rounds"] = [r["measured_ms"] for r in rows]
         row["predicted_stage_memory_bytes"] = rows[0]["predicted_stage_memory_bytes"]
         if "measured_memory_bytes" in rows[0]:
@@ -220,11 +235,13 @@ def _mib(x: float) -> str:
 
 
 def markdown(result: dict) -> str:
-    lines = ["| plan | predicted ms | measured ms | time error | planner MiB (per stage) | counted MiB (per stage) "
-             "| memory error |", "|---|---|---|---|---|---|---|"]
+    lines = ["| plan | predicted ms | measured ms | time error | without the call cost | planner MiB (per stage) "
+             "| counted MiB (per stage) | memory error |", "|---|---|---|---|---|---|---|---|"]
     for name, row in result["plans"].items():
         lines.append(f"| `{name}` | {row['predicted_ms']:.1f} | {row['measured_ms']:.1f} | "
-                     f"{row['time_error'] * 100:+.0f}% | {_mib(row['predicted_memory_bytes'])} "
+                     f"{row['time_error'] * 100:+.0f}% | "
+                     f"{(row['predicted_compute_only_ms'] / row['measured_ms'] - 1) * 100:+.0f}% | "
+                     f"{_mib(row['predicted_memory_bytes'])} "
                      f"({', '.join(_mib(x) for x in row['predicted_stage_memory_bytes'])}) | "
                      f"{_mib(row['measured_memory_bytes'])} "
                      f"({', '.join(_mib(x) for x in row['measured_stage_memory_bytes'])}) | "

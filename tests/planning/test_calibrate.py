@@ -260,3 +260,31 @@ def test_calibration_from_a_real_tensor_parallel_run(tmp_path, capsys):
     assert f"gpt2-tiny built as run {job.run_dir} built it: {overrides}" in out["notes"]
     assert any("tensor1d runtime's compute calibrated by" in n for n in out["notes"])
     assert [s["name"] for s in out["strategies"]] == ["tp1d-2-dp1"]
+
+
+def test_the_per_call_cost_of_a_runtimes_collectives_is_fitted_from_one_run():
+    from workbench.planning.calibrate import fit_call_ms
+    from workbench.planning.hybrid import cost_plan
+
+    costs = ModelCosts.uniform(6, forward_ms=2.0, backward_ms=4.0, param_bytes=2**20, activation_bytes=2**16,
+                               batch_size=16)
+    spec = get_cluster("local")
+
+    def predict(name: str, call_ms: float) -> float:
+        return cost_plan(costs, replace(spec, collective_call_ms=call_ms), 16, name).iteration_ms
+
+    # a fully sharded run measured as the model predicts it at 2.5 ms a call: the fit gives 2.5 back
+    measured = predict("dp4-fsdp", 2.5)
+    assert predict("dp4-fsdp", 0.0) < measured  # the calls matter to this plan
+    fitted = fit_call_ms(lambda x: predict("dp4-fsdp", x), measured)
+    assert fitted == pytest.approx(2.5, abs=2e-3)
+    # and a mixed plan predicted with the fitted value charges its own calls at that cost
+    mixed = "dp4-L[0=fsdp;1-4=ddp.rc;5=zero2]"
+    assert predict(mixed, fitted) == pytest.approx(predict(mixed, 2.5), rel=1e-3)
+    assert predict(mixed, fitted) > predict(mixed, spec.collective_call_ms)
+    # a run faster than the calls alone allow gives 0; one no call cost can reach is refused
+    assert fit_call_ms(lambda x: predict("dp4-fsdp", x), predict("dp4-fsdp", 0.0) * 0.9) == 0.0
+    with pytest.raises(ValueError, match="not in the collectives"):
+        fit_call_ms(lambda x: predict("dp4-fsdp", x), 1e9)
+    with pytest.raises(ValueError, match="measured_ms"):
+        fit_call_ms(lambda x: 1.0, 0.0)

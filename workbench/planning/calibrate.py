@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..core.config import RunConfig
 from ..core.costs import ClusterSpec, ModelCosts
@@ -76,7 +76,7 @@ from .calibration import RuntimeCalibration, runtime_family
 from .clusters import core_sharing, load_cluster
 from .estimate import cost_context, estimate
 
-__all__ = ["calibrate_from_run", "calibrate_from_timeline", "calibrate_tensor_from_timeline"]
+__all__ = ["calibrate_from_run", "calibrate_from_timeline", "calibrate_tensor_from_timeline", "fit_call_ms"]
 
 def calibrate_from_timeline(costs: ModelCosts, timeline: Timeline, partition: Partition, microbatch_size: int, *,
                             cluster: str | Path | ClusterSpec = "local", background_load: float = 0.0,
@@ -189,3 +189,36 @@ def calibrate_from_run(costs: ModelCosts, run_dir: str | Path, *, cluster: str |
                                    cluster=cluster,
                                    background_load=background_load, warmup=warmup, source=str(run_dir),
                                    strategy=config.name or config.plan.name, runtime=family)
+
+
+def fit_call_ms(predict: Callable[[float], float], measured_ms: float, *, upper_ms: float = 100.0,
+                tolerance_ms: float = 1e-3) -> float:
+    """The per-call cost of a runtime's collectives that makes ``predict`` match one measured run.
+
+    ``predict(call_ms)``: the planner's iteration time for the measured run
+    when every step of every collective costs ``call_ms`` on top of its link
+    time (``ClusterSpec.collective_call_ms``); it never falls as ``call_ms``
+    grows. Runtimes differ in what one collective costs them beyond its
+    bytes: torch DDP issues a few bucketed all-reduces a step from C++, while
+    the layer-by-layer runtime issues an FSDP2 all-gather or reduce-scatter,
+    or a DTensor all-reduce, per layer and per pass from Python, each with
+    the dispatch around it. One run of that runtime (a uniform plan, not one
+    of those predicted) fixes its value; bisection on ``[0, upper_ms]``.
+    A run faster than ``predict(0)`` gives 0 (the gap is not in the calls);
+    one slower than ``predict(upper_ms)`` is refused.
+    """
+    if not measured_ms > 0:
+        raise ValueError(f"measured_ms must be > 0, got {measured_ms!r}")
+    low, high = 0.0, float(upper_ms)
+    if predict(low) >= measured_ms:
+        return 0.0
+    if predict(high) < measured_ms:
+        raise ValueError(f"even {upper_ms} ms per collective call predicts {predict(high):.1f} ms, under the "
+                         f"measured {measured_ms:.1f} ms: the gap is not in the collectives' calls")
+    while high - low > tolerance_ms:
+        middle = (low + high) / 2
+        if predict(middle) < measured_ms:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2
