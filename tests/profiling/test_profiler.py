@@ -34,6 +34,7 @@ def test_profile_fields_of_a_small_chain(tmp_path):
     assert costs.meta["backward_flops"] == [2 * 8 * 16 * 32, 2 * 2 * 8 * 32 * 4]
     assert all(l.forward_ms > 0 and l.backward_ms > 0 and l.peak_bytes >= l.param_bytes for l in costs.layers)
     assert costs.input_bytes == 8 * 16 * 4 and costs.meta["cache"] == "miss"
+    assert costs.meta["timer"] == "perf-counter" and costs.meta["peak_bytes_method"] == "live-bytes-estimate"
     assert ModelCosts.from_json(costs.to_json()) == costs
 
 

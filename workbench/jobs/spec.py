@@ -84,8 +84,9 @@ class LaunchSpec:
 
     ``config`` is the run config (a ``RunConfig`` or a plain dict) written to
     ``config.json``; ``dist_backend`` is the collective backend the workers
-    should use (``auto``: NCCL with CUDA, gloo otherwise), passed to them as
-    ``WORKBENCH_DIST_BACKEND``; ``env`` is added to the workers' environment;
+    should use (``auto``: NCCL when each rank has a GPU of its own, gloo
+    otherwise), passed to them as ``WORKBENCH_DIST_BACKEND``; ``env`` is
+    added to the workers' environment;
     ``max_restarts`` lets torchrun restart all workers after a failure;
     ``hosts`` names the nodes of a multi-node launch (the first hosts the
     rendezvous); ``stall_after_s`` is the heartbeat age after which a running

@@ -7,9 +7,11 @@ detached and enters through the stage's boundary
 modify), it runs
 forward, and backward starts from an incoming output gradient (the last
 layer from the loss). Per layer and repeat, forward and backward are timed
-separately with the device synchronised around each; the median and the
-spread (max - min) over ``repeats`` after ``warmup`` runs are kept, and every
-sample in ``meta["samples_ms"]``.
+separately: on a CPU by ``time.perf_counter`` around each, on a GPU by CUDA
+events recorded on the stream before the forward, between forward and
+backward and after the backward (``meta["timer"]``: ``perf-counter`` or
+``cuda-events``); the median and the spread (max - min) over ``repeats``
+after ``warmup`` runs are kept, and every sample in ``meta["samples_ms"]``.
 
 One extra, untimed pass per layer counts FLOPs (torch's FlopCounterMode, 2
 FLOPs per multiply-add, forward and backward separately) and the bytes
@@ -171,7 +173,13 @@ class _LayerRunner:
         out.backward(self.grad_out)
 
 
+def _timer_name(device: torch.device) -> str:
+    return "cuda-events" if device.type == "cuda" else "perf-counter"
+
+
 def _time_layer(runner: _LayerRunner, device: torch.device, warmup: int, repeats: int) -> tuple[list[float], list[float]]:
+    if device.type == "cuda":
+        return _time_layer_cuda(runner, device, warmup, repeats)
     forward_ms, backward_ms = [], []
     for run in range(warmup + repeats):
         _zero_grads(runner.layer)
@@ -188,6 +196,29 @@ def _time_layer(runner: _LayerRunner, device: torch.device, warmup: int, repeats
         if run >= warmup:
             forward_ms.append((middle - start) * 1e3)
             backward_ms.append((end - middle) * 1e3)
+    return forward_ms, backward_ms
+
+
+def _time_layer_cuda(runner: _LayerRunner, device: torch.device, warmup: int,
+                     repeats: int) -> tuple[list[float], list[float]]:
+    """Forward and backward times from CUDA events on the current stream: the GPU's clock, not the host's."""
+    forward_ms, backward_ms = [], []
+    stream = torch.cuda.current_stream(device)
+    for run in range(warmup + repeats):
+        _zero_grads(runner.layer)
+        runner.prepare()
+        start, middle, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        _sync(device)
+        start.record(stream)
+        out = runner.forward()
+        middle.record(stream)
+        runner.backward(out)
+        end.record(stream)
+        end.synchronize()
+        del out
+        if run >= warmup:
+            forward_ms.append(start.elapsed_time(middle))
+            backward_ms.append(middle.elapsed_time(end))
     return forward_ms, backward_ms
 
 
@@ -294,10 +325,12 @@ def profile(model_or_sequence: LayerSequence | nn.Module | str, batch: Any = Non
            "inputs": [list(inputs.shape), str(inputs.dtype)], "targets": [list(targets.shape), str(targets.dtype)],
            "dtype": str(dtype).replace("torch.", ""), "device": _device_key(target_device), "warmup": warmup,
            "repeats": repeats, "optimizer": optimizer, "torch": torch.__version__, "format": profile_cache.CACHE_FORMAT}
+    if target_device.type == "cuda":
+        key["timer"] = _timer_name(target_device)  # how a GPU profile was timed is part of its identity
     if cache:
         cached, reason = profile_cache.load(key, cache_dir)
-        if cached is not None:
-            return replace(cached, meta={**cached.meta, "cache": "hit"})
+        if cached is not None:  # entries without a timer were timed by perf_counter
+            return replace(cached, meta={"timer": "perf-counter", **cached.meta, "cache": "hit"})
         if reason != "miss":
             warnings.warn(f"profile cache: {reason}; measuring again", stacklevel=2)
     seq.to(target_device).train()
@@ -308,6 +341,7 @@ def profile(model_or_sequence: LayerSequence | nn.Module | str, batch: Any = Non
     meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "warmup": warmup, "repeats": repeats,
             "optimizer": optimizer, **measured, "input_shape": list(inputs.shape),
             "input_dtype": str(inputs.dtype).replace("torch.", ""), "task": seq.task,
+            "timer": _timer_name(target_device),
             "peak_bytes_method": "cuda-allocator" if target_device.type == "cuda" else "live-bytes-estimate",
             "flop_convention": "2 FLOPs per multiply-add (torch FlopCounterMode)",
             "profile_wall_s": round(time.perf_counter() - started, 3), "cache": "miss"}
@@ -320,7 +354,10 @@ def profile(model_or_sequence: LayerSequence | nn.Module | str, batch: Any = Non
 
 def measure_step_ms(model_or_sequence: LayerSequence | nn.Module | str, batch: Any = None, device: str = "auto",
                     warmup: int = 1, repeats: int = 3) -> list[float]:
-    """Whole-model forward + loss + backward times (ms), device-synchronised: the reference for a profile."""
+    """Whole-model forward + loss + backward times (ms): the reference for a profile.
+
+    Timed as :func:`profile` times layers: CUDA events on a GPU, ``perf_counter`` on a CPU.
+    """
     _check_settings(warmup, repeats, "none")
     seq = as_sequence(model_or_sequence)
     inputs, targets = _as_batch(seq, batch)
@@ -331,6 +368,15 @@ def measure_step_ms(model_or_sequence: LayerSequence | nn.Module | str, batch: A
     for run in range(warmup + repeats):
         _zero_grads(seq)
         _sync(target_device)
+        if target_device.type == "cuda":
+            start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start_event.record()
+            seq.loss_fn(seq(inputs), targets).backward()
+            end_event.record()
+            end_event.synchronize()
+            if run >= warmup:
+                times.append(start_event.elapsed_time(end_event))
+            continue
         start = time.perf_counter()
         seq.loss_fn(seq(inputs), targets).backward()
         _sync(target_device)

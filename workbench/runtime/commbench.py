@@ -20,7 +20,8 @@ links and the raw measurements as JSON::
     python -m torch.distributed.run --standalone --nproc-per-node 2 \\
         -m workbench.runtime.commbench --out link.json
 
-gloo on CPU, NCCL on CUDA (``device="auto"``).
+gloo on CPU, NCCL on CUDA with a GPU per rank (``device="auto"``; see
+:func:`workbench.runtime.groups.choose_backend`).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from .checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_chec
 from .evaluation import Evaluation
 from .events import EventWriter
 from .progress import ProgressLog
-from .groups import init_distributed, pick_device
+from .groups import check_backend_for_plan, init_distributed, pick_device
 from .strategies import strategy_class
 from .strategies.base import PendingLoss, RunContext, Strategy, loss_value
 
@@ -137,7 +137,7 @@ def train(config: RunConfig, run_dir: Path, writer: EventWriter) -> None:
     writer.step = start_step
     writer.write("start", world_size=world_size, strategy=config.plan.name, config=config.to_dict(), pid=os.getpid(),
                  host=socket.gethostname(), restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
-                 resumed_from=resumed_from, partition=str(partition), device=str(device),
+                 resumed_from=resumed_from, partition=str(partition), device=str(device), backend=dist.get_backend(),
                  **({"layers": strategy.layers_report()} if hasattr(strategy, "layers_report") else {}))
     writer.start_heartbeat(config.events.heartbeat_s)
     board = ScalarBoard(run_dir) if config.tensorboard and rank == 0 else None
@@ -208,7 +208,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                              f"processes, torchrun started {world_size}; launch with --nproc-per-node "
                              f"{config.world_size}")
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 1)))
-        init_distributed(pick_device(config.device), timeout_s=config.collective_timeout_s)
+        device = pick_device(config.device)
+        backend = init_distributed(device, timeout_s=config.collective_timeout_s)
+        check_backend_for_plan(backend, device, config.plan.pp)
         train(config, run_dir, writer)
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the run directory
         writer.error(exc)

@@ -22,7 +22,12 @@ import torch.distributed as dist
 
 from ..core.topology import Topology
 
-__all__ = ["ParallelGroups", "build_groups", "pick_device", "init_distributed"]
+__all__ = ["ParallelGroups", "build_groups", "pick_device", "init_distributed", "choose_backend",
+           "check_backend_for_plan", "BACKEND_ENV", "BACKENDS"]
+
+# The launcher's choice of collective backend for the workers (``LaunchSpec.dist_backend``).
+BACKEND_ENV = "WORKBENCH_DIST_BACKEND"
+BACKENDS = ("auto", "gloo", "nccl")
 
 
 def pick_device(device: str = "auto") -> torch.device:
@@ -38,32 +43,82 @@ def pick_device(device: str = "auto") -> torch.device:
     return torch.device(device)
 
 
-def init_distributed(device: torch.device, *, timeout_s: float = 300.0) -> None:
-    """Initialise the default process group from torchrun's environment.
+def choose_backend(device_type: str, local_world_size: int, device_count: int, requested: str = "auto") -> str:
+    """The collective backend for a rank on ``device_type`` among ``local_world_size`` ranks of its node.
 
-    NCCL for CUDA devices, gloo otherwise. A finite timeout makes a dead peer
-    surface as an error instead of a hang.
+    ``auto``: NCCL when every rank of the node has a GPU of its own, gloo on
+    CPUs and when ranks share GPUs (``local_world_size > device_count``),
+    which NCCL refuses. gloo handles CUDA tensors for all-reduce, broadcast
+    and all-gather by copying through host memory, but not point-to-point
+    send and receive (see :func:`check_backend_for_plan`). ``gloo`` or
+    ``nccl`` force that backend; NCCL needs CUDA and a GPU per rank.
+    """
+    if requested not in BACKENDS:
+        raise ValueError(f"collective backend must be one of {BACKENDS}, got {requested!r} "
+                         f"(from {BACKEND_ENV} or LaunchSpec.dist_backend)")
+    if local_world_size < 1:
+        raise ValueError(f"local_world_size must be >= 1, got {local_world_size}")
+    shares_gpus = local_world_size > device_count
+    if requested == "gloo":
+        return "gloo"
+    if requested == "nccl":
+        if device_type != "cuda":
+            raise ValueError(f"the nccl backend needs CUDA devices, but this rank runs on {device_type!r}; "
+                             f"use dist_backend 'auto' or 'gloo'")
+        if shares_gpus:
+            raise ValueError(f"the nccl backend needs one GPU per rank, but {local_world_size} ranks on this node "
+                             f"share {device_count} GPU(s); use dist_backend 'auto' (gloo when GPUs are shared) "
+                             f"or start at most {device_count} ranks per node")
+        return "nccl"
+    return "nccl" if device_type == "cuda" and not shares_gpus else "gloo"
+
+
+def check_backend_for_plan(backend: str, device: torch.device, pipeline_stages: int) -> None:
+    """Refuse a pipeline on gloo with CUDA tensors: its stages exchange activations point to point.
+
+    gloo's send and receive take CPU tensors only, so a pipeline whose ranks
+    share GPUs (and therefore run on gloo) cannot pass CUDA activations.
+    """
+    if backend == "gloo" and device.type == "cuda" and pipeline_stages > 1:
+        count = torch.cuda.device_count()
+        raise ValueError(
+            f"a pipeline of {pipeline_stages} stages sends activations point to point, which the gloo backend "
+            f"cannot do for CUDA tensors; gloo was chosen because the ranks of this node share its {count} GPU(s). "
+            f"Start at most {count} ranks per node (one GPU each, NCCL), or run on the CPU with device = 'cpu'")
+
+
+def init_distributed(device: torch.device, *, timeout_s: float = 300.0) -> str:
+    """Initialise the default process group from torchrun's environment; returns the backend used.
+
+    The backend is :func:`choose_backend`'s for this rank: NCCL when each
+    rank of the node has its own GPU, gloo on CPUs or when ranks share GPUs
+    (``LOCAL_WORLD_SIZE`` above the GPU count), unless ``WORKBENCH_DIST_BACKEND``
+    (the launcher's ``dist_backend``) forces one. A finite timeout makes a
+    dead peer surface as an error instead of a hang.
 
     After torchrun restarts the workers it hands them the same rendezvous
     store, which still holds the dead attempt's connection addresses; each
     attempt therefore works under its own key prefix.
     """
     if dist.is_initialized():
-        return
-    backend = "nccl" if device.type == "cuda" else "gloo"
+        return dist.get_backend()
+    device_count = torch.cuda.device_count() if device.type == "cuda" else 0
+    backend = choose_backend(device.type, int(os.environ.get("LOCAL_WORLD_SIZE", 1)), device_count,
+                             os.environ.get(BACKEND_ENV, "auto") or "auto")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     timeout = timedelta(seconds=timeout_s)
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
     if restart is None or "MASTER_ADDR" not in os.environ:
         dist.init_process_group(backend=backend, timeout=timeout)
-        return
+        return backend
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
                           is_master=rank == 0 and not agent_store, timeout=timeout)
     dist.init_process_group(backend, store=dist.PrefixStore(f"attempt{restart}", store), rank=rank,
                             world_size=world, timeout=timeout)
+    return backend
 
 
 @dataclass
