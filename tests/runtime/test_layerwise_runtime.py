@@ -290,3 +290,39 @@ def test_a_rows_loss_refuses_an_output_of_other_rows():
     loss = RowsLoss(token_cross_entropy, 4, Layout(4), 1)
     with pytest.raises(RuntimeError, match="has 8 rows, its data group holds 2 of the 8 rows"):
         loss(torch.zeros(8, 3, 5), torch.zeros(8, 3, dtype=torch.long))
+
+
+def test_replicated_layers_reduce_once_a_step_at_the_stages_last_backward():
+    """As DDP under no_sync: the backwards before the step's last one accumulate without communicating."""
+    from contextlib import nullcontext
+
+    from workbench.runtime.strategies.layerwise import _CountedStage
+
+    class Recorder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[bool] = []
+
+        def set_requires_gradient_sync(self, sync: bool) -> None:
+            self.calls.append(sync)
+
+    class Memory:
+        activations = nullcontext()
+
+        def note_unsharded(self) -> None:
+            pass
+
+    recorder = Recorder()
+    stage = _CountedStage(index=0, module=torch.nn.Linear(3, 3), device=torch.device("cpu"), is_first=True,
+                          is_last=True, loss_fn=lambda out, target: ((out - target) ** 2).mean())
+    stage.memory, stage.replicated, stage.last_backward = Memory(), [recorder], 2
+    for sync_round in (False, True):  # two accumulation rounds of three micro-batches
+        stage.sync_round = sync_round
+        for m in range(3):
+            stage.forward(m, torch.randn(2, 3), torch.randn(2, 3))
+            stage.backward(m)
+    assert recorder.calls == [False, False, False, False, False, True]
+    stage.last_backward, recorder.calls = None, []  # a split-backward schedule: every backward synchronises as before
+    stage.forward(0, torch.randn(2, 3), torch.randn(2, 3))
+    stage.backward(0)
+    assert recorder.calls == []

@@ -98,7 +98,18 @@ class StageModule(nn.Module):
 
 
 class _CountedStage(Stage):
-    """A stage whose forward (layers and loss) runs under the strategy's saved-activation count."""
+    """A stage whose forward (layers and loss) runs under the strategy's saved-activation count.
+
+    Its replicated layers reduce their gradients once a step, as DDP does under
+    ``no_sync``: only the step's last backward of this stage (``last_backward``,
+    in the last accumulation round, ``sync_round``) lets them all-reduce; the
+    backwards before it accumulate locally. Fully sharded and zero2 layers
+    reduce-scatter every micro-batch (their gradients stay sharded).
+    """
+
+    replicated: tuple[nn.Module, ...] | list[nn.Module] = ()
+    last_backward: int | None = None  # None: every backward synchronises (a split backward schedule)
+    sync_round: bool = True
 
     def _run(self, inputs: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:
         memory: _MemoryCount = self.memory  # type: ignore[attr-defined]
@@ -106,6 +117,13 @@ class _CountedStage(Stage):
             out = super()._run(inputs, target)
         memory.note_unsharded()
         return out
+
+    def backward(self, microbatch: int, grad_output: torch.Tensor | None = None) -> torch.Tensor | None:
+        if self.replicated and self.last_backward is not None:
+            sync = self.sync_round and microbatch == self.last_backward
+            for module in self.replicated:
+                module.set_requires_gradient_sync(sync)  # type: ignore[operator]
+        return super().backward(microbatch, grad_output)
 
 
 class _MemoryCount:
@@ -245,6 +263,11 @@ class Layerwise(Strategy):
             self.stages[v] = _CountedStage(index=v, module=module, device=ctx.device, is_first=v == 0,
                                            is_last=is_last, loss_fn=loss_fn, loss_scale=loss_scale,
                                            autocast_dtype=ctx.autocast_dtype)
+        last_backward = self._last_backwards(plan.microbatches)
+        for v, stage in self.stages.items():
+            stage.replicated = [layer.module for layer in stage.module.parallel_layers  # type: ignore[union-attr]
+                                if layer.plan.dp == "replicate" and hasattr(layer.module, "set_requires_gradient_sync")]
+            stage.last_backward = last_backward.get(v)
         self._report = []
         for layer in self.layers:
             realized = realized_options(layer)
@@ -261,6 +284,18 @@ class Layerwise(Strategy):
                 boundary_shapes={v: shapes[v] for v in range(num_virtual)}, device=ctx.device,
                 handlers={Op.STEP: self._on_step, Op.ALL_REDUCE: self._on_all_reduce}, record=ctx.record_events)
         self.step_after_schedule = not any(a.op is Op.STEP for a in self.actions)
+
+    def _last_backwards(self, microbatches: int) -> dict[int, int]:
+        """Per stage of this rank, the micro-batch of its last backward in an iteration (none where the schedule
+        splits backward into input and weight gradients: those stages synchronise every backward)."""
+        if not self.pipelined:
+            return {0: microbatches - 1}
+        out: dict[int, int] = {}
+        split = {a.stage for a in self.actions if a.op in (Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT)}
+        for a in self.actions:
+            if a.op is Op.BACKWARD and a.stage not in split and a.microbatch is not None:
+                out[a.stage] = a.microbatch
+        return out
 
     # -- what ran --------------------------------------------------------------------------------
     def layers_report(self) -> list[dict[str, Any]]:
@@ -298,6 +333,8 @@ class Layerwise(Strategy):
         rounds = self._stage_batches(batch)
         for r, data in enumerate(rounds):
             iteration = step * config.grad_accum + r
+            for stage in self.stages.values():
+                stage.sync_round = r == len(rounds) - 1  # type: ignore[attr-defined]
             if self.interpreter is not None:
                 last = r == len(rounds) - 1
                 self.interpreter.run(iteration, data, skip=frozenset() if last else frozenset({Op.STEP}))
