@@ -298,8 +298,9 @@ display(Markdown(
 # ## 6. The same training with DistributedDataParallel
 #
 # `launch/ddp_vgg.toml` trains the same model on the same data with torch's
-# DDP, 4 full replicas (its plan is `dp4-m2`: `mesh = {dp = 4}`, no
-# pipeline, 2 micro-batches per replica), the same global batch and optimizer. Before the first
+# DDP, 4 full replicas (its plan is `dp4`: `mesh = {dp = 4}`, no pipeline,
+# each replica's whole share of the batch in one pass: no gradient accumulation,
+# DDP at its best when the memory allows), the same global batch and optimizer. Before the first
 # update both compute the loss of the same initial weights on the same batch,
 # so step 1 must agree; afterwards GroPipe with `delay = 1` applies each
 # gradient one step late, so the two runs follow different paths. How far
@@ -312,7 +313,7 @@ ddp_config = RunConfig.from_dict({**ddp_base.to_dict(), "model": model_name, "gl
                                   "steps": train_steps, "checkpoint_every": 0,
                                   "optimizer": optimizer, "eval_every": eval_every,
                                   "target_accuracy": target_accuracy})
-assert ddp_config.plan.name == "dp4-m2"  # the plan the text above names
+assert ddp_config.plan.name == "dp4"  # the plan the text above names
 ddp_job = launch(LaunchSpec(config=ddp_config, run_root=run_root, name="ddp-lesson"))
 ddp_status = ddp_job.wait(timeout=400)
 print(ddp_status.text())
