@@ -162,6 +162,36 @@ def test_transitions_follow_layouts_and_links():
     assert layer_cost(spec, 1, inner).tp_comm_ms < layer_cost(spec, 1, outer).tp_comm_ms
 
 
+
+def test_collective_steps_on_shared_cores_wait_per_step_only_when_the_group_outnumbers_the_cores():
+    from dataclasses import replace
+
+    from workbench.planning.clusters import get_cluster
+    from workbench.planning.layerwise import paying_steps
+
+    local = replace(get_cluster("local"), collective_call_ms=2.0)
+    costs = ModelCosts("t", 8, "cpu", tuple(LayerCost(f"block_{i}", 1.0, 2.0, param_bytes=2**20,
+                                                      activation_bytes=2**16) for i in range(2)), input_bytes=2**16)
+    spec = StageSpec(costs, local, devices=4, microbatch_size=8, num_microbatches=3)
+    cores = spec._cores
+    assert cores is not None and cores >= 1
+    for n in (1, 2, 4, 8):
+        assert paying_steps(spec, n, 2 * (n - 1)) == (min(1, 2 * (n - 1)) if n <= cores else 2 * (n - 1))
+    gpu = random_stage(2, layers=2, devices=4)  # devices of their own: every step pays what was measured
+    assert gpu._cores is None and paying_steps(gpu, 2, 2) == 2
+    # a layout change inside a stage of 4: the runtime's all-gather (3 steps) forward and all-reduce of the
+    # gradient (6 steps) backward, every micro-batch, each step paying the call cost where 4 ranks outnumber
+    # the cores
+    ddp, inner = LayerStrategy(1, "replicate", devices=4), LayerStrategy(2, "replicate", "1d", True, devices=4)
+    free = StageSpec(costs, replace(local, collective_call_ms=0.0), devices=4, microbatch_size=8, num_microbatches=3)
+    extra = transition_ms(spec, 1, ddp, inner) - transition_ms(free, 1, ddp, inner)
+    steps = paying_steps(spec, 4, 3) + paying_steps(spec, 4, 6)
+    assert extra == pytest.approx(3 * steps * 2.0)
+    # a layout that holds every row on every rank (1D over the whole stage) is gathered into, never split
+    whole = LayerStrategy(4, "replicate", "1d", True, devices=4)
+    extra_in = transition_ms(spec, 1, ddp, whole) - transition_ms(free, 1, ddp, whole)
+    assert extra_in == pytest.approx(3 * paying_steps(spec, 4, 3) * 2.0)
+
 # -- optimality --------------------------------------------------------------------------------------------------------
 
 SMALL_POOL = (LayerStrategy(1, "replicate", devices=4), LayerStrategy(1, "fsdp", recompute=True, devices=4),

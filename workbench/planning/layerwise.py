@@ -35,7 +35,15 @@ iteration of ``num_microbatches`` micro-batches (see :func:`layer_cost`):
 * transitions: where consecutive layers' layouts differ (TP kind, degree or
   the consecutive flag), each rank fetches the part of the boundary tensor
   it lacks, forward and again for the gradient backward, on the link to the
-  nearest rank holding it (:func:`transition_ms`).
+  nearest rank holding it (:func:`transition_ms`); the layer-by-layer
+  runtime does it with collectives over the stage (an all-gather forward
+  where the rows were split, an all-reduce of the gradient backward where
+  they are split again), each paying the cluster's per-step call cost;
+* collective calls on ranks that time-share cores (``collective_call_ms``
+  per step of a collective): every step waits for its peer to be scheduled
+  when the group has more ranks than there are cores; a group that fits on
+  the cores waits once, for its last member to arrive, and then runs its
+  steps back to back (:func:`paying_steps`).
 
 Left out, as Galvatron leaves them out: the optimizer step, the transient
 full copy of one layer's parameters that FSDP gathers, the backward-time
@@ -66,10 +74,11 @@ from typing import Callable, Hashable, Sequence
 from ..core.costs import ClusterSpec, LayerCost, LinkSpec, ModelCosts
 from ..core.plan import LayerPlan
 from ..scheduling.stagecosts import OPTIMIZER_STATE_FACTORS, optimizer_bytes
+from .clusters import shared_cores
 from .layer_strategies import LayerKind, LayerStrategy, for_layer, layer_kinds, stage_strategies
 
 __all__ = ["StageSpec", "LayerChoiceCost", "StageAssignment", "NoFit", "layer_cost", "transition_ms",
-           "assignment_cost", "search_stage", "pareto_dp", "bucket_dp"]
+           "paying_steps", "assignment_cost", "search_stage", "pareto_dp", "bucket_dp"]
 
 Option = tuple[float, float, Hashable]  # (time_ms, memory_bytes, layout) of one strategy for one layer
 MIB = 2**20
@@ -155,6 +164,7 @@ class StageSpec:
         object.__setattr__(self, "_nodes", tuple(self.cluster.node_of(r) for r in self.global_ranks))
         object.__setattr__(self, "_links", {})
         object.__setattr__(self, "_grad_bytes", sum(l.grad_bytes for l in self.layer_costs))
+        object.__setattr__(self, "_cores", shared_cores(self.cluster))
 
     @property
     def layer_costs(self) -> tuple[LayerCost, ...]:
@@ -221,17 +231,34 @@ def _overlapped(compute: float, comm: float, slowdown: float) -> float:
     return min(compute + comm, slowdown * min(compute, comm) + abs(compute - comm))
 
 
+def paying_steps(spec: StageSpec, n: int, steps: int) -> int:
+    """How many of a collective's ``steps`` among ``n`` ranks pay the cluster's per-step call cost.
+
+    All of them where ``n`` exceeds the cores the node's ranks time-share
+    (each step waits for its peer to be scheduled); one where the group fits
+    on the cores (it waits for its last member, then runs its steps back to
+    back); all of them on devices of their own, whose ``collective_call_ms``
+    is the per-step cost as measured.
+    """
+    cores = spec._cores  # type: ignore[attr-defined]
+    return min(steps, 1) if cores is not None and n <= cores else steps
+
+
 def _gather_ms(spec: StageSpec, link: LinkSpec, nbytes: float, n: int) -> float:
     """Ring all-gather (or reduce-scatter) of a tensor of ``nbytes`` over ``n`` ranks: n - 1 steps."""
     if n == 1 or nbytes <= 0:
         return 0.0
     steps = n - 1
-    return steps * (link.latency_us * 1e-3 + spec.cluster.collective_call_ms) \
+    return steps * link.latency_us * 1e-3 + paying_steps(spec, n, steps) * spec.cluster.collective_call_ms \
         + steps / n * nbytes / (link.bandwidth_gbs * 1e9) * 1e3
 
 
+def _allreduce_call_ms(spec: StageSpec, n: int) -> float:
+    return paying_steps(spec, n, 2 * (n - 1)) * spec.cluster.collective_call_ms if n > 1 else 0.0
+
+
 def _allreduce_ms(spec: StageSpec, link: LinkSpec, nbytes: float, n: int) -> float:
-    return link.allreduce_ms(nbytes, n) + spec.cluster.allreduce_call_ms(n) if nbytes > 0 else 0.0
+    return link.allreduce_ms(nbytes, n) + _allreduce_call_ms(spec, n) if nbytes > 0 else 0.0
 
 
 def _bucketed_allreduce_ms(spec: StageSpec, link: LinkSpec, nbytes: float, n: int, index: int) -> float:
@@ -242,7 +269,7 @@ def _bucketed_allreduce_ms(spec: StageSpec, link: LinkSpec, nbytes: float, n: in
         return 0.0
     steps = 2 * (n - 1)
     latency = steps * link.latency_us * 1e-3
-    fixed = latency + spec.cluster.allreduce_call_ms(n)
+    fixed = latency + _allreduce_call_ms(spec, n)
     total = spec._grad_bytes or 1  # type: ignore[attr-defined]
     share = spec.layer_costs[index].grad_bytes / total * math.ceil(total / DDP_BUCKET_BYTES)
     return link.allreduce_ms(nbytes, n) - latency + share * fixed
@@ -270,8 +297,8 @@ def layer_cost(spec: StageSpec, index: int, strategy: LayerStrategy) -> LayerCho
         else:
             q = math.isqrt(t)
             forward_bytes = (q - 1) / t * (kind.linears * output + layer.param_bytes)
-            forward_ms = forward_bytes / (link.bandwidth_gbs * 1e9) * 1e3 \
-                + 2 * kind.linears * (q - 1) * (link.latency_us * 1e-3 + spec.cluster.collective_call_ms)
+            forward_ms = forward_bytes / (link.bandwidth_gbs * 1e9) * 1e3 + 2 * kind.linears * (
+                (q - 1) * link.latency_us * 1e-3 + paying_steps(spec, q, q - 1) * spec.cluster.collective_call_ms)
             tp_ms = (passes + 1) * forward_ms  # backward moves twice the forward's blocks
     params, grads = layer.param_bytes / t, layer.grad_bytes / t
     states = optimizer_bytes(layer, spec.optimizer) / t
@@ -349,6 +376,11 @@ def transition_ms(spec: StageSpec, index: int, before: LayerStrategy, after: Lay
         fetches = _fetch_units(have, need, n, spec.nodes)
         total += max(cluster.intra_node.transfer_ms(near * unit) + far_link.transfer_ms(far * unit)
                      for near, far in fetches)
+    # the runtime's calls: an all-gather over the stage where the rows were split (before), an all-reduce of
+    # the gradient where they are split again (after); a 1D layout of degree n holds every row on every rank
+    split = [layout[1] < n for layout in (before.layout, after.layout)]
+    total += split[0] * paying_steps(spec, n, n - 1) * cluster.collective_call_ms
+    total += split[1] * _allreduce_call_ms(spec, n)
     return spec.num_microbatches * total
 
 
