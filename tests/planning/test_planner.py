@@ -98,6 +98,11 @@ def test_selective_recomputation_fits_where_keeping_everything_does_not():
     for p in extra:
         assert p.estimate.memory_bytes <= 1.2 * 2**30
         assert 0 < len(p.estimate.detail["recompute_layers"]) <= big.num_layers
+    # only pipelines the layer-by-layer runtime runs with per-layer options get them: never GroPipe or async
+    everything = plan(big, "8xV100-PCIe", 32, world_size=4, memory_cap_gib=1.2, recompute=(False,), fine_grained=True)
+    per_layer = [p.strategy for p in everything.plans if p.strategy.layers and len(set(p.strategy.layers)) > 1]
+    assert per_layer and all(s.pipeline.kind in ("gpipe", "1f1b", "interleaved", "none") for s in per_layer), \
+        [s.name for s in per_layer]
 
 
 def test_choose_per_layer_matches_brute_force():

@@ -18,8 +18,9 @@ found too big: for each stage of the time-optimal partition, each layer
 either keeps its saved activations for every in-flight micro-batch or
 keeps only its output and recomputes its forward in the backward pass. The
 result is a per-layer :class:`~workbench.core.plan.ParallelPlan` that marks
-exactly the recomputed layers; the run config refuses it before launch
-until the runtime recomputes per layer.
+exactly the recomputed layers, which the layer-by-layer runtime runs as
+planned (GPipe, 1F1B and interleaved pipelines; GroPipe and the
+asynchronous pipeline run one option for all layers, so they get none).
 """
 
 from __future__ import annotations
@@ -31,9 +32,13 @@ from typing import Any, Callable, Sequence
 from ..scheduling.stagecosts import layer_times_ms
 from .ampa import in_flight, solve
 from .estimate import CostContext, Estimate, _stage_costs, simulate_strategy
-from ..core.plan import LayerPlan, NoPipeline, ParallelPlan
+from ..core.plan import GPipe, Interleaved, LayerPlan, NoPipeline, OneFOneB, ParallelPlan
 
 __all__ = ["choose_per_layer", "selective_recompute_plans"]
+
+# the schedules whose stages the layer-by-layer runtime runs with per-layer options (GroPipe, the asynchronous
+# pipeline and torch's pipelining run one option for all layers)
+_PER_LAYER_PIPELINES = (GPipe, OneFOneB, Interleaved)
 
 
 def choose_per_layer(options: Sequence[Sequence[tuple[float, float]]], budget_bytes: float, *,
@@ -85,8 +90,8 @@ def selective_recompute_plans(ctx: CostContext, strategies: Sequence[ParallelPla
     missing = {i["name"] for i in infeasible}
     out = []
     for strategy in strategies:
-        if isinstance(strategy.pipeline, NoPipeline) or strategy.name not in missing or cap is None:
-            continue
+        if not isinstance(strategy.pipeline, _PER_LAYER_PIPELINES) or strategy.name not in missing or cap is None:
+            continue  # the layer-by-layer runtime recomputes per layer inside GPipe, 1F1B and interleaved pipelines
         proj = ctx.projection(strategy)
         result = solve(proj, None)
         microbatch = ctx.global_batch // strategy.dp // strategy.microbatches
@@ -116,7 +121,7 @@ def selective_recompute_plans(ctx: CostContext, strategies: Sequence[ParallelPla
             base = _stage_costs(ctx, strategy, result.partition, microbatch)  # solo times, like extra_ms
             sc = replace(base, backward_ms=tuple(bw + x for bw, x in zip(base.backward_ms, extra_ms)),
                          activation_bytes=tuple(kept_bytes))
-            # the plan says exactly which layers recompute (the runtime refuses per-layer options until it runs them)
+            # the plan says exactly which layers recompute; the layer-by-layer runtime runs exactly those
             labelled = strategy.with_layers(tuple(LayerPlan(recompute=layer in chosen_layers)
                                                   for layer in range(ctx.costs.num_layers)))
             try:
