@@ -45,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from bench_runtime import best_setting, paired
+from bench_runtime import compare_at_best
 from workbench.core.devices import DATASHEET_DEVICES
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu.json"
@@ -141,21 +141,13 @@ def main() -> int:
     planned, skipped = comparisons(gpus, model, counts, args.quick)
     for entry in skipped:
         print(f"skipped: {entry['comparison']} ({entry['reason']})", flush=True)
-    print(f"{'comparison (A vs B)':<44} {'A smp/s':>9} {'B smp/s':>9} {'A/B':>7}", flush=True)
     sweeps: dict[str, dict[int, float]] = {}
-    rows = []
-    for row_name, label_a, fields_a, plans_a, label_b, fields_b, plans_b in planned:
-        if args.only not in row_name:
-            continue
-        a = best_setting(label_a, fields_a, plans_a, args.steps, args.warmup, sweeps)
-        b = best_setting(label_b, fields_b, plans_b, args.steps, args.warmup, sweeps)
-        row = paired(row_name, a, b, args.reps, args.steps, args.warmup)
-        row.update(a_plan=a["plan"], b_plan=b["plan"], a_sweep=sweeps[label_a], b_sweep=sweeps[label_b])
+    rows = compare_at_best(planned, args, sweeps)
+    for row in rows:
         for side in ("a", "b"):
             used = min(world_size(row[f"{side}_plan"]), gpus)
             row[f"{side}_gpus"] = used
             row[f"{side}_mfu"] = mfu(row[f"{side}_samples_per_s"], used, per_sample, peak)
-        rows.append(row)
     print(f"\n{'comparison (A vs B)':<44} {'A plan':>24} {'A MFU':>7} {'B plan':>24} {'B MFU':>7}")
     for row in rows:
         cells = [f"{row[k]:.3f}" if row[k] is not None else "n/a" for k in ("a_mfu", "b_mfu")]

@@ -103,6 +103,23 @@ def best_setting(label: str, fields: dict, plans: dict[int, str], steps: int, wa
     return {**fields, "plan": plans[best]}
 
 
+
+def compare_at_best(comparisons: list[tuple], args, sweeps: dict[str, dict[int, float]]) -> list[dict]:
+    """Each comparison ``(name, label_a, fields_a, plans_a, label_b, fields_b, plans_b)`` whose name contains
+    ``args.only``: both sides at the setting their own sweep found fastest, then measured in interleaved rounds."""
+    print(f"{'comparison (A vs B)':<44} {'A smp/s':>9} {'B smp/s':>9} {'A/B':>7}", flush=True)
+    rows = []
+    for name, label_a, fields_a, plans_a, label_b, fields_b, plans_b in comparisons:
+        if args.only not in name:
+            continue
+        a = best_setting(label_a, fields_a, plans_a, args.steps, args.warmup, sweeps)
+        b = best_setting(label_b, fields_b, plans_b, args.steps, args.warmup, sweeps)
+        row = paired(name, a, b, args.reps, args.steps, args.warmup)
+        row.update(a_plan=a["plan"], b_plan=b["plan"], a_sweep=sweeps[label_a], b_sweep=sweeps[label_b])
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3, help="paired launches per comparison (median)")
@@ -127,16 +144,7 @@ def main() -> None:
         for delay in (0, 1):
             comparisons.append((f"gropipe 2x2 delay {delay} vs ddp x4, {model_name}", *gro[delay], *ddp))
         comparisons.append((f"gropipe 2x2 delay 1 vs delay 0, {model_name}", *gro[1], *gro[0]))
-    print(f"{'comparison (A vs B)':<44} {'A smp/s':>9} {'B smp/s':>9} {'A/B':>7}")
-    rows = []
-    for name, label_a, fields_a, plans_a, label_b, fields_b, plans_b in comparisons:
-        if args.only not in name:
-            continue
-        a = best_setting(label_a, fields_a, plans_a, args.steps, args.warmup, sweeps)
-        b = best_setting(label_b, fields_b, plans_b, args.steps, args.warmup, sweeps)
-        row = paired(name, a, b, args.reps, args.steps, args.warmup)
-        row.update(a_plan=a["plan"], b_plan=b["plan"], a_sweep=sweeps[label_a], b_sweep=sweeps[label_b])
-        rows.append(row)
+    rows = compare_at_best(comparisons, args, sweeps)
     previous = json.loads(RESULTS.read_text())["rows"] if RESULTS.is_file() else []
     ran = {row["comparison"] for row in rows}
     merged = [row for row in previous if row["comparison"] not in ran] + rows
