@@ -270,6 +270,7 @@ class RunConfig:
     resume: bool = False
     run_dir: str = ""
     device: str = "auto"
+    placement: tuple[int, ...] = ()
     precision: str = "auto"
     grad_accum: int = 1
     collective_timeout_s: float = 120.0
@@ -335,8 +336,24 @@ class RunConfig:
             raise _fail("run_dir", self.run_dir, "expected a directory path string")
         if self.device != "auto" and self.device not in ("cpu", "cuda") and not str(self.device).startswith("cuda:"):
             raise _fail("device", self.device, "valid options are auto, cpu, cuda, cuda:N")
+        self._check_placement()
         self._check_runnable()
         self._check_batch()
+
+    def _check_placement(self) -> None:
+        """``placement[r]``: the process (torchrun rank, node-major) that runs rank ``r`` of the plan's mesh."""
+        value = self.placement
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) \
+                or not all(isinstance(d, int) and not isinstance(d, bool) for d in value):
+            raise _fail("placement", value, "expected a list of process ranks, one per rank of the plan's mesh")
+        object.__setattr__(self, "placement", tuple(value))
+        if value and sorted(value) != list(range(self.world_size)):
+            raise _fail("placement", list(value), f"expected each of the {self.world_size} processes 0-"
+                        f"{self.world_size - 1} once: placement[r] is the process that runs rank r of the mesh")
+
+    def mesh_rank(self, process: int) -> int:
+        """The rank of the plan's mesh that process ``process`` (torchrun's rank) runs under ``placement``."""
+        return self.placement.index(process) if self.placement else process
 
     def _check_runnable(self) -> None:
         """Refuse, before launch, what the runtime cannot run yet, and options that contradict the plan."""
@@ -447,7 +464,8 @@ class RunConfig:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data.update(plan=self.plan.to_dict(), optimizer=asdict(self.optimizer), data=asdict(self.data),
                     events=asdict(self.events), model_overrides=dict(self.model_overrides),
-                    model_args=dict(self.model_args), split_points=list(self.split_points))
+                    model_args=dict(self.model_args), split_points=list(self.split_points),
+                    placement=list(self.placement))
         data["data"]["columns"] = list(self.data.columns)
         return data
 

@@ -21,7 +21,8 @@ version), ``kind``, ``t`` (unix time, seconds) and ``rank``. Kinds and their
 extra fields:
 
 - ``start``: ``world_size``, ``strategy``, ``config`` (dict), ``pid``, ``host``, ``restart`` (count) (the
-  training entry adds ``device`` and ``backend``, the collective backend it initialised)
+  training entry adds ``device``, ``backend``, the collective backend it initialised, and ``process``, the
+  torchrun rank of the process, which differs from ``rank`` under a config's ``placement``)
 - ``step``: ``step``, ``loss``, ``samples_per_s``, ``step_ms``, ``memory_bytes`` (and optional ``lr``; per-layer
   plans add ``memory``: the rank's own count of parameters, gradients, optimizer state and saved activations)
 - ``stage``: one executed action as a timeline event: the ``Event`` fields

@@ -314,11 +314,39 @@ def estimate(ctx: CostContext, strategy: ParallelPlan) -> Estimate:
                              iterations)
 
 
+
+def _placement(ctx: CostContext, strategy: ParallelPlan, sc: StageCosts):
+    """The topology-aware placement of a pipeline's (replica, stage) pairs on a multi-node cluster, when it
+    beats the node-major order (:mod:`.placement`); None otherwise, or where it does not apply (one node,
+    fewer ranks than the cluster's devices, no pipeline, tensor parallelism or interleaved chunks inside the
+    pipeline, too many pairs to enumerate). The run config carries it (``RunConfig.placement``), so the
+    launched processes take the places the estimate's links assumed."""
+    if ctx.cluster.num_nodes < 2 or strategy.world_size != ctx.cluster.world_size \
+            or isinstance(strategy.pipeline, NoPipeline) or strategy.tp > 1 or strategy.chunks > 1 \
+            or len(sc.send_bytes) != strategy.pp:
+        return None
+    from .placement import place
+
+    try:
+        found = place(sc.send_bytes, ctx.cluster, grad_bytes=sc.grad_bytes if strategy.dp > 1 else None,
+                      num_replicas=strategy.dp, num_microbatches=strategy.microbatches, max_assignments=200_000)
+    except ValueError:
+        return None
+    return found if found.rejected else None
+
+
 def simulate_strategy(ctx: CostContext, strategy: ParallelPlan, partition: Partition, sc: StageCosts, schedule=None,
                       iterations: int | None = None, **detail: Any) -> Estimate:
     """Simulate ``strategy`` with these stage costs (its own schedule unless given) and read off the estimate."""
     if schedule is None:
         schedule, iterations = _schedule(strategy)
+    placement = _placement(ctx, strategy, sc)
+    if placement is not None:
+        from .placement import placed_schedule
+
+        schedule = placed_schedule(schedule, placement.device_of, ctx.cluster)
+        detail = {**detail, "placement": list(placement.device_of), "placement_saves_ms":
+                  round(placement.naive_cost_ms - placement.cost_ms, 3)}
     microbatch = ctx.global_batch // strategy.dp // strategy.microbatches
     sim = simulate(schedule, sc, ctx.cluster, collective_link=ctx.collective_link, microbatch_size=microbatch,
                    sharing=ctx.sharing())

@@ -184,13 +184,13 @@ def place(send_bytes: Sequence[int], cluster: ClusterSpec, *, grad_bytes: Sequen
 def placed_schedule(schedule: Schedule, device_of: Sequence[int], cluster: ClusterSpec) -> Schedule:
     """``schedule`` with rank ``r``'s actions on device ``device_of[r]`` (other devices idle), for the simulator.
 
-    Works on a compute schedule (before :func:`~workbench.scheduling.passes.lower`):
-    its ``stage_to_rank`` and ``dp_groups`` are mapped to devices, so the
-    sends, receives and all-reduces the simulator adds use the devices' links.
+    Works on a compute schedule, with or without its gradient all-reduces, before the sends and receives
+    are added (:func:`~workbench.scheduling.passes.lower`): its ``stage_to_rank`` and ``dp_groups`` are
+    mapped to devices, so the sends, receives and all-reduces the simulator times use the devices' links.
     """
     if len(device_of) != schedule.num_ranks or len(set(device_of)) != len(device_of):
         raise ValueError(f"device_of must name {schedule.num_ranks} distinct devices, got {list(device_of)!r}")
-    if schedule.meta.lowered:
+    if "p2p" in schedule.meta.lowered:  # sends and receives name their peers; all-reduces use meta.dp_groups
         raise ValueError("placed_schedule needs the compute schedule, before lower() added sends and receives")
     if max(device_of) >= cluster.world_size or min(device_of) < 0:
         raise ValueError(f"devices must be in [0, {cluster.world_size - 1}] on cluster {cluster.name!r}, "

@@ -100,6 +100,8 @@ class Plan:
             plan = plan.replace(partition=str(self.estimate.partition))
         data: dict[str, Any] = {"model": self.model, "name": self.strategy.name, "global_batch": self.global_batch,
                                 "plan": plan.to_dict()}
+        if self.estimate.detail.get("placement"):
+            data["placement"] = list(self.estimate.detail["placement"])  # the devices the estimate's links assumed
         data.update(overrides)
         return RunConfig.from_dict(data)
 

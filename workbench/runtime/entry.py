@@ -46,6 +46,9 @@ from .strategies.base import PendingLoss, RunContext, Strategy, loss_value
 __all__ = ["main", "resolve_partition", "autocast_dtype_for"]
 
 
+# the torchrun rank of this process, which differs from its mesh rank under a placement
+PROCESS_RANK_ENV = "WORKBENCH_PROCESS_RANK"
+
 def autocast_dtype_for(precision: str, device: torch.device) -> torch.dtype | None:
     """``auto``: bf16 autocast on CUDA, fp32 on CPU; ``bf16`` / ``fp32`` force it."""
     if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
@@ -138,6 +141,7 @@ def train(config: RunConfig, run_dir: Path, writer: EventWriter) -> None:
     writer.write("start", world_size=world_size, strategy=config.plan.name, config=config.to_dict(), pid=os.getpid(),
                  host=socket.gethostname(), restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
                  resumed_from=resumed_from, partition=str(partition), device=str(device), backend=dist.get_backend(),
+                 process=int(os.environ.get(PROCESS_RANK_ENV, rank)),
                  **({"layers": strategy.layers_report()} if hasattr(strategy, "layers_report") else {}))
     writer.start_heartbeat(config.events.heartbeat_s)
     board = ScalarBoard(run_dir) if config.tensorboard and rank == 0 else None
@@ -199,7 +203,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = RunConfig.from_json(args.config)
     run_dir = Path(config.run_dir or Path(args.config).parent)
-    rank = int(os.environ.get("RANK", 0))
+    # under a placement, this process runs the mesh rank the planner put on its device: every later use of
+    # RANK (process group, events, strategies) sees the mesh rank; LOCAL_RANK still picks the device
+    process = int(os.environ.get("RANK", 0))
+    rank = config.mesh_rank(process)
+    os.environ["RANK"], os.environ[PROCESS_RANK_ENV] = str(rank), str(process)
     writer = EventWriter(run_dir, rank)
     try:
         world_size = int(os.environ.get("WORLD_SIZE", 1))
