@@ -316,8 +316,9 @@ def estimate(ctx: CostContext, strategy: ParallelPlan) -> Estimate:
 
 
 def _placement(ctx: CostContext, strategy: ParallelPlan, sc: StageCosts):
-    """The topology-aware placement of a pipeline's (replica, stage) pairs on a multi-node cluster, when it
-    beats the node-major order (:mod:`.placement`); None otherwise, or where it does not apply (one node,
+    """The topology-aware placement of a pipeline's (replica, stage) pairs on a multi-node cluster, when its
+    link cost beats the node-major order's (:mod:`.placement`; the simulator then times both and keeps the
+    faster); None otherwise, or where it does not apply (one node,
     fewer ranks than the cluster's devices, no pipeline, tensor parallelism or interleaved chunks inside the
     pipeline, too many pairs to enumerate). The run config carries it (``RunConfig.placement``), so the
     launched processes take the places the estimate's links assumed."""
@@ -340,17 +341,24 @@ def simulate_strategy(ctx: CostContext, strategy: ParallelPlan, partition: Parti
     """Simulate ``strategy`` with these stage costs (its own schedule unless given) and read off the estimate."""
     if schedule is None:
         schedule, iterations = _schedule(strategy)
+    microbatch = ctx.global_batch // strategy.dp // strategy.microbatches
+
+    def run(schedule_) -> SimResult:
+        return simulate(schedule_, sc, ctx.cluster, collective_link=ctx.collective_link, microbatch_size=microbatch,
+                        sharing=ctx.sharing())
+
+    sim = run(schedule)
+    iteration = _steady_iteration_ms(sim, iterations)
     placement = _placement(ctx, strategy, sc)
-    if placement is not None:
+    if placement is not None:  # the links' cost model prefers another placement: keep it if the simulator agrees
         from .placement import placed_schedule
 
-        schedule = placed_schedule(schedule, placement.device_of, ctx.cluster)
-        detail = {**detail, "placement": list(placement.device_of), "placement_saves_ms":
-                  round(placement.naive_cost_ms - placement.cost_ms, 3)}
-    microbatch = ctx.global_batch // strategy.dp // strategy.microbatches
-    sim = simulate(schedule, sc, ctx.cluster, collective_link=ctx.collective_link, microbatch_size=microbatch,
-                   sharing=ctx.sharing())
-    iteration = _steady_iteration_ms(sim, iterations)
+        placed = run(placed_schedule(schedule, placement.device_of, ctx.cluster))
+        placed_iteration = _steady_iteration_ms(placed, iterations)
+        if placed_iteration < iteration:
+            detail = {**detail, "placement": list(placement.device_of),
+                      "placement_saves_ms": round(iteration - placed_iteration, 3)}
+            sim, iteration = placed, placed_iteration
     compute, bubble, exposed = _breakdown(sim, iteration, iterations)
     memory = max(sim.metrics["peak_memory_bytes"])
     return _finish(ctx, strategy, iteration, int(memory), compute, bubble, exposed, "simulated", partition=partition,
