@@ -177,48 +177,45 @@ def _timer_name(device: torch.device) -> str:
     return "cuda-events" if device.type == "cuda" else "perf-counter"
 
 
+class _Clock:
+    """Time marks on the device's own clock: CUDA events recorded on the device's current stream on a GPU,
+    ``perf_counter`` after a device synchronisation elsewhere."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+
+    def mark(self) -> Any:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(torch.cuda.current_stream(self.device))
+            return event
+        _sync(self.device)
+        return time.perf_counter()
+
+    def ms(self, start: Any, end: Any) -> float:
+        if self.cuda:
+            end.synchronize()
+            return start.elapsed_time(end)
+        return (end - start) * 1e3
+
+
 def _time_layer(runner: _LayerRunner, device: torch.device, warmup: int, repeats: int) -> tuple[list[float], list[float]]:
-    if device.type == "cuda":
-        return _time_layer_cuda(runner, device, warmup, repeats)
+    clock = _Clock(device)
     forward_ms, backward_ms = [], []
     for run in range(warmup + repeats):
         _zero_grads(runner.layer)
         runner.prepare()
         _sync(device)
-        start = time.perf_counter()
+        start = clock.mark()
         out = runner.forward()
-        _sync(device)
-        middle = time.perf_counter()
+        middle = clock.mark()
         runner.backward(out)
-        _sync(device)
-        end = time.perf_counter()
+        end = clock.mark()
         del out
         if run >= warmup:
-            forward_ms.append((middle - start) * 1e3)
-            backward_ms.append((end - middle) * 1e3)
-    return forward_ms, backward_ms
-
-
-def _time_layer_cuda(runner: _LayerRunner, device: torch.device, warmup: int,
-                     repeats: int) -> tuple[list[float], list[float]]:
-    """Forward and backward times from CUDA events on the current stream: the GPU's clock, not the host's."""
-    forward_ms, backward_ms = [], []
-    stream = torch.cuda.current_stream(device)
-    for run in range(warmup + repeats):
-        _zero_grads(runner.layer)
-        runner.prepare()
-        start, middle, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-        _sync(device)
-        start.record(stream)
-        out = runner.forward()
-        middle.record(stream)
-        runner.backward(out)
-        end.record(stream)
-        end.synchronize()
-        del out
-        if run >= warmup:
-            forward_ms.append(start.elapsed_time(middle))
-            backward_ms.append(middle.elapsed_time(end))
+            forward_ms.append(clock.ms(start, middle))
+            backward_ms.append(clock.ms(middle, end))
     return forward_ms, backward_ms
 
 
@@ -364,24 +361,15 @@ def measure_step_ms(model_or_sequence: LayerSequence | nn.Module | str, batch: A
     target_device = resolve_device(device)
     seq.to(target_device).train()
     inputs, targets = inputs.to(target_device), targets.to(target_device)
+    clock = _Clock(target_device)
     times = []
     for run in range(warmup + repeats):
         _zero_grads(seq)
-        _sync(target_device)
-        if target_device.type == "cuda":
-            start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start_event.record()
-            seq.loss_fn(seq(inputs), targets).backward()
-            end_event.record()
-            end_event.synchronize()
-            if run >= warmup:
-                times.append(start_event.elapsed_time(end_event))
-            continue
-        start = time.perf_counter()
+        start = clock.mark()
         seq.loss_fn(seq(inputs), targets).backward()
-        _sync(target_device)
+        end = clock.mark()
         if run >= warmup:
-            times.append((time.perf_counter() - start) * 1e3)
+            times.append(clock.ms(start, end))
     _zero_grads(seq)
     return times
 
