@@ -51,13 +51,17 @@ from .timeline import Event, Timeline
 __all__ = [
     "read_events", "load_measured_timeline",
     "EVENT_SCHEMA_VERSION", "EVENT_KINDS", "JOB_STATES", "TERMINAL_STATES",
-    "events_dir", "events_path", "make_event", "parse_event_line", "status_path",
+    "events_dir", "events_path", "make_event", "parse_event_line", "status_path", "DIST_BACKENDS",
+    "DIST_BACKEND_ENV",
 ]
 
 EVENT_SCHEMA_VERSION = 1
 EVENT_KINDS = ("start", "step", "stage", "heartbeat", "checkpoint", "eval", "end", "error")
 JOB_STATES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "UNKNOWN")
 TERMINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
+# the collective backend the launcher asks the ranks to use, passed in their environment
+DIST_BACKENDS = ("auto", "gloo", "nccl")
+DIST_BACKEND_ENV = "WORKBENCH_DIST_BACKEND"
 
 CONFIG_FILE = "config.json"
 COMMAND_FILE = "command.txt"

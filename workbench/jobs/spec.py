@@ -25,10 +25,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..core.rundir import DIST_BACKENDS
+
 __all__ = ["LaunchSpec", "SlurmOptions", "DEFAULT_ENTRY", "DIST_BACKENDS", "check_launchable", "config_dict"]
 
 DEFAULT_ENTRY = "workbench.runtime.entry"
-DIST_BACKENDS = ("auto", "gloo", "nccl")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _SLURM_TIME_RE = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$")

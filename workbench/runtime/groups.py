@@ -20,14 +20,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..core.rundir import DIST_BACKEND_ENV, DIST_BACKENDS
 from ..core.topology import Topology
 
 __all__ = ["ParallelGroups", "build_groups", "pick_device", "init_distributed", "choose_backend",
-           "check_backend_for_plan", "BACKEND_ENV", "BACKENDS"]
-
-# The launcher's choice of collective backend for the workers (``LaunchSpec.dist_backend``).
-BACKEND_ENV = "WORKBENCH_DIST_BACKEND"
-BACKENDS = ("auto", "gloo", "nccl")
+           "check_backend_for_plan"]
 
 
 def pick_device(device: str = "auto") -> torch.device:
@@ -53,9 +50,9 @@ def choose_backend(device_type: str, local_world_size: int, device_count: int, r
     send and receive (see :func:`check_backend_for_plan`). ``gloo`` or
     ``nccl`` force that backend; NCCL needs CUDA and a GPU per rank.
     """
-    if requested not in BACKENDS:
-        raise ValueError(f"collective backend must be one of {BACKENDS}, got {requested!r} "
-                         f"(from {BACKEND_ENV} or LaunchSpec.dist_backend)")
+    if requested not in DIST_BACKENDS:
+        raise ValueError(f"collective backend must be one of {DIST_BACKENDS}, got {requested!r} "
+                         f"(from {DIST_BACKEND_ENV} or LaunchSpec.dist_backend)")
     if local_world_size < 1:
         raise ValueError(f"local_world_size must be >= 1, got {local_world_size}")
     shares_gpus = local_world_size > device_count
@@ -104,7 +101,7 @@ def init_distributed(device: torch.device, *, timeout_s: float = 300.0) -> str:
         return dist.get_backend()
     device_count = torch.cuda.device_count() if device.type == "cuda" else 0
     backend = choose_backend(device.type, int(os.environ.get("LOCAL_WORLD_SIZE", 1)), device_count,
-                             os.environ.get(BACKEND_ENV, "auto") or "auto")
+                             os.environ.get(DIST_BACKEND_ENV, "auto") or "auto")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     timeout = timedelta(seconds=timeout_s)

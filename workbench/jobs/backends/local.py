@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ...core.rundir import CONFIG_FILE, LOGS_DIR
+from ...core.rundir import CONFIG_FILE, DIST_BACKEND_ENV, LOGS_DIR
 from ..process import RUN_ID_ENV, create_time, kill_processes, pdeathsig_preexec, process_alive
 from ..spec import LaunchSpec
 from .base import ProcessState, Started
@@ -58,7 +58,7 @@ def torchrun_argv(spec: LaunchSpec, run_dir: Path, run_id: str, *, endpoint: str
 def worker_env(spec: LaunchSpec, run_dir: Path, run_id: str) -> dict[str, str]:
     """The variables a run adds for its processes (on top of the inherited environment)."""
     return {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", RUN_ID_ENV: run_id,
-            "WORKBENCH_RUN_DIR": str(run_dir), "WORKBENCH_DIST_BACKEND": spec.dist_backend, **spec.env}
+            "WORKBENCH_RUN_DIR": str(run_dir), DIST_BACKEND_ENV: spec.dist_backend, **spec.env}
 
 
 def _child_environ(spec: LaunchSpec, run_dir: Path, run_id: str) -> dict[str, str]:
