@@ -52,6 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.path.insert(0, os.getcwd())
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command as typed (a config written records it)
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()

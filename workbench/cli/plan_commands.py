@@ -52,13 +52,14 @@ def _run_model(run_dirs: list[str] | None, model: str):
 
 def _model_costs(model: str, cluster, profile_batch: int, model_args: list[str] | None = None,
                  run_dirs: list[str] | None = None):
-    """(ModelCosts, TransformerShape or None, notes) for a costs file or a zoo model name."""
+    """(ModelCosts, TransformerShape or None, notes, the zoo model's overrides) for a costs file or a zoo model
+    name."""
     from ..core.costs import ModelCosts
 
     if Path(model).is_file():
         if model_args:
             raise ValueError("--model-arg applies to a zoo model; MODEL is a costs file, whose model is fixed")
-        return ModelCosts.load(model), None, []
+        return ModelCosts.load(model), None, [], {}
     from ..models.zoo import build_model, list_models
 
     if model not in list_models():
@@ -80,7 +81,7 @@ def _model_costs(model: str, cluster, profile_batch: int, model_args: list[str] 
     costs = profile(build_model(model, **overrides) if overrides else model, batch=profile_batch, progress=False)
     if not cluster.shared_compute:
         costs = project(costs, cluster.device)
-    return costs, _zoo_shape(model, overrides, profile_batch, seq_len), notes
+    return costs, _zoo_shape(model, overrides, profile_batch, seq_len), notes, overrides
 
 
 def _zoo_shape(model: str, overrides: dict, batch: int, seq_len: int | None = None):
@@ -119,13 +120,14 @@ def _plan(args: argparse.Namespace) -> Result:
     if args.top is not None and args.top < 1:
         raise ValueError(f"--top must be >= 1, got {args.top}")
     cluster, _ = load_cluster(args.cluster)
-    costs, shape, model_notes = _model_costs(args.model, cluster, args.profile_batch, args.model_arg, args.calibrate)
+    costs, shape, model_notes, overrides = _model_costs(args.model, cluster, args.profile_batch, args.model_arg,
+                                                        args.calibrate)
     if shape is None:  # a costs file: a tensor-parallel calibration run says what the transformer is
         shape = _shape_of_runs(args.calibrate, args.profile_batch)
     strategies = args.strategies.split(",") if args.strategies else None
     result = plan(costs, args.cluster, args.batch, memory_cap_gib=args.memory_cap, top=args.top,
                   world_size=args.world_size, shape=shape, strategies=strategies, fine_grained=args.fine_grained,
-                  calibration=args.calibrate)
+                  calibration=args.calibrate, pipeline_degrees=_pipeline_degrees(args.pp))
     lines = [f"{costs.model} on {cluster.name} ({args.world_size or cluster.world_size} devices), global batch "
              f"{args.batch}: {result.searched} strategies in {result.elapsed_s:.2f} s",
              f"{'#':>3} {'strategy':<28} {'iter ms':>10} {'samples/s':>10} {'GiB/dev':>8} {'compute':>9} "
@@ -139,11 +141,86 @@ def _plan(args: argparse.Namespace) -> Result:
                      f"{result.infeasible[0]['reason']}")
     lines += model_notes + result.notes
     if args.emit_config:
-        config = result.best.to_config(global_batch=args.batch, name=result.best.name.replace("@", "-at-"))
-        lines.append(f"wrote the run config of {result.best.name} to {config.save_toml(args.emit_config)}")
+        lines.append(_emit_config(result.best, args, overrides, shape))
     data = result.to_dict()
     data["notes"] = model_notes + list(data.get("notes", []))
     return Result("\n".join(lines), data)
+
+
+def _pipeline_degrees(text: str | None) -> list[int] | None:
+    """``"1,2"`` -> ``[1, 2]``; None for no restriction."""
+    if text is None:
+        return None
+    try:
+        degrees = [int(part) for part in text.split(",")]
+    except ValueError:
+        degrees = []
+    if not degrees or min(degrees) < 1:
+        raise ValueError(f"--pp takes comma-separated pipeline degrees >= 1 (e.g. 2 or 1,2), got {text!r}")
+    return degrees
+
+
+# what a plan decides in a run config; an existing config's other settings (steps, data, optimizer, ...) are kept
+_PLANNED_KEYS = ("name", "model", "model_overrides", "global_batch", "plan", "placement")
+
+
+def _emit_config(best, args: argparse.Namespace, overrides: dict, shape) -> str:
+    """Write ``best``'s run config to ``--emit-config`` (over an existing config of the same model, keeping its run
+    settings), headed by the command that planned it and the plan's per-layer options, without the settings that
+    are at their defaults; the line to print."""
+    import shlex
+    import tomllib
+
+    from ..core.config import RunConfig, to_toml
+
+    path = Path(args.emit_config)
+    planned = {"global_batch": args.batch, "name": best.name.replace("@", "-at-"), "model_overrides": overrides}
+    kept: dict = {}
+    if path.is_file():
+        previous = RunConfig.from_toml(path)
+        if previous.model == best.model:
+            kept = {k: v for k, v in previous.to_dict().items() if k not in _PLANNED_KEYS}
+            planned["name"] = previous.name  # the file keeps its own run name
+    notes = []
+    if shape is not None:  # the run's sequences are the ones the profile timed
+        data = dict(kept.get("data", {}))
+        if data.get("seq_len", shape.seq) != shape.seq:
+            notes.append(f"Sequence length {shape.seq}, as profiled (the config this file held had {data['seq_len']}).")
+        kept["data"] = {**data, "seq_len": shape.seq}
+    config = best.to_config(**kept, **planned)
+    e = best.estimate
+    header = [f"Written by: workbench {shlex.join(getattr(args, 'argv', ['plan', '...']))}",
+              f"Plan {best.name}: predicted {e.iteration_ms:.1f} ms per iteration, {e.memory_gib * 1024:.1f} MiB "
+              f"per device ({e.method}).", "Layers:"]
+    header += [f"  {l['name']}: {l['dp_kind']}" + (f", {l.get('tp_kind', '1d')} TP x{l['tp']}" if l["tp"] > 1 else "")
+               + (", recompute" if l["recompute"] else "") for l in best.layers()]
+    if kept:
+        header.append("Run settings (steps, data, optimizer, ...) kept from the config this file held.")
+    header += notes
+    text = "".join(f"# {line}".rstrip() + "\n" for line in header) + to_toml(_without_defaults(config))
+    if RunConfig.from_dict(tomllib.loads(text)) != config:
+        raise AssertionError("the compact TOML does not read back as the planned config")  # a bug of ours
+    path.write_text(text)
+    return f"wrote the run config of {best.name} to {path}"
+
+
+def _without_defaults(config) -> dict:
+    """``config`` as a dict without the settings (and table entries) that equal a default config's."""
+    from ..core.config import RunConfig
+
+    data = config.to_dict()
+    default = RunConfig.from_dict({"model": config.model, "plan": data["plan"]}).to_dict()
+    out = {}
+    for key, value in data.items():
+        if key in ("model", "name", "global_batch", "plan"):
+            out[key] = value
+        elif isinstance(value, dict) and isinstance(default.get(key), dict):
+            table = {k: v for k, v in value.items() if default[key].get(k) != v}
+            if table:
+                out[key] = table
+        elif default.get(key) != value:
+            out[key] = value
+    return out
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -160,14 +237,19 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--model-arg", metavar="KEY=VALUE", action="append",
                    help="a zoo model's config override, e.g. n_layer=4 (repeat it; default: the overrides of the "
                         "first --calibrate run of the same model)")
+    p.add_argument("--pp", metavar="DEGREES",
+                   help="consider only these comma-separated pipeline degrees, e.g. 2 (1 is no pipeline; default: "
+                        "every degree that divides the devices)")
     p.add_argument("--fine-grained", action="store_true",
                    help="also search per-layer plans: every layer its own data-parallel kind (DDP, ZeRO-2, FSDP), "
                         "tensor-parallel degree and recomputation, by dynamic programming under the memory cap, "
                         "with the pipeline degree, micro-batches and partition around it; the JSON gives every plan "
                         "its 'layers' and compares the best with pure DP, pure FSDP, 3D and the best uniform plan")
     p.add_argument("--emit-config", metavar="PATH.toml",
-                   help="write the best plan's run config (model, plan with its partition, batch) as TOML, ready "
-                        "for `workbench run` (a plan the runtime cannot run yet is refused with the reason)")
+                   help="write the best plan's run config (model with its --model-arg overrides, plan with its "
+                        "partition, batch) as TOML, ready for `workbench run`, headed by this command and the plan's "
+                        "per-layer options; over an existing config of the same model, its run settings (steps, "
+                        "data, optimizer, ...) are kept. A plan the runtime cannot run yet is refused with the reason")
     p.add_argument("--calibrate", metavar="RUN_DIR", action="append",
                    help="scale the profile's compute to what this finished run of the model measured (a pipeline "
                         "run is best). Repeat it: scheduled-pipeline runs at two micro-batch sizes fit a "

@@ -209,7 +209,7 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
          shape: TransformerShape | None = None, strategies: Sequence[str | ParallelPlan] | None = None,
          simulate_top: int = 12, microbatch_options: Iterable[int] | None = None, optimizer: str = "adam",
          collective_link: LinkSpec | None = None, fine_grained: bool = False,
-         background_load: float = 0.0,
+         background_load: float = 0.0, pipeline_degrees: Sequence[int] | None = None,
          calibration: "RuntimeCalibration | str | Path | Sequence[RuntimeCalibration | str | Path] | None" = None,
          ) -> PlanResult:
     """Rank the strategies for ``model`` on ``cluster`` at ``global_batch`` (see the module docstring).
@@ -221,6 +221,8 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
     ``background_load``: on clusters whose ranks share the node's cores
     (``local``), the other runnable work there (e.g. ``os.getloadavg()[0]``
     before launching), which changes how much the ranks slow each other.
+    ``pipeline_degrees``: consider only plans with these pipeline degrees
+    (1 is no pipeline), in the templates and in the per-layer search alike.
     ``calibration``: a :class:`~.calibration.RuntimeCalibration` or the
     directory of a finished run of this model (:func:`~.calibrate.
     calibrate_from_run`), whose measured compute scales the profile's; or a
@@ -259,11 +261,20 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
         raise ValueError(f"memory_cap_gib must be a number > 0 (GiB per device), got {memory_cap_gib!r}")
     if isinstance(background_load, bool) or not isinstance(background_load, (int, float)) or background_load < 0:
         raise ValueError(f"background_load must be a number >= 0 (runnable processes), got {background_load!r}")
+    if pipeline_degrees is not None:
+        pipeline_degrees = tuple(pipeline_degrees)
+        if not pipeline_degrees or any(isinstance(p, bool) or not isinstance(p, int) or p < 1
+                                       for p in pipeline_degrees):
+            raise ValueError(f"pipeline_degrees must be ints >= 1, got {list(pipeline_degrees)}")
     cap = int(memory_cap_gib * GIB) if memory_cap_gib is not None else None
     ctx = cost_context(costs, spec, global_batch, world_size=world, collective_link=coll, memory_cap_bytes=cap,
                        shape=shape, optimizer=optimizer, background_load=background_load, compute_models=models)
     spec = ctx.cluster
     candidates = _candidates(costs, world, global_batch, shape, kinds, recompute, strategies, microbatch_options)
+    if pipeline_degrees is not None:
+        candidates = [s for s in candidates if s.pp in pipeline_degrees]
+        notes.append(f"only pipeline degree{'s' if len(pipeline_degrees) > 1 else ''} "
+                     f"{', '.join(map(str, pipeline_degrees))} considered")
     projected: list[Estimate] = []
     infeasible: list[dict[str, Any]] = []
     for s in candidates:
@@ -286,7 +297,7 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
         from .finegrained import selective_recompute_plans
 
         final += selective_recompute_plans(ctx, [s for s in candidates if not s.recompute], infeasible)
-        hybrid = _per_layer_search(ctx, costs, world, coll, optimizer, notes)
+        hybrid = _per_layer_search(ctx, costs, world, coll, optimizer, notes, pipeline_degrees)
         if hybrid is not None and "per-layer" in hybrid.best:
             final += [as_estimate(p) for p in _distinct_mixes(hybrid)]
             uniform = hybrid.best.get("uniform")
@@ -308,7 +319,7 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
 
 
 def _per_layer_search(ctx, costs: ModelCosts, world: int, coll: LinkSpec | None, optimizer: str,
-                      notes: list[str]) -> "HybridResult | None":
+                      notes: list[str], pipeline_degrees: Sequence[int] | None = None) -> "HybridResult | None":
     """The per-layer programme (:mod:`.hybrid`) on the context's cluster and budget, with a note of what it found
     against the templates costed the same way; None (and a note) where its trees do not apply."""
     if world & (world - 1):
@@ -317,13 +328,14 @@ def _per_layer_search(ctx, costs: ModelCosts, world: int, coll: LinkSpec | None,
     scaled = scale_compute(costs, ctx.compute_scale(world)) if ctx.cluster.shared_compute else costs
     try:
         found = search_hybrid(scaled, ctx.cluster, ctx.global_batch, budget_bytes=ctx.cap, world_size=world,
-                              collective_link=coll, optimizer=optimizer)
+                              collective_link=coll, optimizer=optimizer, pp_options=pipeline_degrees)
     except ValueError as exc:
         notes.append(f"per-layer search: {exc}")
         return None
-    notes.append(f"per-layer search: {len(decision_trees(world))} decision trees on {world} devices; "
-                 f"{len(stage_strategies(world))} strategies per layer on a stage of {world} before recomputation "
-                 f"(DDP or FSDP beside TP), {len(found.pools[world])} with ZeRO-2 and recomputation; "
+    stage = max(found.pools)  # the largest stage searched (the whole world unless the pipeline degree is fixed)
+    notes.append(f"per-layer search: {len(decision_trees(stage))} decision trees on {stage} devices; "
+                 f"{len(stage_strategies(stage))} strategies per layer on a stage of {stage} before recomputation "
+                 f"(DDP or FSDP beside TP), {len(found.pools[stage])} with ZeRO-2 and recomputation; "
                  f"{found.searched} stage searches in {found.elapsed_s:.2f} s")
     if "per-layer" not in found.best:
         notes.append(f"per-layer search: nothing fits; {found.closest_miss()}")
