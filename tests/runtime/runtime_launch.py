@@ -64,13 +64,16 @@ def processes_mentioning(text: str) -> list[int]:
     return pids
 
 
-def stashing_reference(config: RunConfig) -> dict[str, torch.Tensor]:
+def stashing_reference(config: RunConfig, versions: dict[tuple[int, int, int], int] | None = None
+                       ) -> dict[str, torch.Tensor]:
     """One process applying the asynchronous rule by hand, for the run's own model and partition.
 
     Each micro-batch runs every stage on the weight version the schedule
     names for it; stage ``s``'s step of iteration ``t`` applies the gradients
     of iteration ``t``'s micro-batches. The versions are the stage's weights
-    after each step, kept here as a history.
+    after each step, kept here as a history. ``versions`` ((stage, iteration,
+    micro-batch) -> version) replaces the plan's own (e.g. the versions a run
+    that changed its schedule recorded).
     """
     from torch.func import functional_call
 
@@ -90,7 +93,8 @@ def stashing_reference(config: RunConfig) -> dict[str, torch.Tensor]:
     spec = config.plan.pipeline
     inflight = spec.inflight if isinstance(spec.inflight, int) else None
     plan = async_1f1b(S, m, config.steps, inflight=inflight, mode=spec.mode, vertical_sync=spec.vertical_sync)
-    version = {(s, a.iteration, a.microbatch): a.version for s in range(S) for a in plan.actions(s) if a.op.value == "F"}
+    version = versions if versions is not None else {
+        (s, a.iteration, a.microbatch): a.version for s in range(S) for a in plan.actions(s) if a.op.value == "F"}
     batches = global_batches(config, model, 0)
     for t in range(config.steps):
         data = split_rounds(next(batches), config, 0)[0]

@@ -35,6 +35,7 @@ canonical text form that :meth:`ParallelPlan.parse` reads back::
     gropipe-2x4-1f1b-m8-d1       2 groups x 4 stages, 1F1B inside, delayed all-reduce
     async-2x4-m8                 2 replicas of a 4-stage asynchronous pipeline
     async-1x4-m4-2bw-if3         ... double-buffered weights, 3 micro-batches in flight
+    async-1x2-m4-if1-adapt4      ... re-deciding depths and mode every 4 steps from measurements
     torchpp2-1f1b-m4             torch.distributed.pipelining's 1F1B (a baseline)
     tp2d-2x2-dp2                 2 copies of a 2x2 SUMMA grid
     tp1d-4-dp2                   2 copies of 4-way Megatron tensor parallelism
@@ -216,7 +217,10 @@ class AsyncPipeline:
     used (``stash = false`` shows the unstashed, inconsistent variant);
     ``2bw`` keeps two versions and coalesces gradients. ``inflight`` is
     micro-batches in flight per stage, or ``auto`` (profiled, under
-    ``memory_cap_mb``; 0 = no cap).
+    ``memory_cap_mb``; 0 = no cap). ``adapt_every`` > 0 re-decides the
+    in-flight depths and the stash mode every that many steps from the
+    stage times and memory the run measured (the stream drains there); 0
+    keeps the launch's choice.
     """
 
     mode: str = "stash"
@@ -224,6 +228,7 @@ class AsyncPipeline:
     vertical_sync: bool = False
     inflight: str | int | tuple[int, ...] = "auto"
     memory_cap_mb: float = 0.0
+    adapt_every: int = 0
     kind: ClassVar[str] = "async"
 
     def __post_init__(self) -> None:
@@ -240,6 +245,12 @@ class AsyncPipeline:
         if isinstance(self.memory_cap_mb, bool) or not isinstance(self.memory_cap_mb, (int, float)) \
                 or self.memory_cap_mb < 0:
             raise plan_error("pipeline.memory_cap_mb", self.memory_cap_mb, "expected a number >= 0 (0: no cap)")
+        if isinstance(self.adapt_every, bool) or not isinstance(self.adapt_every, int) or self.adapt_every < 0:
+            raise plan_error("pipeline.adapt_every", self.adapt_every, "expected an int >= 0 (steps between "
+                             "re-decisions of the in-flight depths; 0: never)")
+        if self.adapt_every and (not self.stash or self.vertical_sync):
+            raise plan_error("pipeline.adapt_every", self.adapt_every, "the run-time adaptation chooses between "
+                             "modes 'stash' and '2bw'; it needs stash = true and no vertical sync")
         if self.mode == "2bw" and not self.stash:
             raise plan_error("pipeline.stash", self.stash, "mode '2bw' keeps two weight versions; set stash = true "
                              "(stash = false is the unstashed variant of mode 'stash')")
@@ -576,6 +587,7 @@ class ParallelPlan:
                     depths = spec.inflight if isinstance(spec.inflight, tuple) else (spec.inflight,)
                     tokens.append("if" + ".".join(map(str, depths)))
                 tokens += ([f"cap{spec.memory_cap_mb:g}"] if spec.memory_cap_mb else [])
+                tokens += ([f"adapt{spec.adapt_every}"] if spec.adapt_every else [])
             elif isinstance(spec, TorchPipelining):
                 head = f"torchpp{pp}-{spec.schedule}-m{m}"
             elif isinstance(spec, Interleaved):
@@ -776,6 +788,8 @@ def _parse_name(text: str) -> ParallelPlan:
         elif pipeline is None and re.fullmatch(r"if\d+(\.\d+)*", token):
             depths = tuple(int(d) for d in token[2:].split("."))
             async_options["inflight"] = depths[0] if len(depths) == 1 and "." not in token else depths
+        elif pipeline is None and re.fullmatch(r"adapt\d+", token):
+            async_options["adapt_every"] = int(token[5:])
         elif pipeline is None and re.fullmatch(r"cap\d+(\.\d+)?", token):
             value = float(token[3:])
             async_options["memory_cap_mb"] = int(value) if value.is_integer() else value

@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 EVENT_SCHEMA_VERSION = 1
-EVENT_KINDS = ("start", "step", "stage", "heartbeat", "checkpoint", "eval", "end", "error")
+EVENT_KINDS = ("start", "step", "stage", "heartbeat", "checkpoint", "eval", "end", "error", "adapt")
 JOB_STATES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "UNKNOWN")
 TERMINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
 # the collective backend the launcher asks the ranks to use, passed in their environment
@@ -134,4 +134,13 @@ def load_measured_timeline(run_dir: str | Path) -> Timeline:
         fields["start"] += shift
         fields["end"] += shift
         events.append(Event(**fields))
-    return Timeline(tuple(events), {"run_dir": str(run_dir), "source": "measured", "t0": origin})
+    marks = [{"time": (r["at"] - origin) * 1e3, "step": r["step"],
+              "label": f"step {r['step']}: in flight {_depths(r['inflight_from'])} -> {_depths(r['inflight_to'])}"
+                       + (f", {r['mode_from']} -> {r['mode_to']}" if r["mode_from"] != r["mode_to"] else "")}
+             for r in read_events(run_dir) if r["kind"] == "adapt" and r.get("changed")]
+    meta = {"run_dir": str(run_dir), "source": "measured", "t0": origin}
+    return Timeline(tuple(events), {**meta, "marks": marks} if marks else meta)
+
+
+def _depths(values: list[int]) -> str:
+    return "/".join(map(str, values))

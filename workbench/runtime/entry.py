@@ -179,6 +179,9 @@ def train(config: RunConfig, run_dir: Path, writer: EventWriter) -> None:
         writer.step = step + 1
         events, t0 = strategy.take_events()
         writer.stage_events(events, t0)
+        for kind, fields in strategy.take_records():
+            if rank == 0:  # every rank decided the same
+                writer.write(kind, **fields)
         if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
             write_steps()
             folder = _save(run_dir, step + 1, rank, strategy, device)

@@ -31,7 +31,7 @@ from .memory import peak_memory_bytes
 from .simulate import simulate
 from .stagecosts import StageCosts
 
-__all__ = ["InflightChoice", "choose_inflight", "evaluate_inflight"]
+__all__ = ["Adaptation", "InflightChoice", "adapt_inflight", "choose_inflight", "evaluate_inflight"]
 
 _ITERATIONS = 4  # enough iterations for the steady state to dominate the simulated time
 
@@ -114,3 +114,56 @@ def choose_inflight(stage_costs: StageCosts, num_microbatches: int, *, memory_ca
     fastest = min(r["iteration_ms"] for r in fitting)
     best = next(r for r in fitting if r["iteration_ms"] <= fastest * (1 + tolerance))
     return InflightChoice(tuple(best["inflight"]), best["iteration_ms"], tuple(best["peak_bytes"]), candidates)
+
+
+@dataclass(frozen=True)
+class Adaptation:
+    """A run-time re-decision of an async pipeline: the depths and mode it runs next, and why."""
+
+    inflight: tuple[int, ...]
+    mode: str
+    iteration_ms: float | None
+    reason: str
+
+    def changes(self, inflight: tuple[int, ...], mode: str) -> bool:
+        return (tuple(self.inflight), self.mode) != (tuple(inflight), mode)
+
+
+def adapt_inflight(stage_costs: StageCosts, num_microbatches: int, *, inflight: tuple[int, ...], mode: str,
+                   configured_mode: str = "stash", memory_cap_bytes: int | None = None,
+                   tolerance: float = 0.02) -> Adaptation:
+    """The depths and stash mode an async pipeline running ``inflight`` in ``mode`` should run next, from
+    ``stage_costs`` measured so far (:func:`choose_inflight` on them).
+
+    The configured mode is kept while some depth of it fits ``memory_cap_bytes``; otherwise PipeDream-2BW's two
+    weight versions (or back to stashing one version per iteration in flight) where that fits and the
+    micro-batches allow it (2BW needs at least as many as stages). A change must be predicted faster by more than
+    ``tolerance`` or be needed to fit; else the current choice stays.
+    """
+    if mode not in ASYNC_MODES or configured_mode not in ASYNC_MODES:
+        raise ValueError(f"modes must be among {', '.join(ASYNC_MODES)}, got {mode!r} and {configured_mode!r}")
+    S = stage_costs.num_stages
+    current = evaluate_inflight(stage_costs, num_microbatches, tuple(inflight), mode=mode)
+    current_fits = memory_cap_bytes is None or max(current["peak_bytes"]) <= memory_cap_bytes
+    other = "2bw" if configured_mode == "stash" else "stash"
+    modes = [configured_mode] + ([other] if other == "stash" or num_microbatches >= S else [])
+    misses = []
+    for candidate_mode in modes:
+        try:
+            choice = choose_inflight(stage_costs, num_microbatches, memory_cap_bytes=memory_cap_bytes,
+                                     mode=candidate_mode, tolerance=tolerance)
+        except ValueError as exc:
+            misses.append(f"mode {candidate_mode}: {exc}")
+            continue
+        if not current_fits:
+            return Adaptation(choice.inflight, candidate_mode, choice.iteration_ms,
+                              f"{tuple(inflight)} in mode {mode} needs {max(current['peak_bytes']) / 2**20:.1f} MiB "
+                              f"on its largest stage, over the {memory_cap_bytes / 2**20:.1f} MiB cap")
+        if choice.iteration_ms < current["iteration_ms"] * (1 - tolerance) or candidate_mode != mode:
+            return Adaptation(choice.inflight, candidate_mode, choice.iteration_ms,
+                              f"predicted {choice.iteration_ms:.1f} ms per iteration from the measured stage times, "
+                              f"against {current['iteration_ms']:.1f} ms for {tuple(inflight)} in mode {mode}")
+        break
+    reason = "; ".join(misses) if misses else (f"{tuple(inflight)} in mode {mode} is within {tolerance:.0%} of the "
+                                                f"fastest that fits ({current['iteration_ms']:.1f} ms predicted)")
+    return Adaptation(tuple(inflight), mode, current["iteration_ms"], reason)

@@ -279,6 +279,9 @@ def timeline_figure(timeline: Timeline | Sequence[Timeline], *, title: str | Non
                     names: Sequence[str] | None = None, show_idle: bool = True) -> go.Figure:
     """Gantt chart of one timeline, or several overlaid (``compare="overlay"``) or stacked (``"side"``).
 
+    A timeline's ``meta["marks"]`` (``{"time", "label"}``, e.g. where an adapting async pipeline changed its
+    depths) are drawn as dashed vertical lines with their labels.
+
     ``names`` label the timelines (default: their events' source,
     "simulated" or "measured").
     """
@@ -303,4 +306,9 @@ def timeline_figure(timeline: Timeline | Sequence[Timeline], *, title: str | Non
                  legend={"y": 1.0, "yanchor": "bottom", "x": 1.0, "xanchor": "right"},
                  margin={"l": 90, "t": 80})
     fig.update_xaxes(title_text="time (ms)")
+    for i, t in enumerate(timelines):  # run-time changes (an adapting async pipeline's new depths): a dashed line
+        for mark in t.meta.get("marks", ()):
+            fig.add_vline(x=mark["time"], line_dash="dash", line_color="#555", line_width=1,
+                          annotation_text=mark["label"], annotation_position="top left",
+                          annotation_font_size=10, **({"row": i + 1, "col": 1} if panels > 1 else {}))
     return fig

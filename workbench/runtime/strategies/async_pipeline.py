@@ -80,15 +80,27 @@ from .base import PendingLoss, RunContext, Strategy, global_mean_loss, make_opti
 __all__ = ["AsyncPipeline", "async_schedule", "StageWeights", "VersionedBlock"]
 
 
-def async_schedule(config, inflight: tuple[int, ...] | int | None = None) -> Schedule:
-    """The lowered stream of the whole run (``config.steps`` iterations) that every rank executes, with
-    ``inflight`` (the depths the runtime resolved) in place of the plan's own."""
+def async_schedule(config, inflight: tuple[int, ...] | int | None = None, *, iterations: int | None = None,
+                   mode: str | None = None) -> Schedule:
+    """The lowered stream of the whole run (``config.steps`` iterations, or ``iterations``) that every rank
+    executes, with ``inflight`` (the depths the runtime resolved) and ``mode`` in place of the plan's own."""
     from ...scheduling.passes import add_p2p
 
     plan = config.plan
     if inflight is not None:
         plan = plan.replace(pipeline=replace(plan.pipeline, inflight=inflight))
-    return add_p2p(plan.schedule(num_iterations=config.steps))
+    if mode is not None:
+        plan = plan.replace(pipeline=replace(plan.pipeline, mode=mode))
+    return add_p2p(plan.schedule(num_iterations=config.steps if iterations is None else iterations))
+
+
+def _shifted(actions: tuple[Action, ...], start: int) -> list[Action]:
+    """A stream that starts at iteration ``start`` on weight version ``start``: its iterations and versions
+    moved on by ``start`` (a stream begins drained, with ``start`` steps applied)."""
+    if not start:
+        return list(actions)
+    return [replace(a, iteration=(a.iteration or 0) + start,
+                    version=None if a.version is None else a.version + start) for a in actions]
 
 
 def _stream_index(actions: tuple[Action, ...], num_microbatches: int) -> list[Action]:
@@ -128,11 +140,17 @@ class StageWeights:
     bound: dict[int, tuple[int, list[torch.Tensor]]] = field(default_factory=dict)  # micro-batch -> (version, leaves)
     activation_bytes: dict[int, int] = field(default_factory=dict)  # micro-batch -> saved bytes
     peaks: dict[str, int] = field(default_factory=lambda: {"activations": 0, "stashed_weights": 0, "total": 0,
-                                                           "versions": 1})
+                                                           "versions": 1, "microbatch_activations": 0})
 
     def __post_init__(self) -> None:
         self.names = [n for n, p in self.block.inner.named_parameters() if p.requires_grad]
         self.params = [p for p in self.block.inner.parameters() if p.requires_grad]
+
+    def add_uses(self, actions: list[Action]) -> None:
+        """Count the forwards and backwards of more of the stream (a later segment of the run)."""
+        for a in actions:
+            if a.op in (Op.FORWARD, Op.BACKWARD):
+                self.uses[a.version] = self.uses.get(a.version, 0) + 1
 
     def storage(self, version: int) -> list[torch.Tensor]:
         if version == self.current or not self.stash:
@@ -164,6 +182,8 @@ class StageWeights:
             self.block.bound = None
         self.bound[microbatch] = (used, leaves)
         self.activation_bytes[microbatch] = sum(saved.values())
+        self.peaks["microbatch_activations"] = max(self.peaks["microbatch_activations"],
+                                                   self.activation_bytes[microbatch])
         self._use(version)
         self._note_peak()
 
@@ -222,6 +242,14 @@ class StreamInterpreter(Interpreter):
         self._activations, self._grads, self._received, self._sends = {}, {}, {}, []
         self._used_version: int | None = None
         self._planned = {a.microbatch: a.version for a in self.actions if a.op is Op.FORWARD}
+        self.compute_ms: dict[Op, list[float]] = {Op.FORWARD: [], Op.BACKWARD: [], Op.STEP: []}
+        self.time_compute = False  # time every forward, backward and step (for an adapting run)
+
+    def extend(self, actions: list[Action]) -> None:
+        """Append more of the stream (the next stretch of an adapting run)."""
+        self.check(actions)
+        self.actions = list(self.actions) + actions
+        self._planned.update({a.microbatch: a.version for a in actions if a.op is Op.FORWARD})
 
     def run_segment(self, actions: list[Action], data: MicrobatchData) -> None:
         self._data = data
@@ -229,6 +257,10 @@ class StreamInterpreter(Interpreter):
             self._compute_start = time.perf_counter()
             self._used_version = self._planned.get(action.microbatch, self.weights[action.stage].current)
             nbytes = self._dispatch[action.op](action)
+            if self.time_compute and action.op in self.compute_ms:
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                self.compute_ms[action.op].append((time.perf_counter() - self._compute_start) * 1e3)
             if self.record:
                 if action.is_compute and self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
@@ -275,10 +307,15 @@ class AsyncPipeline(Strategy):
                              f"needs {plan.pp}")
         blocks = [ctx.model.stage(*ctx.partition.bounds[s]) for s in range(plan.pp)]
         self.inflight = self._resolve_inflight(ctx, blocks)
-        schedule = async_schedule(config, self.inflight)
+        self.mode = spec.mode
+        # an adapting run is a series of streams, each draining at its end, where the next is re-decided
+        self.stream_end = min(spec.adapt_every, config.steps) if spec.adapt_every else config.steps
+        self.adaptations: list[dict[str, Any]] = []
         m = plan.microbatches
-        actions = _stream_index(schedule.actions(ctx.rank), m)
+        actions = self._stream(0, self.stream_end)
         shapes = output_shapes(blocks, ctx.example_input, ctx.device, ctx.autocast_dtype)
+        self._send_bytes = [int(torch.Size(shape).numel()) * dtype.itemsize for shape, dtype in
+                            (shapes[v] for v in range(plan.pp))] if spec.adapt_every else []
         s = self.groups.coord("pp")
         self.block = VersionedBlock(blocks[s].to(ctx.device))
         self.stage = Stage(index=s, module=self.block, device=ctx.device, is_first=s == 0,
@@ -298,11 +335,21 @@ class AsyncPipeline(Strategy):
             boundary_shapes={v: shapes[v] for v in range(plan.pp)}, device=ctx.device,
             handlers={Op.STEP: self._on_step, Op.ALL_REDUCE: self._on_all_reduce}, record=ctx.record_events,
             weights={s: self.weights}, microbatches_per_iteration=m)
+        self.interpreter.time_compute = bool(spec.adapt_every)
+        self._records: list[dict[str, Any]] = []
+        self._adapt_group = dist.new_group() if spec.adapt_every else None
         self._data = MicrobatchData(inputs={}, targets={})
         self._next_iteration: int | None = None  # the first iteration whose data is not loaded yet
         self._ahead: Iterator | None = None
+        self._ahead_at = 0  # the iteration ``_ahead`` yields next
 
     # -- set-up -----------------------------------------------------------------------
+    def _stream(self, start: int, end: int) -> list[Action]:
+        """This rank's actions for iterations ``start .. end - 1`` at the current depths and mode, micro-batches
+        numbered across the run."""
+        schedule = async_schedule(self.config, self.inflight, iterations=end - start, mode=self.mode)
+        return _stream_index(tuple(_shifted(schedule.actions(self.ctx.rank), start)), self.config.plan.microbatches)
+
     def _resolve_inflight(self, ctx: RunContext, blocks: list[nn.Module]) -> tuple[int, ...]:
         """Micro-batches in flight per stage: the config's number, or chosen on rank 0 and shared."""
         plan = ctx.config.plan
@@ -394,16 +441,80 @@ class AsyncPipeline(Strategy):
                 self._next_iteration = step + 1
             needed = max((a.iteration for a in segment if a.op is Op.FORWARD), default=step)
             while self._next_iteration <= needed:  # forwards of later iterations 1F1B starts in this segment
-                if self._ahead is None:
+                if self._ahead is None or self._ahead_at != self._next_iteration:  # (a drained stream read none)
                     self._ahead = global_batches(config, self.ctx.model, self._next_iteration, self.group_index)
+                    self._ahead_at = self._next_iteration
                 self._add_iteration(self._next_iteration, next(self._ahead))
                 self._next_iteration += 1
+                self._ahead_at += 1
         self.interpreter.run_segment(segment, self._data)
         self._drop_iteration(step)
+        if step + 1 == self.stream_end and step + 1 < config.steps:
+            self._adapt(step + 1)
         local = sum(self.stage.take_losses())
         # not waited here: a blocking all-reduce would drain the stream at every step
         return global_mean_loss(local, config.plan.dp * config.plan.microbatches, self.ctx.device, group=self._loss_group,
                                 wait=False)
+
+    # -- run-time adaptation --------------------------------------------------------
+    def _measured(self) -> dict[str, Any]:
+        """What this rank measured since the last decision: median forward, backward and step times, the largest
+        micro-batch's saved activations, and its stage's weight and optimizer-state bytes."""
+        times = {op: sorted(v) for op, v in self.interpreter.compute_ms.items()}
+        median = lambda v: v[len(v) // 2] if v else 0.0  # noqa: E731
+        state = [t for st in self._optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+        for v in self.interpreter.compute_ms.values():
+            v.clear()
+        return {"stage": self.stage.index, "forward_ms": median(times[Op.FORWARD]),
+                "backward_ms": median(times[Op.BACKWARD]), "step_ms": median(times[Op.STEP]),
+                "activation_bytes": self.weights.peaks["microbatch_activations"],
+                "param_bytes": sum(p.numel() * p.element_size() for p in self.weights.params),
+                "optimizer_bytes": sum(t.numel() * t.element_size() for t in state if t.dim() > 0)}
+
+    def _adapt(self, start: int) -> None:
+        """At the end of a stream (drained): share the measurements, re-decide the depths and mode for the next
+        ``adapt_every`` steps (every rank decides the same from the same numbers), and queue that stream."""
+        from ...scheduling.adaptive import adapt_inflight
+        from ...scheduling.stagecosts import StageCosts
+
+        self.interpreter.finish()
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, self._measured(), group=self._adapt_group)
+        plan, spec = self.config.plan, self.config.plan.pipeline
+        per_stage = [[g for g in gathered if g["stage"] == s] for s in range(plan.pp)]
+        mean = lambda rows, key: sum(r[key] for r in rows) / len(rows)  # noqa: E731  (over the pipelines)
+        costs = StageCosts(
+            forward_ms=tuple(mean(r, "forward_ms") for r in per_stage),
+            backward_ms=tuple(mean(r, "backward_ms") for r in per_stage),
+            send_bytes=tuple(self._send_bytes[:-1]) + (0,),
+            param_bytes=tuple(max(g["param_bytes"] for g in r) for r in per_stage),
+            grad_bytes=tuple(max(g["param_bytes"] for g in r) for r in per_stage),
+            optimizer_bytes=tuple(max(g["optimizer_bytes"] for g in r) for r in per_stage),
+            activation_bytes=tuple(max(g["activation_bytes"] for g in r) for r in per_stage),
+            step_ms=tuple(mean(r, "step_ms") for r in per_stage))
+        cap = int(spec.memory_cap_mb * 2**20) if spec.memory_cap_mb else None
+        decision = adapt_inflight(costs, plan.microbatches, inflight=tuple(self.inflight), mode=self.mode,
+                                  configured_mode=spec.mode, memory_cap_bytes=cap)
+        record = {"step": start, "inflight_from": list(self.inflight), "inflight_to": list(decision.inflight),
+                  "mode_from": self.mode, "mode_to": decision.mode, "changed": decision.changes(self.inflight,
+                                                                                                self.mode),
+                  "predicted_ms": decision.iteration_ms, "reason": decision.reason, "at": time.time(),
+                  "measured": {"forward_ms": list(costs.forward_ms), "backward_ms": list(costs.backward_ms),
+                               "activation_bytes": list(costs.activation_bytes)}}
+        self.adaptations.append(record)
+        self._records.append(record)
+        self.inflight, self.mode = tuple(decision.inflight), decision.mode
+        end = min(start + spec.adapt_every, self.config.steps)
+        actions = self._stream(start, end)
+        self.weights.add_uses(actions)
+        self.interpreter.extend(actions)
+        self.segments += self._segments(actions)
+        self.stream_end = end
+
+    def take_records(self) -> list[tuple[str, dict[str, Any]]]:
+        """Run events to write (``adapt``: each re-decision of the depths and mode), once each."""
+        out, self._records = [("adapt", r) for r in self._records], []
+        return out
 
     def modules(self) -> dict[str, nn.Module]:
         return {f"stage{self.stage.index}": self.block.inner}
@@ -416,7 +527,9 @@ class AsyncPipeline(Strategy):
 
     def memory_report(self) -> dict[str, Any]:
         """Measured peaks of this rank's stage: saved activations, stashed versions, both, versions held."""
-        return {"stage": self.stage.index, "inflight": list(self.inflight), **self.weights.peaks}
+        return {"stage": self.stage.index, "inflight": list(self.inflight), "mode": self.mode,
+                "adaptations": [{k: v for k, v in a.items() if k != "measured"} for a in self.adaptations],
+                **self.weights.peaks}
 
     def close(self) -> None:
         self.interpreter.finish()

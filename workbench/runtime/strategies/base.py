@@ -153,5 +153,9 @@ class Strategy(ABC):
         events, self._events = self._events, []
         return events, self.t0_unix
 
+    def take_records(self) -> list[tuple[str, dict[str, Any]]]:
+        """Run events of the strategy's own to write, ``(kind, fields)``, since the last call (none here)."""
+        return []
+
     def close(self) -> None:
         """Wait for outstanding communication before the process group goes away."""
