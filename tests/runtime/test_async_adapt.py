@@ -16,6 +16,8 @@ import torch
 
 from runtime_launch import dumped_params, run_ok, stashing_reference
 from workbench.core.rundir import read_events
+from workbench.jobs.status import JobStatus
+from workbench.jobs.monitor_model import RunState
 from workbench.runtime.events import load_measured_timeline
 from workbench.scheduling.adaptive import adapt_inflight
 from workbench.scheduling.stagecosts import StageCosts
@@ -68,6 +70,17 @@ def test_a_run_that_adapts_records_the_change_and_trains_exactly(tmp_path):
     steps_before = [e.end for e in timeline.events if e.op == "STEP" and e.iteration == 1]
     assert max(steps_before) <= marks[0]["time"] + 1.0, "the mark sits where the first stream drained"
     assert any(shape.type == "line" for shape in timeline_figure(timeline).layout.shapes)
+
+    # the monitor's state and `workbench status` show the decisions; the live timeline of the iteration the
+    # change took effect in carries its mark
+    state = RunState()
+    state.apply(read_events(tmp_path))
+    assert [a["step"] for a in state.adaptations] == [2, 4]
+    live = state.timeline(2)
+    assert live.meta["marks"][0]["label"] == marks[0]["label"]
+    status = JobStatus.from_dict(JobStatus("SUCCEEDED", adaptations=tuple(state.adaptations)).to_dict())
+    assert len(status.adaptations) == 2
+    assert f"  {marks[0]['label']}" in status.text().splitlines()
 
     versions, backward = {}, {}
     for e in timeline.events:

@@ -49,7 +49,7 @@ from typing import Any
 from .timeline import Event, Timeline
 
 __all__ = [
-    "read_events", "load_measured_timeline",
+    "read_events", "load_measured_timeline", "adaptation_text",
     "EVENT_SCHEMA_VERSION", "EVENT_KINDS", "JOB_STATES", "TERMINAL_STATES",
     "events_dir", "events_path", "make_event", "parse_event_line", "status_path", "DIST_BACKENDS",
     "DIST_BACKEND_ENV",
@@ -134,13 +134,17 @@ def load_measured_timeline(run_dir: str | Path) -> Timeline:
         fields["start"] += shift
         fields["end"] += shift
         events.append(Event(**fields))
-    marks = [{"time": (r["at"] - origin) * 1e3, "step": r["step"],
-              "label": f"step {r['step']}: in flight {_depths(r['inflight_from'])} -> {_depths(r['inflight_to'])}"
-                       + (f", {r['mode_from']} -> {r['mode_to']}" if r["mode_from"] != r["mode_to"] else "")}
+    marks = [{"time": (r["at"] - origin) * 1e3, "step": r["step"], "label": adaptation_text(r)}
              for r in read_events(run_dir) if r["kind"] == "adapt" and r.get("changed")]
     meta = {"run_dir": str(run_dir), "source": "measured", "t0": origin}
     return Timeline(tuple(events), {**meta, "marks": marks} if marks else meta)
 
 
-def _depths(values: list[int]) -> str:
-    return "/".join(map(str, values))
+def adaptation_text(record: dict[str, Any]) -> str:
+    """``step 4: in flight 1/1 -> 2/1`` (and the mode change, if any) for one ``adapt`` record."""
+    depths = lambda v: "/".join(map(str, v or ()))  # noqa: E731
+    text = (f"step {record.get('step')}: in flight {depths(record.get('inflight_from'))} -> "
+            f"{depths(record.get('inflight_to'))}")
+    if record.get("mode_from") != record.get("mode_to"):
+        text += f", {record.get('mode_from')} -> {record.get('mode_to')}"
+    return text

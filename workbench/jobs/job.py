@@ -378,7 +378,10 @@ class Job:
 def _eval_fields(state: RunState) -> dict[str, Any]:
     """The status fields folded from ``eval`` events (none when the events hold none, e.g. deleted)."""
     fields = {"last_eval": state.last_eval(), "time_to_target": state.time_to_target()}
-    return {k: v for k, v in fields.items() if v is not None}
+    fields = {k: v for k, v in fields.items() if v is not None}
+    if state.adaptations:  # an adapting async pipeline's decisions (also from the events, as the evaluations)
+        fields["adaptations"] = tuple(dict(a) for a in state.adaptations)
+    return fields
 
 
 def state_figure_data(state: RunState) -> dict[str, Any]:

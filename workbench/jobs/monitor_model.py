@@ -18,6 +18,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from ..core.rundir import adaptation_text
 from ..core.timeline import Event, Timeline
 
 __all__ = ["RankState", "RunState", "MetricColumns", "RANK_STATES", "METRIC_FIELDS", "EVAL_FIELDS", "EvalTargets"]
@@ -120,6 +121,7 @@ class RunState:
     stages: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     errors: list[dict[str, Any]] = field(default_factory=list)
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    adaptations: list[dict[str, Any]] = field(default_factory=list)  # an adapting async pipeline's decisions
     world_size: int | None = None
     restarts: int = 0
     version: int = 0
@@ -184,6 +186,10 @@ class RunState:
     def _on_eval(self, state: RankState, event: dict[str, Any]) -> None:
         self.evals.append(event)
 
+    def _on_adapt(self, state: RankState, event: dict[str, Any]) -> None:
+        self.adaptations.append({k: event.get(k) for k in ("step", "inflight_from", "inflight_to", "mode_from",
+                                                            "mode_to", "changed", "reason", "at")})
+
     def _on_end(self, state: RankState, event: dict[str, Any]) -> None:
         state.end_status = event.get("status", "SUCCEEDED")
         state.step = event.get("step", state.step)
@@ -240,7 +246,11 @@ class RunState:
                              start=base + float(e["start"]) - origin, end=base + float(e["end"]) - origin,
                              microbatch=e.get("microbatch"), iteration=int(iteration), version=e.get("version"),
                              source="measured", chunk=e.get("chunk"), peer=e.get("peer"), nbytes=e.get("nbytes")))
-        return Timeline(tuple(out), {"source": "measured", "iteration": iteration})
+        meta: dict[str, Any] = {"source": "measured", "iteration": iteration}
+        marks = [{"time": max(0.0, float(a["at"]) * 1000.0 - origin), "step": a["step"], "label": adaptation_text(a)}
+                 for a in self.adaptations if a.get("changed") and a.get("step") == iteration
+                 and isinstance(a.get("at"), (int, float))]
+        return Timeline(tuple(out), {**meta, "marks": marks} if marks else meta)
 
     def latest_step(self) -> int | None:
         steps = [s.step for s in self.ranks.values() if s.step is not None]
@@ -302,3 +312,4 @@ def _layer_text(layer: dict[str, Any]) -> str:
     if int(layer.get("tp_degree") or 1) > 1:
         text += f"+tp{layer['tp_degree']}"
     return text + ("+rc" if layer.get("recompute") else "")
+

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from ..core.rundir import TERMINAL_STATES
+from ..core.rundir import TERMINAL_STATES, adaptation_text
 
 __all__ = ["JobStatus", "RankStatus"]
 
@@ -53,6 +53,7 @@ class JobStatus:
     finished: bool = False
     last_eval: dict[str, Any] | None = None  # the latest evaluation (step, val_loss, accuracy, perplexity, ...)
     time_to_target: dict[str, Any] | None = None  # see RunState.time_to_target; None without a target
+    adaptations: tuple[dict[str, Any], ...] = ()  # an adapting async pipeline's decisions (``adapt`` events)
 
     @property
     def is_terminal(self) -> bool:
@@ -78,6 +79,7 @@ class JobStatus:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         values["ranks"] = tuple(RankStatus(**r) for r in data.get("ranks", ()))
+        values["adaptations"] = tuple(dict(a) for a in values.get("adaptations", ()))
         values.setdefault("finished", values.get("state") in TERMINAL_STATES)
         return cls(**values)
 
@@ -96,6 +98,11 @@ class JobStatus:
                 step = str(r.step) if r.step is not None else "-"
                 lines.append(f"{r.rank:>4}  {r.state:<9} {step:>6} {loss:>10} {rate:>10} {age:>9}")
         lines += self._eval_lines()
+        changes = [a for a in self.adaptations if a.get("changed")]
+        if self.adaptations:
+            lines.append(f"async pipeline re-decided {len(self.adaptations)} times, changed {len(changes)}"
+                         + (":" if changes else ""))
+            lines += [f"  {adaptation_text(a)}" for a in changes]
         if any(r.layers for r in self.ranks):
             lines.append("layers as run:")
             lines += [f"{r.rank:>4}  {' '.join(r.layers)}" for r in self.ranks if r.layers]
