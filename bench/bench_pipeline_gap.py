@@ -88,11 +88,13 @@ def throughput(run_dir: Path) -> float:
 def per_step_breakdown(timeline: Timeline, steps: int) -> dict[str, float]:
     """Mean over ranks, in ms per step, of compute, communication, and the time covered by no event.
 
-    From iteration ``WARMUP`` on. Uncovered time inside an iteration (between
-    two actions) is the runtime's own overhead; uncovered time between one
-    iteration's last action and the next one's first is the step boundary:
-    the optimizer step, the loss reduction, the next batch, and waiting for
-    the other rank there (naive parallelism's idle rank waits there).
+    From iteration ``WARMUP`` on. Uncovered time before a rank's first action
+    of a new iteration, or after its optimizer step (``STEP``, the last action
+    of an async training step, whose stream mixes iterations), is the step
+    boundary: the optimizer step where it is not an event, the loss
+    reduction, the next batch, the events written, and waiting for the other
+    rank there (naive parallelism's idle rank waits there). Every other
+    uncovered time between two actions is the runtime's own overhead.
     """
     out = {"compute_ms": [], "comm_ms": [], "overhead_ms": [], "boundary_ms": []}
     for rank in timeline.ranks:
@@ -100,14 +102,14 @@ def per_step_breakdown(timeline: Timeline, steps: int) -> dict[str, float]:
         if not events:
             continue
         overhead = boundary = 0.0
-        reach, iteration = events[0].start, events[0].iteration
+        reach, after_step, newest = events[0].start, False, events[0].iteration
         for e in events:
             if e.start > reach:
-                if e.iteration == iteration:
-                    overhead += e.start - reach
-                else:
+                if after_step or e.iteration > newest:
                     boundary += e.start - reach
-            reach, iteration = max(reach, e.end), e.iteration
+                else:
+                    overhead += e.start - reach
+            reach, after_step, newest = max(reach, e.end), e.op == "STEP", max(newest, e.iteration)
         out["compute_ms"].append(sum(e.duration for e in events if e.op in COMPUTE) / steps)
         out["comm_ms"].append(sum(e.duration for e in events if e.op in COMM) / steps)
         out["overhead_ms"].append(overhead / steps)
