@@ -218,9 +218,10 @@ class AsyncPipeline:
     ``2bw`` keeps two versions and coalesces gradients. ``inflight`` is
     micro-batches in flight per stage, or ``auto`` (profiled, under
     ``memory_cap_mb``; 0 = no cap). ``adapt_every`` > 0 re-decides the
-    in-flight depths and the stash mode every that many steps from the
-    stage times and memory the run measured (the stream drains there); 0
-    keeps the launch's choice.
+    in-flight depths and the stash mode after that many steps from the
+    stage times and memory the run measured (the stream drains there; the
+    interval doubles while decisions change nothing); 0 keeps the launch's
+    choice.
     """
 
     mode: str = "stash"

@@ -323,6 +323,7 @@ class AsyncPipeline(Strategy):
         self.mode = spec.mode
         # an adapting run is a series of streams, each draining at its end, where the next is re-decided
         self.stream_end = min(spec.adapt_every, config.steps) if spec.adapt_every else config.steps
+        self._interval = spec.adapt_every  # steps to the next decision: doubles while decisions change nothing
         self.adaptations: list[dict[str, Any]] = []
         m = plan.microbatches
         actions = self._stream(0, self.stream_end)
@@ -486,7 +487,9 @@ class AsyncPipeline(Strategy):
 
     def _adapt(self, start: int) -> None:
         """At the end of a stream (drained): share the measurements, re-decide the depths and mode for the next
-        ``adapt_every`` steps (every rank decides the same from the same numbers), and queue that stream."""
+        steps (every rank decides the same from the same numbers), and queue that stream. A stream drains at its
+        end, so while decisions change nothing the next one comes twice as late; a change brings the interval back
+        to ``adapt_every``."""
         from ...scheduling.adaptive import adapt_inflight
         from ...scheduling.stagecosts import StageCosts
 
@@ -517,7 +520,8 @@ class AsyncPipeline(Strategy):
         self.adaptations.append(record)
         self._records.append(record)
         self.inflight, self.mode = tuple(decision.inflight), decision.mode
-        end = min(start + spec.adapt_every, self.config.steps)
+        self._interval = spec.adapt_every if record["changed"] else 2 * self._interval
+        end = min(start + self._interval, self.config.steps)
         actions = self._stream(start, end)
         self.weights.add_uses(actions)
         self.interpreter.extend(actions)
