@@ -88,3 +88,11 @@ def test_the_shipped_finegrained_config_is_a_planned_mix():
     assert "fsdp" in kinds
     blocks = [l.recompute for l in layers[1:5]]
     assert any(blocks) and not all(blocks)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "launch").glob("*.toml")), ids=lambda p: p.stem)
+def test_compact_toml_reads_back_as_the_same_config(path):
+    config = RunConfig.from_toml(path)
+    compact = config.to_toml(defaults=False)
+    assert RunConfig.from_dict(tomllib.loads(compact)) == config
+    assert len(compact) < len(config.to_toml())

@@ -169,9 +169,8 @@ def _emit_config(best, args: argparse.Namespace, overrides: dict, shape) -> str:
     settings), headed by the command that planned it and the plan's per-layer options, without the settings that
     are at their defaults; the line to print."""
     import shlex
-    import tomllib
 
-    from ..core.config import RunConfig, to_toml
+    from ..core.config import RunConfig
 
     path = Path(args.emit_config)
     planned = {"global_batch": args.batch, "name": best.name.replace("@", "-at-"), "model_overrides": overrides}
@@ -197,30 +196,8 @@ def _emit_config(best, args: argparse.Namespace, overrides: dict, shape) -> str:
     if kept:
         header.append("Run settings (steps, data, optimizer, ...) kept from the config this file held.")
     header += notes
-    text = "".join(f"# {line}".rstrip() + "\n" for line in header) + to_toml(_without_defaults(config))
-    if RunConfig.from_dict(tomllib.loads(text)) != config:
-        raise AssertionError("the compact TOML does not read back as the planned config")  # a bug of ours
-    path.write_text(text)
+    path.write_text("".join(f"# {line}".rstrip() + "\n" for line in header) + config.to_toml(defaults=False))
     return f"wrote the run config of {best.name} to {path}"
-
-
-def _without_defaults(config) -> dict:
-    """``config`` as a dict without the settings (and table entries) that equal a default config's."""
-    from ..core.config import RunConfig
-
-    data = config.to_dict()
-    default = RunConfig.from_dict({"model": config.model, "plan": data["plan"]}).to_dict()
-    out = {}
-    for key, value in data.items():
-        if key in ("model", "name", "global_batch", "plan"):
-            out[key] = value
-        elif isinstance(value, dict) and isinstance(default.get(key), dict):
-            table = {k: v for k, v in value.items() if default[key].get(k) != v}
-            if table:
-                out[key] = table
-        elif default.get(key) != value:
-            out[key] = value
-    return out
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

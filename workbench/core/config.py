@@ -501,9 +501,25 @@ class RunConfig:
         path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
         return path
 
-    def to_toml(self) -> str:
-        """The config as TOML that :meth:`from_toml` reads back (the form ``launch/*.toml`` are written in)."""
-        return to_toml(self.to_dict())
+    def to_toml(self, *, defaults: bool = True) -> str:
+        """The config as TOML that :meth:`from_toml` reads back (the form ``launch/*.toml`` are written in);
+        ``defaults=False`` leaves out the settings (and table entries) that equal a default config's."""
+        return to_toml(self.to_dict() if defaults else self._without_defaults())
+
+    def _without_defaults(self) -> dict[str, Any]:
+        data = self.to_dict()
+        default = RunConfig.from_dict({"model": self.model, "plan": data["plan"]}).to_dict()
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            if key in ("model", "name", "global_batch", "plan"):
+                out[key] = value
+            elif isinstance(value, dict) and isinstance(default.get(key), dict):
+                table = {k: v for k, v in value.items() if default[key].get(k) != v}
+                if table:
+                    out[key] = table
+            elif default.get(key) != value:
+                out[key] = value
+        return out
 
     def save_toml(self, path: str | Path) -> Path:
         path = Path(path)

@@ -58,6 +58,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import statistics
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -269,14 +270,15 @@ class StreamInterpreter(Interpreter):
             self._compute_start = time.perf_counter()
             self._used_version = self._planned.get(action.microbatch, self.weights[action.stage].current)
             nbytes = self._dispatch[action.op](action)
-            if self.time_compute and action.op in self.compute_ms:
-                if self.device.type == "cuda":
+            timed = self.time_compute and action.op in self.compute_ms
+            if timed or self.record:
+                if (timed or action.is_compute) and self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
-                self.compute_ms[action.op].append((time.perf_counter() - self._compute_start) * 1e3)
-            if self.record:
-                if action.is_compute and self.device.type == "cuda":
-                    torch.cuda.synchronize(self.device)
-                self._record(action, self._compute_start, time.perf_counter(), nbytes)
+                end = time.perf_counter()
+                if timed:
+                    self.compute_ms[action.op].append((end - self._compute_start) * 1e3)
+                if self.record:
+                    self._record(action, self._compute_start, end, nbytes)
         self._sends = [(work, t) for work, t in self._sends if not work.is_completed()]
 
     def finish(self) -> None:
@@ -335,11 +337,8 @@ class AsyncPipeline(Strategy):
         self.stage = Stage(index=s, module=self.block, device=ctx.device, is_first=s == 0,
                            is_last=s == plan.pp - 1, loss_fn=ctx.model.loss_fn, loss_scale=1.0 / m,
                            autocast_dtype=ctx.autocast_dtype, recompute=plan.recompute)
-        uses: dict[int, int] = {}
-        for a in actions:
-            if a.op in (Op.FORWARD, Op.BACKWARD):
-                uses[a.version] = uses.get(a.version, 0) + 1
-        self.weights = StageWeights(self.block, stash=spec.stash, uses=uses)
+        self.weights = StageWeights(self.block, stash=spec.stash, uses={})
+        self.weights.add_uses(actions)
         self._optimizer = make_optimizer(self.weights.params, config)
         self._pending: tuple[dist.Work | None, torch.Tensor] | None = None
         self._loss_group = dist.new_group()  # every rank: the loss all-reduce stays out of the stream's traffic
@@ -474,13 +473,12 @@ class AsyncPipeline(Strategy):
     def _measured(self) -> dict[str, Any]:
         """What this rank measured since the last decision: median forward, backward and step times, the largest
         micro-batch's saved activations, and its stage's weight and optimizer-state bytes."""
-        times = {op: sorted(v) for op, v in self.interpreter.compute_ms.items()}
-        median = lambda v: v[len(v) // 2] if v else 0.0  # noqa: E731
+        times = {op: statistics.median(v) if v else 0.0 for op, v in self.interpreter.compute_ms.items()}
         state = [t for st in self._optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
         for v in self.interpreter.compute_ms.values():
             v.clear()
-        return {"stage": self.stage.index, "forward_ms": median(times[Op.FORWARD]),
-                "backward_ms": median(times[Op.BACKWARD]), "step_ms": median(times[Op.STEP]),
+        return {"stage": self.stage.index, "forward_ms": times[Op.FORWARD], "backward_ms": times[Op.BACKWARD],
+                "step_ms": times[Op.STEP],
                 "activation_bytes": self.weights.peaks["microbatch_activations"],
                 "param_bytes": sum(p.numel() * p.element_size() for p in self.weights.params),
                 "optimizer_bytes": sum(t.numel() * t.element_size() for t in state if t.dim() > 0)}
