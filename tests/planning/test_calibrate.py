@@ -14,7 +14,8 @@ from workbench.core.plan import ParallelPlan
 from workbench.core.timeline import Event, Timeline
 from workbench.planning import plan
 from workbench.planning.calibrate import calibrate_from_run, calibrate_from_timeline, calibrate_tensor_from_timeline
-from workbench.planning.calibration import ComputeModel, RuntimeCalibration, compute_models, runtime_family
+from workbench.planning.calibration import (ComputeModel, RuntimeCalibration, compute_models, fit_factor,
+                                           profiled_compute_models, runtime_family)
 from workbench.planning.tensor_costs import TransformerShape
 from workbench.planning.clusters import core_sharing, get_cluster
 from workbench.scheduling import generators
@@ -288,3 +289,51 @@ def test_the_per_call_cost_of_a_runtimes_collectives_is_fitted_from_one_run():
         fit_call_ms(lambda x: predict("dp4-fsdp", x), 1e9)
     with pytest.raises(ValueError, match="measured_ms"):
         fit_call_ms(lambda x: 1.0, 0.0)
+
+
+def _with_passes(costs: ModelCosts) -> ModelCosts:
+    """``costs`` with micro-batch passes that follow ``k + c / b`` exactly: hot 1 + 1/b, cold 1 + 2/b, and
+    weight binding 10% over hot."""
+    sizes = [1, 2, 4, 8]
+    hot = [1 + 1 / b for b in sizes]
+    return replace(costs, meta={**costs.meta, "microbatch_factors": {
+        "sizes": sizes, "hot": hot, "cold": [1 + 2 / b for b in sizes], "bound": [1.1 * h for h in hot]}})
+
+
+def test_fit_factor_recovers_a_per_micro_batch_cost_and_falls_back_to_the_mean():
+    assert fit_factor([1, 2, 4, 16], [0.8 + 0.6 / b for b in (1, 2, 4, 16)]) == (pytest.approx(0.8),
+                                                                                 pytest.approx(0.6))
+    assert fit_factor([4, 4], [1.2, 1.4]) == (pytest.approx(1.3), 0.0)  # one size: no per-micro-batch cost
+    assert fit_factor([1, 4], [1.0, 2.0]) == (pytest.approx(1.5), 0.0)  # cheaper per sample when smaller: noise
+
+
+def test_a_profile_with_micro_batch_passes_models_the_runtimes_compute_without_runs():
+    costs = _with_passes(COSTS)
+    crowded = profiled_compute_models(costs, ranks_per_node=4, cores=2)
+    assert (crowded["scheduled"].k, crowded["scheduled"].c) == (pytest.approx(1.0), pytest.approx(2.0))  # cold
+    assert (crowded["async"].k, crowded["async"].c) == (pytest.approx(1.1), pytest.approx(2.2))  # cold x bound/hot
+    roomy = profiled_compute_models(costs, ranks_per_node=2, cores=2)
+    assert (roomy["scheduled"].k, roomy["scheduled"].c) == (pytest.approx(1.0), pytest.approx(1.0))  # hot
+    assert profiled_compute_models(costs, ranks_per_node=2, cores=2, background_load=1.0)["scheduled"].c == \
+        pytest.approx(2.0)  # another runnable process crowds the cores
+    assert profiled_compute_models(costs, 4, None) == {}  # GPUs: the passes were timed on the profiling CPU
+    assert profiled_compute_models(COSTS, 4, 2) == {}  # a profile without passes
+
+
+def test_plan_uses_the_profiles_passes_unless_runs_calibrate_it(monkeypatch):
+    import workbench.planning.search as search
+
+    monkeypatch.setattr(search, "shared_cores", lambda cluster: 2 if cluster.shared_compute else None)
+    names = ["dp4", "pp4-1f1b-m16", "async-1x4-m8"]  # micro-batches of 4, 1 and 2 samples
+    base = plan(COSTS, "local", 16, world_size=4, strategies=names)
+    passes = plan(_with_passes(COSTS), "local", 16, world_size=4, strategies=names)
+    for name, factor in zip(names, (1.5, 3.0, 1.1 * 2.0)):  # cold 1 + 2 / b, async 10% more
+        assert passes[name].estimate.compute_ms == pytest.approx(factor * base[name].estimate.compute_ms, rel=0.02), name
+    assert any("profile's own cold-cache passes" in note for note in passes.notes)
+    # a calibration from runs replaces the profile's own model; off a CPU node the passes do not apply
+    run = RuntimeCalibration(1.5, 10, 15.0, 10.0, strategy="pp4-gpipe-m4", runtime="gpipe", microbatch_size=4)
+    calibrated = plan(_with_passes(COSTS), "local", 16, world_size=4, strategies=["dp4"], calibration=run)
+    assert calibrated["dp4"].estimate.compute_ms == pytest.approx(1.5 * base["dp4"].estimate.compute_ms, rel=0.02)
+    gpu = plan(_with_passes(COSTS), "8xA100-NVLink", 16, world_size=4, strategies=["dp4"])
+    assert gpu["dp4"].estimate.iteration_ms == plan(COSTS, "8xA100-NVLink", 16, world_size=4,
+                                                    strategies=["dp4"])["dp4"].estimate.iteration_ms

@@ -138,3 +138,42 @@ def test_progress_bar_names_model_and_layer(tmp_path, capsys):
     profile("mlp", 2, repeats=1, progress=True, cache_dir=tmp_path)
     err = capsys.readouterr().err
     assert "profile mlp" in err and "out" in err
+
+
+def inplace_chain():
+    # the middle layer starts with an in-place op: the passes must hand it a fresh buffer, as a stage does
+    return LayerSequence.from_sequential(nn.Sequential(nn.Linear(16, 32), nn.ReLU(inplace=True), nn.Linear(32, 4)),
+                                         name="inplace-chain")
+
+
+def test_micro_batch_passes_are_measured_on_request_and_cached_apart(tmp_path):
+    plain = profile(inplace_chain(), linear_batch(), repeats=1, progress=False, cache_dir=tmp_path)
+    assert "microbatch_factors" not in plain.meta
+    costs = profile(inplace_chain(), linear_batch(), repeats=1, progress=False, cache_dir=tmp_path,
+                    microbatch_passes=True)
+    factors = costs.meta["microbatch_factors"]
+    assert costs.meta["cache"] == "miss"  # not the entry measured without the passes
+    assert factors["sizes"] == [1, 2, 4, 8]  # the sizes dividing the batch of 8
+    for mode in ("hot", "cold", "bound"):
+        assert len(factors[mode]) == 4 and all(f > 0 for f in factors[mode]), mode
+    assert factors["flush_bytes"] >= 1 << 20
+    assert profile(inplace_chain(), linear_batch(), repeats=1, progress=False, cache_dir=tmp_path,
+                   microbatch_passes=True).meta["microbatch_factors"] == factors  # a hit keeps them
+    with pytest.raises(ValueError, match="microbatch_passes must be true or false"):
+        profile(inplace_chain(), linear_batch(), cache=False, microbatch_passes="yes")
+
+
+def test_bound_weight_passes_accumulate_the_same_gradients_as_the_plain_ones():
+    from workbench.profiling.profiler import _microbatch_passes, _zero_grads
+
+    torch.manual_seed(0)
+    seq = inplace_chain()
+    inputs, targets = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    grads = {}
+    for bound in (False, True):
+        _zero_grads(seq)
+        assert _microbatch_passes(seq, inputs, targets, 2, None, bound) > 0
+        grads[bound] = [p.grad.clone() for p in seq.parameters()]
+    for plain, bound in zip(grads[False], grads[True]):
+        assert plain.abs().sum() > 0
+        torch.testing.assert_close(bound, plain)

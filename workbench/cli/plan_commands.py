@@ -51,7 +51,7 @@ def _run_model(run_dirs: list[str] | None, model: str):
 
 
 def _model_costs(model: str, cluster, profile_batch: int, model_args: list[str] | None = None,
-                 run_dirs: list[str] | None = None):
+                 run_dirs: list[str] | None = None, microbatch_passes: bool = False):
     """(ModelCosts, TransformerShape or None, notes, the zoo model's overrides) for a costs file or a zoo model
     name."""
     from ..core.costs import ModelCosts
@@ -78,7 +78,8 @@ def _model_costs(model: str, cluster, profile_batch: int, model_args: list[str] 
                 notes.append(f"{model} built as run {run_dir} built it: {overrides}")
         elif run_overrides != overrides:
             notes.append(f"note: run {run_dir} trained {model} with {run_overrides}, planned with {overrides}")
-    costs = profile(build_model(model, **overrides) if overrides else model, batch=profile_batch, progress=False)
+    costs = profile(build_model(model, **overrides) if overrides else model, batch=profile_batch, progress=False,
+                    microbatch_passes=microbatch_passes and cluster.shared_compute)
     if not cluster.shared_compute:
         costs = project(costs, cluster.device)
     return costs, _zoo_shape(model, overrides, profile_batch, seq_len), notes, overrides
@@ -121,7 +122,7 @@ def _plan(args: argparse.Namespace) -> Result:
         raise ValueError(f"--top must be >= 1, got {args.top}")
     cluster, _ = load_cluster(args.cluster)
     costs, shape, model_notes, overrides = _model_costs(args.model, cluster, args.profile_batch, args.model_arg,
-                                                        args.calibrate)
+                                                        args.calibrate, args.microbatch_passes)
     if shape is None:  # a costs file: a tensor-parallel calibration run says what the transformer is
         shape = _shape_of_runs(args.calibrate, args.profile_batch)
     strategies = args.strategies.split(",") if args.strategies else None
@@ -227,6 +228,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                         "partition, batch) as TOML, ready for `workbench run`, headed by this command and the plan's "
                         "per-layer options; over an existing config of the same model, its run settings (steps, "
                         "data, optimizer, ...) are kept. A plan the runtime cannot run yet is refused with the reason")
+    p.add_argument("--microbatch-passes", action="store_true",
+                   help="on a cluster of CPU ranks (local), also profile what splitting the batch costs (micro-batch "
+                        "passes with the cache hot, flushed and with bound weight copies, about 20 s): the planner "
+                        "then models the runtime's compute from the profile alone, where --calibrate is not given")
     p.add_argument("--calibrate", metavar="RUN_DIR", action="append",
                    help="scale the profile's compute to what this finished run of the model measured (a pipeline "
                         "run is best). Repeat it: scheduled-pipeline runs at two micro-batch sizes fit a "

@@ -49,10 +49,16 @@ def _profile(args: argparse.Namespace) -> Result:
     if args.batch < 1:
         raise ValueError(f"--batch must be >= 1, got {args.batch}")
     costs = profile(args.model, args.batch, device=args.device, warmup=args.warmup, repeats=args.repeats,
-                    cache=not args.no_cache, progress=not args.json, optimizer=args.optimizer)
+                    cache=not args.no_cache, progress=not args.json, optimizer=args.optimizer,
+                    microbatch_passes=args.microbatch_passes)
     if args.project:
         costs = project(costs, args.project, dtype=args.dtype)
     text = _costs_table(costs)
+    factors = costs.meta.get("microbatch_factors")
+    if factors:
+        text += "\nmicro-batch passes against the profile's share: " + "; ".join(
+            f"{b}: " + " / ".join(f"{factors[mode][i]:.2f}" for mode in ("hot", "cold", "bound"))
+            for i, b in enumerate(factors["sizes"])) + " (hot / cache flushed / bound weights)"
     if args.out:
         path = costs.save(args.out)
         text += f"\nwrote {path}"
@@ -100,6 +106,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--warmup", type=int, default=1, help="untimed repetitions per layer")
     p.add_argument("--optimizer", default="adam", help="optimizer whose state is counted: adam, adamw, sgd, none")
     p.add_argument("--no-cache", action="store_true", help="measure even if a cached profile exists")
+    p.add_argument("--microbatch-passes", action="store_true",
+                   help="(CPU) also time the batch in micro-batches of 1, 2, 4, ... samples, with the cache hot, "
+                        "flushed, and with bound weight copies (meta.microbatch_factors), which the planner "
+                        "models the runtime's compute from")
     p.add_argument("--project", default=None, help="project the profile onto a device: V100, A100, H100, local-cpu")
     p.add_argument("--dtype", default="float32", help="dtype for --project (float32, bfloat16, float16, ...)")
     p.add_argument("--out", default=None, help="write the ModelCosts JSON here")

@@ -16,7 +16,7 @@ from ..core.costs import ModelCosts
 from ..core.plan import ParallelPlan, TorchPipelining
 
 __all__ = ["RuntimeCalibration", "ComputeModel", "RUNTIME_FAMILIES", "runtime_family", "compute_models",
-           "scale_compute"]
+           "scale_compute", "fit_factor", "profiled_compute_models"]
 
 # The runtime families a run calibrates: scheduled pipelines and DDP (forward / backward events are compute
 # only, or DDP's backward with its all-reduce), the asynchronous pipeline, and the tensor-parallel runtimes
@@ -90,33 +90,73 @@ class ComputeModel:
     c: float = 0.0
     runs: int = 1
     sizes: tuple[int, ...] = ()
+    source: str = ""  # "" for runs; what measured it otherwise (the profile's own micro-batch passes)
 
     def factor(self, microbatch: int) -> float:
         return self.k + self.c / max(1, microbatch)
 
     def describe(self) -> str:
+        if self.source:
+            return (f"{self.family} runtimes' compute x({self.k:.3f} + {self.c:.3f} / micro-batch) the profile, "
+                    f"from the profile's own {self.source} passes at micro-batches of "
+                    f"{', '.join(map(str, self.sizes))}")
         if self.c == 0.0:
             return f"{self.family} runtimes' compute x{self.k:.3f} the profile ({self.runs} run(s))"
         return (f"{self.family} runtimes' compute x({self.k:.3f} + {self.c:.3f} / micro-batch) the profile "
                 f"({self.runs} runs at micro-batches of {', '.join(map(str, self.sizes))})")
 
 
+def fit_factor(sizes: "list[int]", factors: "list[float]") -> tuple[float, float]:
+    """Least squares of ``factor = k + c / b`` over points at micro-batches ``sizes``; ``(mean, 0)`` where the
+    points do not show a per-micro-batch cost (one size, or a fit with ``c < 0`` or ``k`` out of range)."""
+    mean = sum(factors) / len(factors)
+    if len(set(sizes)) < 2 or any(b <= 0 for b in sizes):
+        return mean, 0.0
+    x = [1.0 / b for b in sizes]
+    mx = sum(x) / len(x)
+    c = sum((xi - mx) * (yi - mean) for xi, yi in zip(x, factors)) / sum((xi - mx) ** 2 for xi in x)
+    k = mean - c * mx
+    if c < 0 or k < _LIMITS[0]:  # noise, not a per-micro-batch cost: keep the mean
+        return mean, 0.0
+    return k, c
+
+
 def _fit(family: str, cals: "list[RuntimeCalibration]") -> ComputeModel:
     """Least squares of ``scale = k + c / b`` over the family's runs; a constant when that is all they allow."""
     sizes = [c.microbatch_size for c in cals]
-    scales = [c.compute_scale for c in cals]
-    mean = sum(scales) / len(scales)
     known = sorted({b for b in sizes if b > 0})
-    if len(known) < 2 or any(b <= 0 for b in sizes):
-        return ComputeModel(family, mean, 0.0, len(cals), tuple(known))
-    x = [1.0 / b for b in sizes]
-    mx = sum(x) / len(x)
-    c = sum((xi - mx) * (yi - mean) for xi, yi in zip(x, scales)) / sum((xi - mx) ** 2 for xi in x)
-    k = mean - c * mx
-    lo, _ = _LIMITS
-    if c < 0 or k < lo:  # the runs do not show a per-micro-batch cost (noise): keep the mean
-        return ComputeModel(family, mean, 0.0, len(cals), tuple(known))
+    if any(b <= 0 for b in sizes):
+        sizes = [0] * len(sizes)
+    k, c = fit_factor(sizes, [c.compute_scale for c in cals])
     return ComputeModel(family, k, c, len(cals), tuple(known))
+
+
+def profiled_compute_models(costs: ModelCosts, ranks_per_node: int, cores: int | None,
+                            background_load: float = 0.0) -> dict[str, ComputeModel]:
+    """The compute model a profile measured itself (``meta["microbatch_factors"]``, see
+    :mod:`workbench.profiling.profiler`), for the planner to use when no run calibrates it.
+
+    The passes with the cache flushed where the node's ranks (and
+    ``background_load``) outnumber its ``cores`` (each rank finds its cache
+    evicted by the others between micro-batches), the hot passes otherwise;
+    the asynchronous family also pays what binding weight copies cost (the
+    bound passes over the hot ones, size by size). Only for ranks that
+    time-share CPU cores (``cores`` not None), where the passes were timed;
+    empty when the profile has no such measurement.
+    """
+    measured = costs.meta.get("microbatch_factors")
+    if not measured or cores is None:
+        return {}
+    mode = "cold" if ranks_per_node + background_load > cores else "hot"
+    sizes = list(measured["sizes"])
+    base = list(measured[mode])
+    models = {"scheduled": ComputeModel("scheduled", *fit_factor(sizes, base), 0, tuple(sizes),
+                                        source=f"{mode}-cache")}
+    if "bound" in measured:
+        bound = [f * b / h for f, b, h in zip(base, measured["bound"], measured["hot"])]
+        models["async"] = ComputeModel("async", *fit_factor(sizes, bound), 0, tuple(sizes),
+                                       source=f"{mode}-cache, weight-binding")
+    return models
 
 
 def compute_models(calibrations: "list[RuntimeCalibration]") -> dict[str, ComputeModel]:

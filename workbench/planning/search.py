@@ -37,8 +37,8 @@ from ..core.plan import ParallelPlan
 from ..core.timeline import Timeline
 from ..scheduling.simulate import SimResult
 from .calibrate import calibrate_from_run
-from .calibration import ComputeModel, RuntimeCalibration, compute_models, scale_compute
-from .clusters import load_cluster
+from .calibration import ComputeModel, RuntimeCalibration, compute_models, profiled_compute_models, scale_compute
+from .clusters import load_cluster, shared_cores
 from .estimate import GIB, Estimate, cost_context, estimate, project
 from .hybrid import TEMPLATE_TEXT, HybridPlan, HybridResult, as_estimate, search_hybrid
 from .layer_strategies import decision_trees, stage_strategies
@@ -250,6 +250,10 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
         notes += [m.describe() for m in models.values()]
     coll = collective_link or coll
     world = spec.world_size if world_size is None else world_size
+    if calibration is None and isinstance(world, int) and not isinstance(world, bool):
+        models = profiled_compute_models(costs, min(world, spec.devices_per_node), shared_cores(spec),
+                                         background_load if isinstance(background_load, (int, float)) else 0.0)
+        notes += [m.describe() for m in models.values()]
     for name, value in (("global_batch", global_batch), ("world_size", world), ("simulate_top", simulate_top + 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")

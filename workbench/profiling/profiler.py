@@ -25,6 +25,23 @@ the CUDA allocator's high-water mark on GPUs; on CPUs, which keep no such
 statistic, it is the sum of what is live at the end of forward (inputs,
 saved tensors, output, parameters, gradients), stated in ``meta``.
 
+With ``microbatch_passes=True`` the profile also measures what splitting the
+batch costs (``meta["microbatch_factors"]``): for micro-batches of 1, 2,
+4, ... samples, the whole batch runs through the layers as a pipeline
+rank runs them (each layer a stage: the forward of every micro-batch, then
+their backwards), and the time is set against the per-layer profile's share
+for those samples. Small micro-batches cost more per sample (fixed work per
+operator call); a rank that time-shares its core with other ranks also
+finds its weights and activations evicted by them between two passes, so
+the same passes are timed again with the last-level cache flushed before
+each (``"cold"``); and once more with every forward on detached copies of
+the weights bound by ``torch.func.functional_call`` (``"bound"``), as an
+asynchronous pipeline runs each micro-batch on its stashed version. On this
+machine the cold passes at micro-batches of 1 took 1.78x the profile's
+share, as the runtime's ranks did (1.80x) four to two cores; the planner
+fits ``k + c / b`` to these points when no run calibrates it
+(:func:`workbench.planning.calibration.profiled_compute_models`).
+
 Results are cached on disk (see :mod:`workbench.profiling.cache`).
 """
 
@@ -40,6 +57,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.func import functional_call
 
 from ..core.costs import LayerCost, ModelCosts
 from ..models import LayerSequence, build_model, sample_batch
@@ -295,6 +313,95 @@ def _measure(seq: LayerSequence, inputs: torch.Tensor, targets: torch.Tensor, de
     return layers, {"backward_flops": backward_flops, "winograd_flops": winograd_flops, "samples_ms": samples}
 
 
+def _cache_bytes() -> int:
+    """The last-level cache of CPU 0 (sysfs), 32 MiB where it cannot be read."""
+    from pathlib import Path
+
+    best = 0
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (index / "size").read_text().strip().upper()
+            best = max(best, int(text[:-1]) * {"K": 1 << 10, "M": 1 << 20}[text[-1]] if text[-1] in "KM" else int(text))
+        except (OSError, ValueError, KeyError):
+            continue
+    return best or 32 << 20
+
+
+def _microbatch_passes(seq: LayerSequence, inputs: torch.Tensor, targets: torch.Tensor, size: int,
+                       flush: torch.Tensor | None, bound: bool = False) -> float:
+    """Seconds of forward and backward for the batch in micro-batches of ``size``, every layer a stage
+    (its input a fresh, detached buffer); ``flush``: a buffer written before each timed pass (the cache left
+    cold); ``bound``: every forward runs on detached copies of the layer's weights bound by
+    ``torch.func.functional_call``, whose gradients land in the parameters' own buffers, as an
+    asynchronous pipeline binds a stashed weight version to each micro-batch."""
+    total = 0.0
+    graphs = []
+    for x, y in zip(inputs.split(size), targets.split(size)):
+        h, saved = x, []
+        for i in range(len(seq)):
+            # a fresh buffer, as a received activation is (a first in-place op must not touch the saved output)
+            inp, box = stage_input(h.detach().clone()) if i > 0 and h.is_floating_point() else (h, None)
+            if flush is not None:
+                flush.add_(1.0)
+            start = time.perf_counter()
+            leaves = None
+            if bound:
+                named = [(n, p) for n, p in seq[i].named_parameters() if p.requires_grad]
+                leaves = [(p.detach().requires_grad_(True), p) for _, p in named]
+                out = functional_call(seq[i], {n: leaf for (n, _), (leaf, _) in zip(named, leaves)}, (inp,))
+            else:
+                out = seq.call_layer(i, inp)
+            if i == len(seq) - 1:
+                out = seq.loss_fn(out, y)
+            total += time.perf_counter() - start
+            saved.append((box, out, leaves))
+            h = out
+        graphs.append(saved)
+    for saved in graphs:
+        grad = None
+        for box, out, leaves in reversed(saved):
+            if flush is not None:
+                flush.add_(1.0)
+            start = time.perf_counter()
+            for leaf, param in leaves or ():
+                if param.grad is None:
+                    param.grad = torch.zeros_like(param)
+                leaf.grad = param.grad  # autograd accumulates into the live gradient in place
+            if grad is None:
+                out.backward()
+            elif out.requires_grad:
+                out.backward(grad)
+            total += time.perf_counter() - start
+            grad = box.grad if box is not None else None
+    return total
+
+
+_PASS_MODES = {"hot": (False, False), "cold": (True, False), "bound": (False, True)}
+
+
+def _microbatch_factors(seq: LayerSequence, inputs: torch.Tensor, targets: torch.Tensor, layers: list[LayerCost],
+                        repeats: int) -> dict[str, Any]:
+    """The batch split into micro-batches of 1, 2, 4, ... samples (those dividing it), run hot, with the
+    cache flushed and with bound weight copies, each against the per-layer profile's time for the same
+    samples (CPU only)."""
+    batch = int(inputs.shape[0])
+    profiled_s = sum(l.forward_ms + l.backward_ms for l in layers) / 1e3
+    sizes = sorted({b for b in (1, 2, 4, 8, 16, 32, batch) if b <= batch and batch % b == 0})
+    flush = torch.ones(int(_cache_bytes() * 1.5) // 4)
+    runs: dict[tuple[int, str], list[float]] = {(size, mode): [] for size in sizes for mode in _PASS_MODES}
+    for round_ in range(1 + max(3, repeats)):  # interleaved rounds (the first a warm-up), so drift hits all alike
+        for (size, mode), times in runs.items():
+            cold, bound = _PASS_MODES[mode]
+            _zero_grads(seq)
+            elapsed = _microbatch_passes(seq, inputs, targets, size, flush if cold else None, bound)
+            if round_:
+                times.append(elapsed)
+    factors = {mode: [round(statistics.median(runs[size, mode]) / profiled_s, 4) for size in sizes]
+               for mode in _PASS_MODES}
+    _zero_grads(seq)
+    return {"sizes": sizes, **factors, "flush_bytes": int(flush.numel() * 4)}
+
+
 def _check_settings(warmup: Any, repeats: Any, optimizer: Any) -> None:
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
@@ -306,13 +413,17 @@ def _check_settings(warmup: Any, repeats: Any, optimizer: Any) -> None:
 
 def profile(model_or_sequence: LayerSequence | nn.Module | str, batch: Any = None, device: str = "auto",
             warmup: int = 1, repeats: int = 3, cache: bool = True, progress: bool = True, *,
-            optimizer: str = "adam", cache_dir: str | None = None) -> ModelCosts:
+            optimizer: str = "adam", cache_dir: str | None = None, microbatch_passes: bool = False) -> ModelCosts:
     """Measure every layer of a model; returns :class:`~workbench.core.costs.ModelCosts`.
 
     ``batch``: None (8 synthetic samples), a batch size (synthetic) or an
     ``(inputs, targets)`` pair. The model is moved to ``device`` and left in
-    train mode; measured gradients are cleared afterwards.
+    train mode; measured gradients are cleared afterwards. ``microbatch_passes``:
+    also measure the cost of splitting the batch (``meta["microbatch_factors"]``,
+    CPU only; see the module docstring).
     """
+    if not isinstance(microbatch_passes, bool):
+        raise ValueError(f"microbatch_passes must be true or false, got {microbatch_passes!r}")
     _check_settings(warmup, repeats, optimizer)
     seq = as_sequence(model_or_sequence)
     inputs, targets = _as_batch(seq, batch)
@@ -322,6 +433,8 @@ def profile(model_or_sequence: LayerSequence | nn.Module | str, batch: Any = Non
            "inputs": [list(inputs.shape), str(inputs.dtype)], "targets": [list(targets.shape), str(targets.dtype)],
            "dtype": str(dtype).replace("torch.", ""), "device": _device_key(target_device), "warmup": warmup,
            "repeats": repeats, "optimizer": optimizer, "torch": torch.__version__, "format": profile_cache.CACHE_FORMAT}
+    if microbatch_passes:
+        key["microbatch_passes"] = True
     if target_device.type == "cuda":
         key["timer"] = _timer_name(target_device)  # how a GPU profile was timed is part of its identity
     if cache:
@@ -335,6 +448,8 @@ def profile(model_or_sequence: LayerSequence | nn.Module | str, batch: Any = Non
     started = time.perf_counter()
     with torch.random.fork_rng(devices=[]):  # dropout in the measured passes leaves the caller's CPU RNG as it was
         layers, measured = _measure(seq, inputs, targets, target_device, warmup, repeats, optimizer, progress)
+        if microbatch_passes and target_device.type == "cpu":
+            measured["microbatch_factors"] = _microbatch_factors(seq, inputs, targets, layers, repeats)
     meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "warmup": warmup, "repeats": repeats,
             "optimizer": optimizer, **measured, "input_shape": list(inputs.shape),
             "input_dtype": str(inputs.dtype).replace("torch.", ""), "task": seq.task,
