@@ -218,8 +218,11 @@ def _stage_costs(ctx: CostContext, strategy: ParallelPlan, partition: Partition,
 
 def _schedule(plan: ParallelPlan, num_buckets: int = 1):
     """The runtime's schedule for ``plan`` and the iterations it is simulated over: three for a delayed
-    all-reduce and four for the asynchronous pipeline, so the steady state lies between optimizer steps."""
-    iterations = 3 if plan.delayed_update else (4 if plan.iterates_across_steps else 1)
+    all-reduce; for the asynchronous pipeline four, or as many as its fill and drain take and two more
+    (a pipeline of S stages with m micro-batches a step fills over ceil(S / m) steps), so the steady state
+    lies between optimizer steps."""
+    fill = -(-plan.pp * plan.chunks // plan.microbatches)
+    iterations = 3 if plan.delayed_update else (max(4, 2 * fill + 2) if plan.iterates_across_steps else 1)
     return plan.schedule(num_iterations=iterations, num_buckets=num_buckets), iterations
 
 
@@ -233,6 +236,8 @@ def _steady_iteration_ms(sim: SimResult, iterations: int) -> float:
             steps[(e.rank, e.iteration)] = max(steps.get((e.rank, e.iteration), 0.0), e.end)
     done = sorted({it for _, it in steps})
     first, last = (done[1], done[-1]) if len(done) > 2 else (done[0], done[-1])
+    if len(done) > 4:  # a long fill and drain: the steps in between
+        first, last = done[len(done) // 4], done[-1 - len(done) // 4]
     ranks = {r for r, _ in steps}
     return max((steps[(r, last)] - steps[(r, first)]) / (last - first) for r in ranks
                if (r, last) in steps and (r, first) in steps)

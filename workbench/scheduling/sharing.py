@@ -113,16 +113,23 @@ def _mean_count(times: list[float], counts: list[int], start: float, end: float)
     return total / (end - start) if end > start else float(counts[i - 1] if i else 1)
 
 
-def activity(events: Iterable[Event], num_ranks: int, sharing: CoreSharing) -> list[float]:
+def activity(events: Iterable[Event], num_ranks: int, sharing: CoreSharing,
+             iterations: "set[int] | None" = None) -> list[float]:
     """Per rank: the average number of runnable threads on its node while the rank computes (>= 1).
 
-    A rank with no compute events gets 1.0 (it would run alone).
+    ``iterations``: average over the compute events of these iterations only
+    (all threads still count), e.g. the steady iterations of a schedule that
+    streams several, whose fill and drain run fewer ranks at once than the
+    steady state the iteration time is taken from. A rank with no compute
+    events there gets 1.0 (it would run alone).
     """
     events = list(events)
     counts = _counts(events, sharing)
     weighted = [0.0] * num_ranks
     busy = [0.0] * num_ranks
     for e in events:
+        if iterations is not None and e.iteration not in iterations:
+            continue
         if e.op in COMPUTE_OPS and e.end > e.start and e.rank < num_ranks:
             times, c = counts[sharing.node(e.rank)]
             weighted[e.rank] += _mean_count(times, c, e.start, e.end) * (e.end - e.start)
