@@ -7,7 +7,8 @@ written again, on purpose, when pipelines that stream several iterations
 (async, delayed GroPipe) began to be timed from their steady iterations:
 the processor sharing of the iterations between fill and drain, and enough
 iterations for an async pipeline with fewer micro-batches than stages to
-fill (123 of the 421 plans moved, all async or delayed GroPipe).
+fill (120 of the 421 plans changed their time, all async or delayed
+GroPipe, and 7 async ones their memory).
 """
 
 import json
