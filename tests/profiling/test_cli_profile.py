@@ -37,3 +37,13 @@ def test_models_lists_zoo(capsys):
     assert main(["models", "--json"]) == 0
     rows = {row["name"]: row["num_params"] for row in json.loads(capsys.readouterr().out)["models"]}
     assert rows["resnet18"] == 11_689_512 and "gpt2-tiny" in rows
+
+
+def test_profile_with_micro_batch_passes_prints_and_writes_them(tmp_path, capsys):
+    out = tmp_path / "costs.json"
+    assert main(["profile", "mlp", "--batch", "4", "--repeats", "1", "--microbatch-passes", "--out", str(out)]) == 0
+    factors = ModelCosts.load(out).meta["microbatch_factors"]
+    assert factors["sizes"] == [1, 2, 4]
+    printed = capsys.readouterr().out
+    assert "micro-batch passes against the profile's share: 1: " in printed and "(hot / cache flushed" in printed
+    assert f"{factors['cold'][0]:.2f}" in printed
