@@ -37,9 +37,10 @@ the same passes are timed again with the last-level cache flushed before
 each (``"cold"``); and once more with every forward on detached copies of
 the weights bound by ``torch.func.functional_call`` (``"bound"``), as an
 asynchronous pipeline runs each micro-batch on its stashed version. On this
-machine the cold passes at micro-batches of 1 took 1.78x the profile's
-share, as the runtime's ranks did (1.80x) four to two cores; the planner
-fits ``k + c / b`` to these points when no run calibrates it
+machine (``bench/bench_planner.py``, three rounds) the cold passes at
+micro-batches of 1 took 1.74-2.21x the profile's share and the runtime's
+ranks 1.69-2.14x, four ranks on two cores; the planner fits ``k + c / b``
+to these points when no run calibrates it
 (:func:`workbench.planning.calibration.profiled_compute_models`).
 
 Results are cached on disk (see :mod:`workbench.profiling.cache`).
