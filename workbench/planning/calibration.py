@@ -125,8 +125,6 @@ def _fit(family: str, cals: "list[RuntimeCalibration]") -> ComputeModel:
     """Least squares of ``scale = k + c / b`` over the family's runs; a constant when that is all they allow."""
     sizes = [c.microbatch_size for c in cals]
     known = sorted({b for b in sizes if b > 0})
-    if any(b <= 0 for b in sizes):
-        sizes = [0] * len(sizes)
     k, c = fit_factor(sizes, [c.compute_scale for c in cals])
     return ComputeModel(family, k, c, len(cals), tuple(known))
 

@@ -250,10 +250,6 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
         notes += [m.describe() for m in models.values()]
     coll = collective_link or coll
     world = spec.world_size if world_size is None else world_size
-    if calibration is None and isinstance(world, int) and not isinstance(world, bool):
-        models = profiled_compute_models(costs, min(world, spec.devices_per_node), shared_cores(spec),
-                                         background_load if isinstance(background_load, (int, float)) else 0.0)
-        notes += [m.describe() for m in models.values()]
     for name, value in (("global_batch", global_batch), ("world_size", world), ("simulate_top", simulate_top + 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
@@ -265,6 +261,9 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
         raise ValueError(f"memory_cap_gib must be a number > 0 (GiB per device), got {memory_cap_gib!r}")
     if isinstance(background_load, bool) or not isinstance(background_load, (int, float)) or background_load < 0:
         raise ValueError(f"background_load must be a number >= 0 (runnable processes), got {background_load!r}")
+    if calibration is None:  # the profile's own micro-batch passes, where it has them
+        models = profiled_compute_models(costs, min(world, spec.devices_per_node), shared_cores(spec), background_load)
+        notes += [m.describe() for m in models.values()]
     if pipeline_degrees is not None:
         pipeline_degrees = tuple(pipeline_degrees)
         if not pipeline_degrees or any(isinstance(p, bool) or not isinstance(p, int) or p < 1
