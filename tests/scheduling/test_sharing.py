@@ -7,7 +7,9 @@ import pytest
 from workbench.core.timeline import Event, Timeline
 from workbench.scheduling import generators
 from workbench.scheduling.from_config import stage_costs_from_timeline
-from workbench.scheduling.sharing import CoreSharing, activity, sharing_slowdown, solo_durations
+from workbench.core.costs import ClusterSpec, DeviceSpec, LinkSpec
+from workbench.scheduling.sharing import (CoreSharing, activity, runnable_at, sharing_slowdown, solo_durations,
+                                          wait_fraction)
 from workbench.scheduling.simulate import simulate
 from workbench.scheduling.stagecosts import StageCosts
 
@@ -97,3 +99,40 @@ def test_replicas_of_a_stage_are_costed_by_the_slowest_mean():
               ev(2, "F", 0, 3), ev(2, "F", 3, 6), ev(2, "B", 6, 10), ev(2, "B", 10, 14)]  # rank 2: F mean 3
     costs = stage_costs_from_timeline(Timeline(events, {}), 1)
     assert costs.forward_ms == (3.0,) and costs.backward_ms == (8.0,)
+
+
+def test_a_woken_thread_waits_only_as_far_as_the_cores_are_oversubscribed():
+    assert wait_fraction(2, 2) == 0.0  # every runnable thread has a core
+    assert wait_fraction(3, 2) == pytest.approx(0.5)
+    assert wait_fraction(4, 2) == 1.0 and wait_fraction(9, 2) == 1.0  # capped at the whole wait
+    assert wait_fraction(2, 2, background=1) == pytest.approx(0.5)
+    assert CoreSharing(2, background=1).wait_fraction(2) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="cores"):
+        wait_fraction(1, 0)
+
+
+def test_runnable_at_reads_the_threads_of_the_node_at_an_instant():
+    events = [ev(0, "F", 0, 10), ev(1, "RECV_F", 0, 5), ev(1, "F", 5, 10), ev(2, "SEND_F", 2, 4)]
+    at = runnable_at(events, CoreSharing(2, ranks_per_node=4))
+    assert [at(1, t) for t in (-1, 1, 3, 4.5, 6, 11)] == [0, 1, 2, 1, 1, 0]  # receives do not count, sends do
+    assert [at(0, t) for t in (1, 3, 6)] == [0, 1, 1]  # nor the rank's own threads
+
+
+def _cpu_cluster(ranks: int, call_ms: float) -> ClusterSpec:
+    return ClusterSpec("cpu", 1, ranks, DeviceSpec("cpu", {"fp32": 1.0}, 2**34, 10.0), LinkSpec("loop", 0.0, 1e6),
+                       shared_compute=True, collective_call_ms=call_ms)
+
+
+def test_messages_wait_for_a_core_only_when_the_cores_are_oversubscribed():
+    """1F1B on 4 ranks: on 2 cores the ranks' messages arrive while others compute and wait for a core;
+    on 4 cores, or with one micro-batch (one rank busy at a time), they never do."""
+    costs = StageCosts.uniform(4, forward_ms=2.0, backward_ms=4.0)
+    busy = generators.one_f_one_b(4, 4)
+
+    def makespan(schedule, cores: int, call_ms: float) -> float:
+        return simulate(schedule, costs, _cpu_cluster(4, call_ms), sharing=CoreSharing(cores)).metrics["makespan_ms"]
+
+    assert makespan(busy, 2, 1.0) > makespan(busy, 2, 0.0) + 1.0
+    assert makespan(busy, 4, 1.0) == pytest.approx(makespan(busy, 4, 0.0))
+    lone = generators.one_f_one_b(4, 1)
+    assert makespan(lone, 2, 1.0) == pytest.approx(makespan(lone, 2, 0.0))

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from ..core.costs import ClusterSpec, DeviceSpec, LinkSpec
 from ..core.devices import DATASHEET_DEVICES, GIB
-from ..scheduling.sharing import CoreSharing, sharing_slowdown
+from ..scheduling.sharing import CoreSharing, sharing_slowdown, wait_fraction
 
 __all__ = ["DEVICES", "get_cluster", "cluster_names", "collective_link", "collective_wait_fraction", "core_sharing",
            "get_device", "load_cluster",
@@ -139,7 +139,7 @@ def collective_wait_fraction(ranks_on_node: int, cores: int, background_load: fl
     to the whole measured cost (4 ranks on 2 cores: 0.85 ms a step) once
     the cores are oversubscribed twice.
     """
-    return min(1.0, max(0.0, (ranks_on_node + background_load - cores) / cores))
+    return wait_fraction(ranks_on_node, cores, background_load)
 
 
 def core_sharing(cluster: ClusterSpec | None, background_load: float = 0.0) -> CoreSharing | None:

@@ -31,11 +31,12 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 from ..core.timeline import Event
 
-__all__ = ["CoreSharing", "sharing_slowdown", "activity", "solo_durations", "COMPUTE_OPS", "CPU_COMM_OPS"]
+__all__ = ["CoreSharing", "sharing_slowdown", "wait_fraction", "activity", "runnable_at", "solo_durations",
+           "COMPUTE_OPS", "CPU_COMM_OPS"]
 
 COMPUTE_OPS = frozenset({"F", "B", "I", "W", "STEP"})
 CPU_COMM_OPS = frozenset({"AR", "SEND_F", "SEND_B"})
@@ -78,6 +79,23 @@ class CoreSharing:
 
     def slowdown(self, runnable: float) -> float:
         return sharing_slowdown(runnable, self.cores, self.background)
+
+    def wait_fraction(self, runnable: float) -> float:
+        """See :func:`wait_fraction`."""
+        return wait_fraction(runnable, self.cores, self.background)
+
+
+def wait_fraction(runnable: float, cores: float, background: float = 0.0) -> float:
+    """How much of a full scheduling wait a thread woken among ``runnable`` busy ones (itself included) pays.
+
+    A message completes only once both of its ranks hold a core. While every
+    runnable process has one there is no wait; the wait grows with the
+    processes queued for a core, to the whole of it once the cores are
+    oversubscribed twice: ``min(1, max(0, (runnable + background - cores) / cores))``.
+    """
+    if cores <= 0:
+        raise ValueError(f"cores must be > 0, got {cores!r}")
+    return min(1.0, max(0.0, (runnable + background - cores) / cores))
 
 
 def _counts(events: Iterable[Event], sharing: CoreSharing) -> dict[int, tuple[list[float], list[int]]]:
@@ -135,6 +153,23 @@ def activity(events: Iterable[Event], num_ranks: int, sharing: CoreSharing,
             weighted[e.rank] += _mean_count(times, c, e.start, e.end) * (e.end - e.start)
             busy[e.rank] += e.end - e.start
     return [max(1.0, weighted[r] / busy[r]) if busy[r] > 0 else 1.0 for r in range(num_ranks)]
+
+
+def runnable_at(events: Iterable[Event], sharing: CoreSharing) -> "Callable[[int, float], int]":
+    """``at(rank, t)``: how many threads of the *other* ranks of ``rank``'s node the timeline has runnable at ``t``."""
+    events = list(events)
+    by_node = _counts(events, sharing)
+    own = _counts(events, CoreSharing(sharing.cores, sharing.background, 1))  # one "node" per rank
+
+    def count(table: dict, key: int, t: float) -> int:
+        times, c = table.get(key, ((), ()))
+        i = bisect_right(times, t) - 1
+        return c[i] if i >= 0 else 0
+
+    def at(rank: int, t: float) -> int:
+        return count(by_node, sharing.node(rank), t) - count(own, rank, t)
+
+    return at
 
 
 def solo_durations(events: Iterable[Event], sharing: CoreSharing) -> dict[int, float]:

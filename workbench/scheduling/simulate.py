@@ -37,7 +37,13 @@ Processor sharing (``sharing=``, for CPU ranks time-sharing a node's cores):
 instead of the pairwise overlap slowdown, each rank's compute is stretched by
 how many threads of its node are runnable while it computes, settled by a
 fixed point (see :mod:`workbench.scheduling.sharing`); ``stage_costs`` are
-then solo times (one process alone on the node).
+then solo times (one process alone on the node). A message, like each step
+of a collective, completes only once its receiver holds a core again: it
+arrives ``collective_call_ms`` times
+:func:`~workbench.scheduling.sharing.wait_fraction` later, for the threads
+runnable on the receiver's node when it arrives (read from the previous pass)
+and the receiver itself: nothing while every runnable thread has a core, the
+whole call cost once the cores are oversubscribed twice.
 
 Metric definitions: ``iteration_ms`` is the makespan divided by the number
 of iterations; ``bubble_fraction[r]`` is ``1 - compute busy time of rank r /
@@ -53,14 +59,14 @@ import weakref
 from bisect import bisect_left, insort
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ..core.costs import ClusterSpec, LinkSpec
 from ..core.ir import Op, Schedule
 from ..core.timeline import Event, Timeline
 from .memory import memory_breakdown
 from .passes import lower
-from .sharing import CoreSharing, activity
+from .sharing import CoreSharing, activity, runnable_at
 from .stagecosts import StageCosts
 
 __all__ = ["simulate", "SimResult", "BUBBLE_DEFINITION"]
@@ -124,7 +130,8 @@ class _Interference:
 class _Links:
     """Link times and shared-resource bookkeeping for one simulation."""
 
-    def __init__(self, cluster: ClusterSpec | None, collective_link: LinkSpec | None, num_ranks: int) -> None:
+    def __init__(self, cluster: ClusterSpec | None, collective_link: LinkSpec | None, num_ranks: int,
+                 message_wait: Callable[[int, float], float] | None = None) -> None:
         if cluster is not None and cluster.world_size < num_ranks:
             raise ValueError(f"cluster {cluster.name!r} has {cluster.world_size} devices but the schedule needs "
                              f"{num_ranks} ranks")
@@ -137,6 +144,7 @@ class _Links:
         self.node = [r // per_node for r in range(num_ranks)]
         self.multi_node = cluster is not None and cluster.num_nodes > 1
         self.link_cache: dict[tuple[int, int], LinkSpec] = {}
+        self.message_wait = message_wait  # (receiver, arrival) -> its wait for a core (processor sharing)
 
     def _ports(self, ranks: list[int]) -> list[tuple]:
         if not self.multi_node:
@@ -161,6 +169,8 @@ class _Links:
         end = start + (link.transfer_ms(nbytes) if link else 0.0)
         if self.interference is not None and end > start:
             end = self.interference.place("comm", [src, dst], start, end - start)
+        if self.message_wait is not None and link is not None:
+            end += self.message_wait(dst, end)
         for k in keys:
             free[k] = end
         return start, end
@@ -248,26 +258,36 @@ def simulate(schedule: Schedule, stage_costs: StageCosts | None = None, cluster:
     if cluster is not None and sharing.ranks_per_node is None:
         sharing = CoreSharing(sharing.cores, sharing.background, cluster.devices_per_node)
     scale = [1.0] * n
+    call = cluster.collective_call_ms if cluster is not None else 0.0
+    at = None  # the runnable threads of the previous pass, which the waits of the next one are read from
     # several iterations streamed back to back (async, delayed GroPipe): the contention of the steady ones,
     # not of the first's fill and the last's drain, where fewer ranks compute at once
     numbers = sorted({a.iteration for r in range(n) for a in lowered.actions(r)})
     edge = max(1, len(numbers) // 4)
     steady = set(numbers[edge:-edge]) if len(numbers) >= 3 else None
     for _ in range(SHARING_ROUNDS):
-        result = _simulate(lowered, costs, cluster, collective_link, microbatch_size, scale)
+        # a message's receiver joins the threads runnable on its node when the message arrives
+        wait = None if at is None else (lambda dst, t, at=at: call * sharing.wait_fraction(at(dst, t) + 1))
+        result = _simulate(lowered, costs, cluster, collective_link, microbatch_size, scale, wait)
         result.metrics["sharing_slowdown"] = scale
         wanted = [sharing.slowdown(a) for a in activity(result.timeline.events, n, sharing, steady)]
-        if all(abs(w - s) <= 0.01 * s for w, s in zip(wanted, scale)):
+        settled = all(abs(w - s) <= 0.01 * s for w, s in zip(wanted, scale))
+        if settled and (wait is not None or not call):
             break
-        scale = [(w + s) / 2 for w, s in zip(wanted, scale)]  # damped: stretching compute changes the overlap
+        if not settled:
+            scale = [(w + s) / 2 for w, s in zip(wanted, scale)]  # damped: stretching compute changes the overlap
+        if call:
+            at = runnable_at(result.timeline.events, sharing)
     return result
 
 
 def _simulate(lowered: Schedule, costs: StageCosts, cluster: ClusterSpec | None, collective_link: LinkSpec | None,
-              microbatch_size: int | None, scale: list[float] | None) -> SimResult:
-    """One timed pass; ``scale[r]`` stretches rank r's compute (processor sharing, interference then off)."""
+              microbatch_size: int | None, scale: list[float] | None,
+              message_wait: Callable[[int, float], float] | None = None) -> SimResult:
+    """One timed pass; ``scale[r]`` stretches rank r's compute (processor sharing, interference then off) and
+    ``message_wait(r, t)`` delays a message rank r receives at time t (its wait for a core)."""
     n = lowered.num_ranks
-    links = _Links(cluster, collective_link, n)
+    links = _Links(cluster, collective_link, n, message_wait)
     if scale is not None:
         links.interference = None
     meta = lowered.meta
