@@ -3,7 +3,7 @@
 Naive model parallelism (the whole global batch as one micro-batch, one
 stage busy at a time), 1F1B and the asynchronous pipeline (both with ``M``
 micro-batches) run ResNet-18 on two uncontended ranks (one per core), at
-32x32 and 64x64 inputs, global batch 64, synthetic data, interleaved per
+32x32, 64x64 and 96x96 inputs, global batch 64, synthetic data, interleaved per
 repeat (naive, 1f1b, async, then 1f1b and async again on the partition
 AMPA picks from the profile at the micro-batch size; the others use the
 default partition, uniform in layers). With ``S`` stages the ideal
@@ -15,7 +15,19 @@ The gap to it is taken apart into:
   profiler at both sizes (``> 1``: small micro-batches cost more per sample);
 * **stage imbalance**: the slower stage against the mean of the two, from
   the profile at the micro-batch size and the partition the run used (the
-  pipeline runs at its slowest stage; naive parallelism pays the sum);
+  pipeline runs at its slowest stage; naive parallelism pays the sum), and
+  the micro-batch efficiency of each stage on its own (a stage of
+  weight-heavy layers loses more in small micro-batches than one of
+  activation-heavy layers, so the cut balanced at one size is not at the
+  other);
+* **stage passes**: each stage of the partition run alone in one process,
+  forward and backward of the whole batch and of the ``M`` micro-batches
+  one after the other, as its rank runs them. The profile times each layer
+  alone, its weights hot in the cache; a stage pass streams the stage's
+  weights once per micro-batch, which the profile does not see. The ideal
+  these give is the whole batch's passes summed over the stages (naive
+  parallelism) over ``(M + S - 1) / M`` times the slowest stage's
+  micro-batch passes;
 * **concurrency**: the compute the ranks measured (forward, backward and
   step, both ranks) against the profile's time for the same work, measured
   alone: naive parallelism computes on one rank at a time, a pipeline on
@@ -34,7 +46,7 @@ partition used, predicts the ratio; the target is within 10% of the
 measured one. Throughput is samples over the summed step times after
 ``WARMUP`` steps; medians over repeats, ratios taken within a repeat.
 
-    .venv/bin/python bench/bench_pipeline_gap.py [--repeats 3] [--sizes 32,64] [--microbatches 4]
+    .venv/bin/python bench/bench_pipeline_gap.py [--repeats 3] [--sizes 32,64,96] [--microbatches 4]
 
 Writes ``bench/results/pipeline_gap.json``.
 """
@@ -140,6 +152,38 @@ def profile_at(size: int, batch: int):
                    cache=False, repeats=5)
 
 
+def stage_passes(size: int, partition: Partition, microbatch: int, repeats: int = 3) -> dict[str, list[float]]:
+    """Each stage of ``partition`` alone in this process, forward and backward of the whole batch and of
+    ``GLOBAL_BATCH // microbatch`` micro-batches one after the other, as a pipeline rank runs them (ms, best of
+    ``repeats``). Unlike the profile, which times each layer on its own with its weights hot in the cache, a
+    stage pass streams all of the stage's weights once per micro-batch."""
+    import time
+
+    import torch
+
+    from workbench.models import build_model, sample_batch
+
+    fields = model_fields(size)
+    model = build_model(fields["model"], seed=0, **fields["model_overrides"])
+    inputs, _ = sample_batch(model, GLOBAL_BATCH, seed=0)
+    out: dict[str, list[float]] = {"whole_batch_ms": [], "microbatches_ms": []}
+    for first, last in partition.bounds:
+        with torch.no_grad():
+            x = model.stage(0, first - 1)(inputs) if first > 0 else inputs
+        stage = model.stage(first, last)
+        for key, pieces in (("whole_batch_ms", [x]), ("microbatches_ms", list(x.split(microbatch)))):
+            best = float("inf")
+            for _ in range(repeats + 1):  # the first pass warms up
+                started = time.perf_counter()
+                for piece in pieces:
+                    piece = piece.detach().requires_grad_(first > 0)
+                    stage(piece).float().sum().backward()
+                best = min(best, time.perf_counter() - started)
+            out[key].append(best * 1e3)
+        stage.zero_grad(set_to_none=True)
+    return out
+
+
 def predicted_step_ms(costs, partition: Partition, microbatches: int, kind: str) -> float:
     """The simulator's step time for ``kind`` (1f1b or async) at ``microbatches`` from the profile."""
     cluster = get_cluster("local-cpu")
@@ -158,7 +202,7 @@ def predicted_step_ms(costs, partition: Partition, microbatches: int, kind: str)
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--sizes", default="32,64")
+    parser.add_argument("--sizes", default="32,64,96")
     parser.add_argument("--microbatches", type=int, default=4)
     args = parser.parse_args()
     m = args.microbatches
@@ -190,14 +234,25 @@ def main() -> int:
             summary[case]["compute_over_profile"] = STAGES * summary[case]["compute_ms"] / solo
         summary["naive"]["predicted_step_ms"] = predicted_step_ms(whole, Partition.parse(runs["naive"][0]["partition"]),
                                                                   1, "1f1b")
+        passes = {}
         for case in plans:
             if case == "naive":
                 continue
             partition = Partition.parse(runs[case][0]["partition"])
+            if str(partition) not in passes:
+                passes[str(partition)] = stage_passes(size, partition, GLOBAL_BATCH // m)
+            measured_passes = passes[str(partition)]
             stage_ms = partition.stage_sums([l.forward_ms + l.backward_ms for l in small.layers])
+            whole_stage_ms = partition.stage_sums([l.forward_ms + l.backward_ms for l in whole.layers])
             imbalance = max(stage_ms) / statistics.mean(stage_ms)
             row = summary[case]
             row.update(partition=str(partition), stage_ms=stage_ms, imbalance=imbalance,
+                       stage_microbatch_efficiency=[m * a / b for a, b in zip(stage_ms, whole_stage_ms)],
+                       stage_passes=measured_passes,
+                       stage_pass_efficiency=[a / b for a, b in zip(measured_passes["microbatches_ms"],
+                                                                    measured_passes["whole_batch_ms"])],
+                       ideal_from_stage_passes=sum(measured_passes["whole_batch_ms"])
+                       / ((m + STAGES - 1) / m * max(measured_passes["microbatches_ms"])),
                        ideal_after_efficiency_and_imbalance=ideal / mb_efficiency / imbalance,
                        predicted_step_ms=predicted_step_ms(small, partition, m, case.split("-")[0]))
             row["over_naive"] = statistics.median(a["samples_per_s"] / b["samples_per_s"]
@@ -215,11 +270,18 @@ def main() -> int:
             if case == "naive":
                 continue
             r = summary[case]
-            print(f"  {case:<10} / naive measured {r['over_naive']:.2f}, simulated {r['predicted_over_naive']:.2f}; "
+            step_ms = GLOBAL_BATCH / r["samples_per_s"] * 1e3
+            print(f"  {case:<10} step {step_ms:.0f} ms, simulated {r['predicted_step_ms']:.0f} "
+                  f"(x{r['predicted_step_ms'] / step_ms:.2f}); "
+                  f"/ naive measured {r['over_naive']:.2f}, simulated {r['predicted_over_naive']:.2f}; "
                   f"compute x{r['compute_over_profile']:.2f} of the profile (naive x"
                   f"{summary['naive']['compute_over_profile']:.2f}); "
-                  f"partition {r['partition']} imbalance x{r['imbalance']:.2f} -> ideal after efficiency and "
-                  f"imbalance {r['ideal_after_efficiency_and_imbalance']:.2f}")
+                  f"partition {r['partition']} imbalance x{r['imbalance']:.2f}, micro-batch efficiency by stage "
+                  + " / ".join(f"x{e:.2f}" for e in r["stage_microbatch_efficiency"])
+                  + f" -> ideal after efficiency and imbalance {r['ideal_after_efficiency_and_imbalance']:.2f}; "
+                  + "stage passes: micro-batches / whole batch "
+                  + " / ".join(f"x{e:.2f}" for e in r["stage_pass_efficiency"])
+                  + f" -> ideal {r['ideal_from_stage_passes']:.2f}")
         print(f"  async / 1f1b: {summary['async_over_1f1b']:.2f} (uniform), {summary['async_over_1f1b-ampa']:.2f} "
               f"(AMPA)\n", flush=True)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -286,7 +286,7 @@ display(Markdown(text))
 #
 # Counting idle units says how full a pipeline is; whether it is *faster*
 # than not pipelining depends on the model and the machine. Here are two
-# ranks, one per core of this machine, training ResNet-18 on 64x64 images
+# ranks, one per core of this machine, training ResNet-18 on 96x96 images
 # (a global batch of 64, synthetic data), run three ways:
 #
 # * **naive** model parallelism: the batch as one micro-batch, so one stage
@@ -297,17 +297,20 @@ display(Markdown(text))
 # * the **asynchronous** pipeline with as many micro-batches: no flush, so at
 #   best it is $S$ times naive.
 #
-# The images are large enough that every operator call does real work, which
-# is what lets a pipeline pay on a CPU. With tiny models, where the fixed cost
-# of each call dominates, splitting the batch can cost more than the pipeline
-# gains: `bench/RESULTS.md` has both cases, and the gap to the ideal broken
-# down (`bench/bench_pipeline_gap.py`).
+# The images are large enough that a micro-batch of 16 samples costs a
+# quarter of the batch of 64 on every stage, which is what lets a pipeline pay
+# on a CPU. On smaller images the deep layers, whose weights outweigh their
+# activations, cost more per sample in small micro-batches, and with tiny
+# models the fixed cost of each operator call dominates: there splitting the
+# batch can cost more than the pipeline gains. `bench/RESULTS.md` has these
+# cases, and the gap to the ideal broken down stage by stage
+# (`bench/bench_pipeline_gap.py`).
 
 # %%
 pays_microbatches = 4
 pays_steps = 8 if smoke else 16
 pays_skip = 3  # warm-up steps left out of the throughput
-pays_base = {"model": "resnet18", "model_overrides": {"image_size": 64, "num_classes": 10}, "global_batch": 64,
+pays_base = {"model": "resnet18", "model_overrides": {"image_size": 96, "num_classes": 10}, "global_batch": 64,
              "steps": pays_steps, "data": {"kind": "synthetic"}, "optimizer": {"name": "sgd", "lr": 0.01}}
 pays_runs = {"naive": "pp2-1f1b-m1", "1F1B": f"pp2-1f1b-m{pays_microbatches}",
              "async": f"async-1x2-m{pays_microbatches}"}
@@ -333,7 +336,7 @@ pays_figure = go.Figure(
             text=[f"{v:.2f}x" for v in speedup.values()], textposition="outside"),
      go.Bar(x=list(ideal), y=list(ideal.values()), name="ideal (no cost for smaller micro-batches)",
             opacity=0.4)],
-    layout=dict(title="ResNet-18 at 64x64 on two ranks: throughput over naive model parallelism",
+    layout=dict(title="ResNet-18 at 96x96 on two ranks: throughput over naive model parallelism",
                 yaxis_title="x naive model parallelism", barmode="group"))
 display(pays_figure)
 display(Markdown(
@@ -357,8 +360,8 @@ display(Markdown(
 # time to the configured target, and (in the full run) the unstashed run
 # diverged: its final loss is above its first, or NaN, and it never reached
 # the target, which the synchronous and the stashed runs both did. On
-# ResNet-18 at 64x64 the asynchronous pipeline trained faster than naive
-# model parallelism.
+# ResNet-18 at 96x96 both 1F1B and the asynchronous pipeline trained faster
+# than naive model parallelism.
 
 # %%
 assert async_sim.metrics["iteration_ms"] < sync_sim.metrics["iteration_ms"]
@@ -371,7 +374,7 @@ assert all(job.status().state == "SUCCEEDED" for job in jobs.values())
 assert all(final[k] < 0.92 * losses[k][0] for k in ("1f1b (sync)", "async")), final
 assert mismatched["async"] == 0 and mismatched["async, no stash"] > 0, mismatched
 assert all(job.status().state == "SUCCEEDED" for job in pays_jobs.values())
-assert speedup["async"] > 1.1, speedup  # 1.41-1.51 in bench/bench_pipeline_gap.py on this machine
+assert speedup["1F1B"] > 1.2 and speedup["async"] > 1.2, speedup  # see bench_pipeline_gap in bench/RESULTS.md
 eval_steps = sorted(set(range(eval_every, steps + 1, eval_every)) | {steps})
 for label, frame in evals.items():
     assert frame["step"].tolist() == eval_steps, (label, frame)

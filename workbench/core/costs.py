@@ -334,7 +334,9 @@ class ClusterSpec:
     its link time (0 on GPUs). On ranks time-sharing cores, each step of a
     collective (a broadcast among q ranks has q - 1, a ring all-reduce among
     n has 2(n - 1)) waits until both of its ranks have been scheduled, about
-    a millisecond when there are more ranks than cores.
+    a millisecond when there are more ranks than cores; so does a
+    point-to-point message, as far as its receiver's cores are oversubscribed
+    when it arrives (the simulator's processor sharing).
     """
 
     name: str

@@ -25,6 +25,9 @@ cost of one step of a small collective among 4 ranks sharing the 2 cores
 scheduled; a ring all-reduce among n ranks takes 2(n - 1) steps). The
 planner charges the part of it :func:`collective_wait_fraction` gives for
 the ranks it plans and the work beside them (none while each has a core).
+A point-to-point message is one such step: under processor sharing the
+simulator delays it by the same cost, scaled by how oversubscribed the
+receiver's cores are when it arrives.
 ``local`` reads a calibration file written by the communication benchmark
 (``workbench.runtime.commbench``, then :func:`save_local_calibration`) when
 there is one, else it is ``local-cpu``. :func:`shared_cores` says how many
