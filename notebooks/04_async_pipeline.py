@@ -297,14 +297,14 @@ display(Markdown(text))
 # * the **asynchronous** pipeline with as many micro-batches: no flush, so at
 #   best it is $S$ times naive.
 #
-# The images are large enough that a micro-batch of 16 samples costs a
-# quarter of the batch of 64 on every stage, which is what lets a pipeline pay
-# on a CPU. On smaller images the deep layers, whose weights outweigh their
-# activations, cost more per sample in small micro-batches, and with tiny
-# models the fixed cost of each operator call dominates: there splitting the
-# batch can cost more than the pipeline gains. `bench/RESULTS.md` has these
-# cases, and the gap to the ideal broken down stage by stage
-# (`bench/bench_pipeline_gap.py`).
+# Whether a pipeline pays on a CPU depends on what a micro-batch of 16
+# samples costs against a quarter of the batch of 64, stage by stage.
+# `bench/bench_pipeline_gap.py` measures that and breaks the gap to the ideal
+# down (`bench/RESULTS.md`): there, ResNet-18's deep layers, whose weights
+# outweigh their activations, lose in small micro-batches at every image size
+# it tried, and only from 96x96 on do its first layers gain enough to make up
+# for it; with tiny models the fixed cost of each operator call dominates. The
+# figures below are this machine's, measured now.
 
 # %%
 pays_microbatches = 4

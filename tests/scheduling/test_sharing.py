@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from workbench.core.costs import ClusterSpec, DeviceSpec, LinkSpec
 from workbench.core.timeline import Event, Timeline
 from workbench.scheduling import generators
 from workbench.scheduling.from_config import stage_costs_from_timeline
-from workbench.core.costs import ClusterSpec, DeviceSpec, LinkSpec
 from workbench.scheduling.sharing import (CoreSharing, activity, runnable_at, sharing_slowdown, solo_durations,
                                           wait_fraction)
 from workbench.scheduling.simulate import simulate

@@ -76,6 +76,7 @@ def pin_cpu_rank(device: torch.device) -> list[int] | None:
     os.sched_setaffinity(0, mine)
     return mine
 
+
 def autocast_dtype_for(precision: str, device: torch.device) -> torch.dtype | None:
     """``auto``: bf16 autocast on CUDA, fp32 on CPU; ``bf16`` / ``fp32`` force it."""
     if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
