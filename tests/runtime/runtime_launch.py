@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from workbench.core.config import RunConfig
+from workbench.core.rundir import DIST_BACKEND_ENV
 from workbench.runtime.events import read_events
 
 BASE = {"model": "mlp", "steps": 5, "global_batch": 16, "seed": 3, "dump_params": True,
@@ -24,18 +25,28 @@ def make_config(run_dir: Path, **fields) -> RunConfig:
     return config
 
 
-def torchrun(run_dir: Path, nproc: int, timeout: float = 150.0) -> subprocess.CompletedProcess:
+def torchrun(run_dir: Path, nproc: int, timeout: float = 150.0, dist_backend: str | None = None
+             ) -> subprocess.CompletedProcess:
+    """The entry under torchrun; ``dist_backend`` forces the ranks' collective backend (e.g. ``staged``)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", "workbench.runtime.entry", "--config", str(run_dir / "config.json")]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    if dist_backend is not None:
+        env[DIST_BACKEND_ENV] = dist_backend
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def run_ok(run_dir: Path, nproc: int, **fields) -> RunConfig:
+def run_ok(run_dir: Path, nproc: int, dist_backend: str | None = None, **fields) -> RunConfig:
     config = make_config(run_dir, **fields)
-    proc = torchrun(run_dir, nproc)
+    proc = torchrun(run_dir, nproc, dist_backend=dist_backend)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return config
+
+
+def plan_id(name: str) -> str:
+    """A short test id for a plan name: its per-layer options become ``-layers``."""
+    head, _, rest = name.partition("-L[")
+    return head + ("-layers" if rest else "")
 
 
 def step_losses(run_dir: Path, rank: int = 0) -> list[float]:

@@ -21,7 +21,9 @@ version), ``kind``, ``t`` (unix time, seconds) and ``rank``. Kinds and their
 extra fields:
 
 - ``start``: ``world_size``, ``strategy``, ``config`` (dict), ``pid``, ``host``, ``restart`` (count) (the
-  training entry adds ``device``, ``backend``, the collective backend it initialised, and ``process``, the
+  training entry adds ``device``, ``backend``, the collective backend it initialised (``staged`` when ranks
+  share a GPU), ``shared_by``, how many ranks of the node share its GPU (1: its own; null on CPU),
+  ``memory_fraction``, the share of the GPU's memory its allocator is capped at, and ``process``, the
   torchrun rank of the process, which differs from ``rank`` under a config's ``placement``)
 - ``step``: ``step``, ``loss``, ``samples_per_s``, ``step_ms``, ``memory_bytes`` (and optional ``lr``; per-layer
   plans add ``memory``: the rank's own count of parameters, gradients, optimizer state and saved activations)
@@ -60,7 +62,7 @@ EVENT_KINDS = ("start", "step", "stage", "heartbeat", "checkpoint", "eval", "end
 JOB_STATES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "UNKNOWN")
 TERMINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
 # the collective backend the launcher asks the ranks to use, passed in their environment
-DIST_BACKENDS = ("auto", "gloo", "nccl")
+DIST_BACKENDS = ("auto", "gloo", "nccl", "staged")
 DIST_BACKEND_ENV = "WORKBENCH_DIST_BACKEND"
 
 CONFIG_FILE = "config.json"

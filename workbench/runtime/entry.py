@@ -39,7 +39,7 @@ from .checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_chec
 from .evaluation import Evaluation
 from .events import EventWriter
 from .progress import ProgressLog
-from .groups import check_backend_for_plan, init_distributed, pick_device
+from .groups import check_backend_for_plan, device_share, init_distributed, pick_device
 from .strategies import strategy_class
 from .strategies.base import PendingLoss, RunContext, Strategy, loss_value
 
@@ -170,6 +170,7 @@ def train(config: RunConfig, run_dir: Path, writer: EventWriter, *, cores: list[
                  host=socket.gethostname(), restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
                  resumed_from=resumed_from, partition=str(partition), device=str(device), backend=dist.get_backend(),
                  process=int(os.environ.get(PROCESS_RANK_ENV, rank)), cores=cores,
+                 **device_share(device, config.device),
                  **({"layers": strategy.layers_report()} if hasattr(strategy, "layers_report") else {}))
     writer.start_heartbeat(config.events.heartbeat_s)
     board = ScalarBoard(run_dir) if config.tensorboard and rank == 0 else None
@@ -249,8 +250,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 1)))
         device = pick_device(config.device)
         cores = pin_cpu_rank(device)
-        backend = init_distributed(device, timeout_s=config.collective_timeout_s)
-        check_backend_for_plan(backend, device, config.plan.pp)
+        backend = init_distributed(device, timeout_s=config.collective_timeout_s, requested_device=config.device)
+        check_backend_for_plan(backend, device, config.plan)
         train(config, run_dir, writer, cores=cores)
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the run directory
         writer.error(exc)
