@@ -71,6 +71,9 @@ class RankState:
     end_status: str | None = None
     error: dict[str, Any] | None = None
     layers: tuple[str, ...] = ()  # what each of the rank's layers ran, from its start event
+    device: str | None = None  # from the start event: where the rank ran, its collective backend, and how many
+    backend: str | None = None  # ranks of its node shared its GPU (1: its own; None on CPU)
+    shared_by: int | None = None
 
     def state(self, now: float, stall_after_s: float) -> str:
         if self.error is not None:
@@ -161,6 +164,8 @@ class RunState:
         state.end_status, state.error = None, None
         state.start_t = event.get("t")
         state.pid, state.host = event.get("pid"), event.get("host")
+        state.device, state.backend = event.get("device"), event.get("backend")
+        state.shared_by = event["shared_by"] if isinstance(event.get("shared_by"), int) else None
         state.layers = tuple(_layer_text(layer) for layer in event.get("layers") or () if isinstance(layer, dict))
         if isinstance(event.get("world_size"), int):
             self.world_size = event["world_size"]
@@ -303,7 +308,8 @@ class RunState:
         now = time.time() if now is None else now
         return [{"rank": r, "state": s.state(now, self.stall_after_s), "step": s.step, "loss": s.loss,
                  "samples_per_s": s.samples_per_s, "heartbeat_age_s": s.heartbeat_age(now), "restart": s.restart,
-                 "pid": s.pid, "host": s.host, "layers": s.layers} for r, s in sorted(self.ranks.items())]
+                 "pid": s.pid, "host": s.host, "layers": s.layers, "device": s.device, "backend": s.backend,
+                 "shared_by": s.shared_by} for r, s in sorted(self.ranks.items())]
 
 
 def _layer_text(layer: dict[str, Any]) -> str:

@@ -34,6 +34,9 @@ class RankStatus:
     pid: int | None = None
     host: str | None = None
     layers: tuple[str, ...] = ()  # per layer as it ran (per-layer plans), e.g. "block_3:fsdp+tp2+rc"
+    device: str | None = None  # where the rank ran ("cuda:0", "cpu"), from its start event
+    backend: str | None = None  # its collective backend ("nccl", "gloo", "staged")
+    shared_by: int | None = None  # ranks of its node on its GPU (1: its own; None on CPU)
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,9 @@ class JobStatus:
         """A few lines for people: the state, the reason, a table of ranks, the root cause."""
         head = f"{self.run_id}: {self.state}" + (f" ({self.reason})" if self.reason else "")
         lines = [head]
+        devices = self.devices_text()
+        if devices:
+            lines.append(devices)
         if self.restarts:
             lines.append(f"restarts: {self.restarts}")
         if self.ranks:
@@ -110,6 +116,25 @@ class JobStatus:
             lines += [f"root cause (rank {self.root_cause.get('rank')}):", self.root_cause["traceback"].rstrip()]
         return "\n".join(lines)
 
+    def devices_text(self) -> str:
+        """Where the ranks ran, one line: the devices and backend, and which GPUs ranks shared ("" before a start)."""
+        started = [r for r in self.ranks if r.device]
+        if not started:
+            return ""
+        backends = sorted({r.backend for r in started if r.backend})
+        via = f" over {'/'.join(backends)}" if backends else ""
+        if "staged" in backends:
+            via += " (through host memory)"
+        shared: dict[tuple[str | None, str], list[int]] = {}
+        for r in started:
+            if (r.shared_by or 1) > 1:
+                shared.setdefault((r.host, r.device), []).append(r.rank)
+        if not shared:
+            return f"devices: {', '.join(_unique(r.device for r in started))}{via}"
+        parts = [f"{device} shared by {len(ranks)} ranks ({', '.join(map(str, ranks))}), "
+                 f"each capped at 1/{len(ranks)} of its memory" for (_, device), ranks in shared.items()]
+        return f"GPU shared: {'; '.join(parts)}{via}"
+
     def _eval_lines(self) -> list[str]:
         lines = []
         if self.last_eval:
@@ -131,6 +156,10 @@ class JobStatus:
 
     def __str__(self) -> str:
         return self.text()
+
+
+def _unique(values: Any) -> list[str]:
+    return list(dict.fromkeys(values))
 
 
 def _num(value: Any) -> str:

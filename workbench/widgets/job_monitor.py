@@ -254,6 +254,9 @@ class JobMonitor:
                 f"{status.state}</span> restarts: {status.restarts}")
         if status.reason:
             head += f" <i>{html.escape(status.reason)}</i>"
+        devices = status.devices_text()
+        if devices:
+            head += f"<br><span class='wb-monitor-devices'>{html.escape(devices)}</span>"
         self.header.value = head
         cells = "".join(
             f"<tr><td>{r.rank}</td><td style='color:{STATE_COLORS.get(r.state, '#000')}'>{r.state}</td>"
