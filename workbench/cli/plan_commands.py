@@ -111,7 +111,7 @@ def _shape_of_runs(run_dirs: list[str] | None, batch: int):
 
 
 def _plan(args: argparse.Namespace) -> Result:
-    from ..planning.clusters import load_cluster
+    from ..planning.clusters import load_cluster, share_gpus
     from ..planning.search import plan
 
     if args.batch < 1:
@@ -121,12 +121,13 @@ def _plan(args: argparse.Namespace) -> Result:
     if args.top is not None and args.top < 1:
         raise ValueError(f"--top must be >= 1, got {args.top}")
     cluster, _ = load_cluster(args.cluster)
+    cluster = share_gpus(cluster, args.ranks_per_gpu)
     costs, shape, model_notes, overrides = _model_costs(args.model, cluster, args.profile_batch, args.model_arg,
                                                         args.calibrate, args.microbatch_passes)
     if shape is None:  # a costs file: a tensor-parallel calibration run says what the transformer is
         shape = _shape_of_runs(args.calibrate, args.profile_batch)
     strategies = args.strategies.split(",") if args.strategies else None
-    result = plan(costs, args.cluster, args.batch, memory_cap_gib=args.memory_cap, top=args.top,
+    result = plan(costs, cluster if args.ranks_per_gpu > 1 else args.cluster, args.batch, memory_cap_gib=args.memory_cap, top=args.top,
                   world_size=args.world_size, shape=shape, strategies=strategies, fine_grained=args.fine_grained,
                   calibration=args.calibrate, pipeline_degrees=_pipeline_degrees(args.pp))
     lines = [f"{costs.model} on {cluster.name} ({args.world_size or cluster.world_size} devices), global batch "
@@ -205,11 +206,14 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p = sub.add_parser("plan", parents=[common], help="rank hybrid-parallel strategies for a model on a cluster")
     p.add_argument("model", help="ModelCosts JSON file or zoo model name (profiled here, projected to the cluster)")
     p.add_argument("--cluster", required=True, help="preset (local, local-cpu, 8xV100-PCIe, 8xA100-NVLink, "
-                   "4xV100-NVLink, 2x8xH100-IB) or a ClusterSpec JSON file")
+                   "4xV100-NVLink, 2x8xH100-IB, 1xH100, 1xH200) or a ClusterSpec JSON file")
     p.add_argument("--batch", type=int, required=True, help="global batch (samples per optimizer step)")
     p.add_argument("--memory-cap", type=float, help="per-device memory budget in GiB (default: the device's memory)")
     p.add_argument("--top", type=int, help="show the K fastest feasible strategies")
     p.add_argument("--world-size", type=int, help="devices to use (default: the whole cluster)")
+    p.add_argument("--ranks-per-gpu", type=int, default=1, metavar="K",
+                   help="run K ranks on each GPU, as the runtime does with more ranks than GPUs: each rank gets 1/K "
+                        "of a GPU's memory and throughput and talks to the others through host memory (default 1)")
     p.add_argument("--strategies", help="evaluate only these comma-separated names, e.g. dp4,gropipe-2x2-1f1b-m4-d1")
     p.add_argument("--profile-batch", type=int, default=8, help="batch a zoo model is profiled at (default 8)")
     p.add_argument("--model-arg", metavar="KEY=VALUE", action="append",

@@ -29,4 +29,7 @@ DATASHEET_DEVICES: dict[str, DeviceSpec] = {
                        80 * GIB, 2039.0, efficiency=0.5, winograd=_WINOGRAD_FP32),
     "H100": DeviceSpec("H100", {"float32": 66.9, "tfloat32": 494.7, "float16": 989.4, "bfloat16": 989.4,
                                 "float8": 1978.9}, 80 * GIB, 3350.0, efficiency=0.5, winograd=_WINOGRAD_FP32),
+    # The H100 SXM's compute with 141 GB of HBM3e at 4.8 TB/s.
+    "H200": DeviceSpec("H200", {"float32": 66.9, "tfloat32": 494.7, "float16": 989.4, "bfloat16": 989.4,
+                                "float8": 1978.9}, 141 * 10 ** 9, 4800.0, efficiency=0.5, winograd=_WINOGRAD_FP32),
 }

@@ -45,7 +45,7 @@ from ..core.costs import ClusterSpec, DeviceSpec, LinkSpec
 from ..core.devices import DATASHEET_DEVICES, GIB
 from ..scheduling.sharing import CoreSharing, sharing_slowdown, wait_fraction
 
-__all__ = ["DEVICES", "get_cluster", "cluster_names", "collective_link", "collective_wait_fraction", "core_sharing",
+__all__ = ["DEVICES", "get_cluster", "share_gpus", "HOST_STAGED_LINK", "cluster_names", "collective_link", "collective_wait_fraction", "core_sharing",
            "get_device", "load_cluster",
            "shared_cores", "time_sharing_slowdown", "save_local_calibration", "LOCAL_CALIBRATION", "LOCAL_OVERLAP_SLOWDOWN",
            "LOCAL_COLLECTIVE_CALL_MS", "DATASHEET_OVERLAP_SLOWDOWN"]
@@ -78,7 +78,15 @@ _PRESETS: dict[str, tuple] = {
     "4xV100-NVLink": (1, 4, "V100", LinkSpec("nvlink2", 5.0, 45.0), None, None),
     "8xA100-NVLink": (1, 8, "A100", LinkSpec("nvlink3", 5.0, 200.0), None, None),
     "2x8xH100-IB": (2, 8, "H100", LinkSpec("nvlink4", 5.0, 350.0), LinkSpec("ib-ndr", 10.0, 45.0), None),
+    # one GPU: with more ranks than GPUs, plan on share_gpus(get_cluster(...), ranks_per_gpu)
+    "1xH100": (1, 1, "H100", LinkSpec("nvlink4", 5.0, 350.0), None, None),
+    "1xH200": (1, 1, "H200", LinkSpec("nvlink4", 5.0, 350.0), None, None),
 }
+
+# Ranks sharing a GPU exchange tensors through host memory over gloo (workbench.runtime.staging): until a GPU
+# machine's bench/bench_gpu.py figure is put in a cluster file, the gloo loopback link measured on the CPU
+# project machine, the copies between the GPU and host memory not counted.
+HOST_STAGED_LINK = LinkSpec("host-staged", 70.0, 4.4)
 
 
 _LOCAL = ("local-cpu", "local")
@@ -109,6 +117,32 @@ def get_cluster(name: str) -> ClusterSpec:
                        overlap_slowdown=LOCAL_OVERLAP_SLOWDOWN if local else DATASHEET_OVERLAP_SLOWDOWN,
                        shared_compute=local,
                        collective_call_ms=LOCAL_COLLECTIVE_CALL_MS if local else 0.0)
+
+
+def share_gpus(cluster: ClusterSpec, ranks_per_gpu: int, link: LinkSpec = HOST_STAGED_LINK) -> ClusterSpec:
+    """``cluster`` with ``ranks_per_gpu`` ranks on each GPU, as the runtime runs more ranks than GPUs.
+
+    Each rank is a device of the result: ``ranks_per_gpu`` times as many per
+    node, each with that fraction of the GPU's memory (the runtime caps each
+    rank's allocator at the same fraction) and of its throughput (the ranks
+    time-share its SMs: the planner charges every rank as if all computed at
+    once, which a pipeline's idle ranks do not), talking over ``link``
+    (host-staged gloo) inside a node. 1 returns ``cluster`` itself.
+    """
+    if isinstance(ranks_per_gpu, bool) or not isinstance(ranks_per_gpu, int) or ranks_per_gpu < 1:
+        raise ValueError(f"ranks_per_gpu must be an int >= 1, got {ranks_per_gpu!r}")
+    if ranks_per_gpu == 1:
+        return cluster
+    if cluster.shared_compute:
+        raise ValueError(f"cluster {cluster.name!r} is CPU processes sharing cores; ranks_per_gpu applies to GPUs")
+    k = ranks_per_gpu
+    device = cluster.device
+    share = DeviceSpec(f"{device.name}/{k}", {dtype: peak / k for dtype, peak in device.peak_tflops.items()},
+                       device.memory_bytes // k, device.memory_bandwidth_gbs / k, efficiency=device.efficiency,
+                       winograd=dict(device.winograd))
+    return ClusterSpec(f"{cluster.name}-shared{k}", cluster.num_nodes, cluster.devices_per_node * k, share, link,
+                       cluster.inter_node, overlap_slowdown=cluster.overlap_slowdown,
+                       collective_call_ms=cluster.collective_call_ms)
 
 
 def collective_link(name: str) -> LinkSpec | None:
