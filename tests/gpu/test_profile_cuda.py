@@ -8,7 +8,8 @@ import torch
 from workbench.models import build_model, sample_batch
 from workbench.profiling import measure_step_ms, profile
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = [pytest.mark.gpu, pytest.mark.cuda_only,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
 def test_zoo_model_profile_on_cuda_uses_events_and_the_allocator(tmp_path):
