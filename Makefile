@@ -1,4 +1,5 @@
-# The workbench's two commands: `make lab` and `make test` (plus `make bench`, and `make test-gpu` on a GPU machine).
+# The workbench's two commands: `make lab` and `make test` (plus `make bench`, and `make test-gpu` or
+# `make gpu-check` on a GPU machine).
 # Both create or reuse .venv and install the project into it; installing again
 # is a no-op unless pyproject.toml changed (the stamp carries its hash).
 
@@ -9,13 +10,17 @@ BIN := $(VENV)/bin
 HASH := $(shell sha1sum pyproject.toml | cut -c1-12)
 STAMP := $(VENV)/.installed-$(HASH)
 PYTEST_ARGS ?=
+OUT ?= bench/gpu/latest
 
-.PHONY: install lab test test-gpu bench clean help
+.PHONY: install lab test test-gpu gpu-check gpu-wheels bench clean help
 
 help:
 	@echo "make lab    - set up .venv and start JupyterLab on 127.0.0.1 with the tour notebook"
 	@echo "make test   - set up .venv and run the whole test suite"
 	@echo "make test-gpu - set up .venv and run the tests marked gpu (needs CUDA; fails without it)"
+	@echo "make gpu-check [OUT=dir] - the gpu tier and bench/bench_gpu.py on this GPU, summary in OUT"
+	@echo "               (default bench/gpu/latest; uses the first Python whose torch sees CUDA, never reinstalls torch)"
+	@echo "make gpu-wheels - download into .whl/ the wheels the lent GPU image lacks (for an offline gpu-check)"
 	@echo "make bench  - set up .venv and run the benchmarks in bench/"
 
 $(STAMP): pyproject.toml
@@ -40,6 +45,14 @@ test-gpu: install
 		'make test-gpu needs CUDA, but torch.cuda.is_available() is False here (torch ' + torch.__version__ + \
 		'); run it on a machine with an NVIDIA GPU, or use make test for the CPU tiers')"
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m gpu $(PYTEST_ARGS) tests
+
+# The GPU tier and the GPU benchmark in one command, on the lent GPU machines too: the script picks a Python
+# whose torch sees CUDA (.venv or python3) and installs only what that Python lacks, so no install step here.
+gpu-check:
+	bash scripts/gpu_check.sh $(OUT)
+
+gpu-wheels: install
+	bash scripts/gpu_wheels.sh
 
 bench: install
 	OMP_NUM_THREADS=1 $(BIN)/python bench/run_all.py
