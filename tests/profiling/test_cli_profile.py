@@ -26,6 +26,31 @@ def test_profile_json_projected(capsys):
     assert main(["profile", "vgg-tiny", "--batch", "2", "--repeats", "1", "--project", "H100", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["device"] == "H100" and data["meta"]["projection"]["dtype"] == "float32"
+    assert all(layer["input_grad_ms"] >= 0 and layer["weight_grad_ms"] > 0 for layer in data["layers"])  # kept
+
+
+def test_profile_prints_and_writes_the_split_backward(tmp_path, capsys):
+    out = tmp_path / "costs.json"
+    assert main(["profile", "mlp", "--batch", "4", "--repeats", "1", "--out", str(out)]) == 0
+    costs = ModelCosts.load(out)
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("layer"))
+    assert header.split()[:9] == ["layer", "fwd", "ms", "bwd", "ms", "I", "ms", "W", "ms"]
+    rows = {line.split()[0]: line.split() for line in lines if line.split() and line.split()[0] in costs.names + ["total"]}
+    for layer in costs.layers:
+        assert rows[layer.name][1:5] == [f"{layer.forward_ms:.2f}", f"{layer.backward_ms:.2f}",
+                                         f"{layer.input_grad_ms:.2f}", f"{layer.weight_grad_ms:.2f}"]
+    assert rows["total"][3:5] == [f"{costs.total('input_grad_ms'):.2f}", f"{costs.total('weight_grad_ms'):.2f}"]
+    assert main(["profile", "mlp", "--batch", "4", "--repeats", "1", "--json"]) == 0  # the cached profile
+    layers = json.loads(capsys.readouterr().out)["layers"]
+    assert [(l["input_grad_ms"], l["weight_grad_ms"]) for l in layers] == [l.split_backward_ms for l in costs.layers]
+
+
+def test_costs_table_marks_layers_without_a_measured_split():
+    from workbench.cli.profile_commands import _costs_table
+
+    table = _costs_table(ModelCosts.uniform(2, param_bytes=8)).splitlines()
+    assert table[2].split()[3:5] == ["-", "-"] and table[-1].split()[3:5] == ["-", "-"]
 
 
 def test_unknown_model_exits_2_listing_models(capsys):

@@ -1,8 +1,11 @@
 """Roofline projection of profiles onto devices we do not have, and the device/link presets."""
 
+from dataclasses import replace
+
 import pytest
 
 from workbench.core.costs import DeviceSpec, LayerCost, ModelCosts
+from workbench.core.devices import DATASHEET_DEVICES
 from workbench.profiling import profile
 from workbench.profiling.devices import DEVICES, LINKS, get_link, measure_local_cpu
 from workbench.profiling.projection import fit_efficiency, project
@@ -30,6 +33,27 @@ def test_roofline_terms_exact():
     assert projected.meta["projected_from"] == "cpu"
 
 
+def test_projection_scales_the_split_backward_with_the_backward(tmp_path):
+    hand = hand_costs()
+    split = ModelCosts("hand", 8, "cpu", (replace(hand[0], input_grad_ms=0.75, weight_grad_ms=1.5,
+                                                  input_grad_ms_spread=0.1, weight_grad_ms_spread=0.2),
+                                          hand[1]), input_bytes=1000, meta=hand.meta)
+    conv, fc = project(split, TOY_DEVICE, overhead_us=0.0).layers
+    # I and W keep their measured ratios to the backward: I + W = 1.125 x backward, I : W = 1 : 2
+    assert conv.input_grad_ms == pytest.approx(conv.backward_ms * 0.75 / 2.0)
+    assert conv.weight_grad_ms == pytest.approx(conv.backward_ms * 1.5 / 2.0)
+    assert conv.input_grad_ms_spread == conv.weight_grad_ms_spread == 0.0
+    assert fc.input_grad_ms is None and fc.split_backward_ms == (fc.backward_ms / 2, fc.backward_ms / 2)  # fallback
+    assert ModelCosts.from_json(project(split, TOY_DEVICE).to_json()).layers[0].has_split_backward
+
+    measured = profile("mlp", 4, repeats=1, progress=False, cache_dir=tmp_path)
+    for before, after in zip(measured.layers, project(measured, "A100").layers):
+        assert after.has_split_backward and after.backward_ms != before.backward_ms
+        assert (after.input_grad_ms + after.weight_grad_ms) / after.backward_ms == pytest.approx(
+            (before.input_grad_ms + before.weight_grad_ms) / before.backward_ms)
+    assert project(measured, "A100").layers[0].input_grad_ms == 0  # the first layer's input gradient stays none
+
+
 def test_lower_precision_halves_bytes_and_uses_its_peak():
     projected = project(hand_costs(), TOY_DEVICE, dtype="bfloat16", efficiency=1.0, overhead_us=0.0)
     conv, fc = projected.layers
@@ -48,7 +72,8 @@ def test_newer_gpus_are_faster_and_batch_small_fc_is_memory_bound(tmp_path):
 def test_local_cpu_is_measured_and_fits_its_own_profile(tmp_path):
     spec = DEVICES["local-cpu"]
     assert spec is measure_local_cpu() and spec.tflops("float32") > 0 and spec.memory_bandwidth_gbs > 0
-    assert set(DEVICES) == {"V100", "V100-PCIe", "A100", "H100", "local-cpu"}
+    assert set(DEVICES) == set(DATASHEET_DEVICES) | {"local-cpu"}  # the datasheet presets of core, and this CPU
+    assert {"V100", "V100-PCIe", "A100", "H100", "H200"} <= set(DEVICES)
     costs = profile("vgg-tiny", 16, repeats=2, progress=False, cache_dir=tmp_path)
     efficiency = fit_efficiency(costs, spec)
     projected = project(costs, spec, efficiency=efficiency)
@@ -56,7 +81,8 @@ def test_local_cpu_is_measured_and_fits_its_own_profile(tmp_path):
 
 
 def test_bad_projection_inputs():
-    with pytest.raises(ValueError, match="unknown device 'B200'; known devices: V100, V100-PCIe, A100, H100, local-cpu"):
+    with pytest.raises(ValueError, match=r"unknown device 'B200'; known devices: V100, V100-PCIe, A100, H100, H200, "
+                                         r"local-cpu \(or pass a DeviceSpec\)"):
         project(hand_costs(), "B200")
     with pytest.raises(ValueError, match="device V100 has no peak for dtype 'bfloat16'"):
         project(hand_costs(), "V100", dtype="bfloat16")

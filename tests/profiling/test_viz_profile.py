@@ -24,6 +24,25 @@ def test_time_bars_stack_forward_and_backward_with_spread():
     assert list(forward.error_y.array) == [0.1, 0.0]
 
 
+def test_time_bars_and_table_show_a_measured_split_backward():
+    from dataclasses import replace
+
+    from workbench.viz.style import op_color
+
+    plain = costs()
+    split = replace(plain, layers=(replace(plain[0], input_grad_ms=0.75, weight_grad_ms=1.5, weight_grad_ms_spread=0.2),
+                                   plain[1]))
+    bars = {bar.name: bar for bar in layer_cost_bars(split, "time").data}
+    assert list(bars) == ["forward", "backward", "input grad (I)", "weight grad (W)"]
+    assert list(bars["input grad (I)"].y) == [0.75, None] and list(bars["weight grad (W)"].y) == [1.5, None]
+    assert list(bars["weight grad (W)"].error_y.array) == [0.2, 0.0]
+    assert bars["input grad (I)"].marker.color == op_color("I") and bars["weight grad (W)"].marker.color == op_color("W")
+    table = layer_cost_table(split).data[0]
+    assert list(table.header.values)[:5] == ["layer", "fwd ms", "bwd ms", "I ms", "W ms"]
+    assert list(table.cells.values[3]) == ["0.750", "-"] and list(table.cells.values[4]) == ["1.500", "-"]
+    assert len(layer_cost_bars(plain, "time").data) == 2  # a profile without the split draws as before
+
+
 def test_flops_and_memory_bars():
     flops = layer_cost_bars(costs(), "flops")
     assert [list(bar.y) for bar in flops.data] == [[4.0, 1.0], [8.0, 2.0]]

@@ -1,6 +1,7 @@
 """Commands over models and measurements: ``models``, ``profile`` and ``commbench``.
 
-``profile`` measures a zoo model layer by layer (optionally projecting the
+``profile`` measures a zoo model layer by layer (forward, backward and the
+backward's input- and weight-gradient parts; optionally projecting the
 result to another device) and writes the ``ModelCosts`` JSON; ``commbench``
 launches the link benchmark under torchrun in a subprocess and prints the
 fitted links. torch is imported inside the handlers so ``workbench --help``
@@ -31,14 +32,26 @@ def _models(args: argparse.Namespace) -> Result:
     return Result("\n".join(lines), {"models": rows})
 
 
+def _split_cells(values: list[float | None]) -> str:
+    """The I and W columns: measured times, '-' where the layer has no measured split."""
+    return "".join(f"{v:>10.2f}" if v is not None else f"{'-':>10}" for v in values)
+
+
 def _costs_table(costs) -> str:
+    """Per-layer table: forward, fused backward and its input-gradient (I) and weight-gradient (W) parts."""
     lines = [f"{costs.model} batch {costs.batch_size} on {costs.device} ({costs.dtype})",
-             f"{'layer':<14}{'fwd ms':>10}{'bwd ms':>10}{'GFLOP':>10}{'params MB':>11}{'act MB':>9}{'saved MB':>10}"]
+             f"{'layer':<14}{'fwd ms':>10}{'bwd ms':>10}{'I ms':>10}{'W ms':>10}{'GFLOP':>10}{'params MB':>11}"
+             f"{'act MB':>9}{'saved MB':>10}"]
     for layer in costs.layers:
-        lines.append(f"{layer.name:<14}{layer.forward_ms:>10.2f}{layer.backward_ms:>10.2f}{layer.flops / 1e9:>10.3f}"
+        lines.append(f"{layer.name:<14}{layer.forward_ms:>10.2f}{layer.backward_ms:>10.2f}"
+                     f"{_split_cells([layer.input_grad_ms, layer.weight_grad_ms])}{layer.flops / 1e9:>10.3f}"
                      f"{layer.param_bytes / MB:>11.2f}{layer.activation_bytes / MB:>9.2f}{layer.saved_bytes / MB:>10.2f}")
+    measured = [l for l in costs.layers if l.has_split_backward]
+    split_totals = [sum(l.split_backward_ms[part] for l in measured) if measured else None for part in (0, 1)]
     lines.append(f"{'total':<14}{costs.total('forward_ms'):>10.2f}{costs.total('backward_ms'):>10.2f}"
-                 f"{costs.total('flops') / 1e9:>10.3f}{costs.total('param_bytes') / MB:>11.2f}")
+                 f"{_split_cells(split_totals)}{costs.total('flops') / 1e9:>10.3f}{costs.total('param_bytes') / MB:>11.2f}")
+    if measured and len(measured) < len(costs.layers):
+        lines.append(f"(I and W totals over the {len(measured)} of {len(costs.layers)} layers with a measured split)")
     return "\n".join(lines)
 
 

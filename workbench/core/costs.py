@@ -9,15 +9,25 @@ Units, everywhere: milliseconds for time, bytes for sizes, FLOPs as integer
 counts, link bandwidth in GB/s (1e9 bytes per second) and latency in
 microseconds (the alpha-beta model: ``t = latency + bytes / bandwidth``).
 
-``ModelCosts`` JSON (version 1)::
+``ModelCosts`` JSON (version 2)::
 
-    {"version": 1, "model": "resnet18", "batch_size": 32, "device": "cpu",
+    {"version": 2, "model": "resnet18", "batch_size": 32, "device": "cpu",
      "layers": [{"name": "stem", "forward_ms": 3.1, "backward_ms": 6.0,
+                 "input_grad_ms": 2.9, "weight_grad_ms": 3.4,
                  "flops": 118013952, "param_bytes": 37888,
                  "activation_bytes": 6422528, "saved_bytes": 12845056}, ...]}
 
 Required per layer: ``name``, ``forward_ms``, ``backward_ms``. Everything
 else defaults sensibly (0 bytes, gradient bytes = parameter bytes).
+
+Version 2 adds the split backward of zero-bubble pipeline schedules:
+``backward_ms`` stays the fused backward as measured; the optional
+``input_grad_ms`` (I: the input gradient the previous stage waits for) and
+``weight_grad_ms`` (W: the parameter gradients only the optimizer step needs)
+are the two timed apart, both or neither. They need not add up to
+``backward_ms`` (each walks the part of the graph it needs, the fused pass
+walks it once). :attr:`LayerCost.split_backward_ms` reads them, or falls back.
+Version 1 files (no split fields) still load; files are written as version 2.
 """
 
 from __future__ import annotations
@@ -28,9 +38,12 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LayerCost", "ModelCosts", "DeviceSpec", "LinkSpec", "ClusterSpec", "COSTS_VERSION"]
+__all__ = ["LayerCost", "ModelCosts", "DeviceSpec", "LinkSpec", "ClusterSpec", "COSTS_VERSION",
+           "READABLE_VERSIONS"]
 
-COSTS_VERSION = 1
+COSTS_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1: no split backward (input_grad_ms, weight_grad_ms)
+_SPLIT_FIELDS = ("input_grad_ms", "weight_grad_ms", "input_grad_ms_spread", "weight_grad_ms_spread")
 
 
 def _check_number(owner: str, name: str, value: Any, *, integer: bool = False, positive: bool = False) -> None:
@@ -58,6 +71,10 @@ class LayerCost:
     stage boundary after this layer sends), ``saved_bytes`` what autograd keeps
     for the backward pass, ``optimizer_bytes`` the optimizer state (None: let
     the consumer derive it from its optimizer choice).
+
+    ``backward_ms`` is the fused backward; ``input_grad_ms`` (I) and
+    ``weight_grad_ms`` (W) its two parts timed apart, together or not at all
+    (None: not measured). Read them through :attr:`split_backward_ms`.
     """
 
     name: str
@@ -73,13 +90,19 @@ class LayerCost:
     backward_ms_spread: float = 0.0
     peak_bytes: int = 0
     num_params: int = 0
+    input_grad_ms: float | None = None
+    weight_grad_ms: float | None = None
+    input_grad_ms_spread: float = 0.0
+    weight_grad_ms_spread: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"LayerCost.name must be a non-empty str, got {self.name!r}")
         owner = f"LayerCost[{self.name}]"
-        for name in ("forward_ms", "backward_ms", "forward_ms_spread", "backward_ms_spread"):
+        for name in ("forward_ms", "backward_ms", "forward_ms_spread", "backward_ms_spread",
+                     "input_grad_ms_spread", "weight_grad_ms_spread"):
             _check_number(owner, name, getattr(self, name))
+        self._check_split(owner)
         for name in ("flops", "param_bytes", "activation_bytes", "saved_bytes", "peak_bytes", "num_params"):
             _check_number(owner, name, getattr(self, name), integer=True)
         for name in ("grad_bytes", "optimizer_bytes"):
@@ -88,22 +111,63 @@ class LayerCost:
         if self.grad_bytes is None:
             object.__setattr__(self, "grad_bytes", self.param_bytes)
 
+    def _check_split(self, owner: str) -> None:
+        pair = ("input_grad_ms", "weight_grad_ms")
+        for name, other in (pair, pair[::-1]):
+            if getattr(self, name) is not None:
+                _check_number(owner, name, getattr(self, name))
+            elif getattr(self, other) is not None:
+                raise ValueError(f"{owner}.{name} is missing: input_grad_ms and weight_grad_ms are given "
+                                 f"together or not at all, got only {other}")
+            elif getattr(self, f"{name}_spread") != 0:
+                raise ValueError(f"{owner}.{name}_spread is {getattr(self, f'{name}_spread')!r} but {name} was "
+                                 "not measured")
+
     @property
     def compute_ms(self) -> float:
         """Forward plus backward time."""
         return self.forward_ms + self.backward_ms
 
+    @property
+    def has_split_backward(self) -> bool:
+        """Whether I and W were measured (rather than derived by :attr:`split_backward_ms`)."""
+        return self.input_grad_ms is not None
+
+    @property
+    def split_backward_ms(self) -> tuple[float, float]:
+        """``(I, W)``: the measured input- and weight-gradient times, else a fallback from ``backward_ms``.
+
+        Fallback: a layer without trainable parameters (``grad_bytes`` 0, as
+        is a hand-written layer that gives no ``param_bytes``) is all I,
+        ``(backward_ms, 0)``; one with them splits ``backward_ms`` in half,
+        because a linear layer's backward is two matrix products of the same
+        size (output gradient times weight for I, times input for W), the best
+        guess without a measurement. A measured pair need not sum to
+        ``backward_ms``; the fallback does.
+        """
+        if self.input_grad_ms is not None and self.weight_grad_ms is not None:
+            return float(self.input_grad_ms), float(self.weight_grad_ms)
+        if not self.grad_bytes:
+            return float(self.backward_ms), 0.0
+        return self.backward_ms / 2, self.backward_ms / 2
+
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        drop = set(_SPLIT_FIELDS) if self.input_grad_ms is None else set()  # unmeasured: no split fields at all
+        return {k: v for k, v in asdict(self).items() if v is not None and k not in drop}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "LayerCost":
+    def from_dict(cls, data: dict[str, Any], version: int = COSTS_VERSION) -> "LayerCost":
+        """A layer from its JSON object in file format ``version`` (version 1 has no split fields)."""
         if not isinstance(data, dict):
             raise ValueError(f"a layer must be a JSON object, got {type(data).__name__}")
         missing = [k for k in ("name", "forward_ms", "backward_ms") if k not in data]
         if missing:
             raise ValueError(f"layer {data.get('name', '?')!r} is missing required fields {missing}")
         _reject_unknown("layer", data, cls)
+        split = sorted(set(data) & set(_SPLIT_FIELDS))
+        if version == 1 and split:
+            raise ValueError(f"layer {data.get('name', '?')!r} of a version 1 file has the version 2 fields {split}; "
+                             f"write it as version {COSTS_VERSION}")
         return cls(**data)
 
 
@@ -121,7 +185,7 @@ class ModelCosts:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.version != COSTS_VERSION:
+        if self.version != COSTS_VERSION:  # older files are upgraded by from_dict
             raise ValueError(f"ModelCosts.version must be {COSTS_VERSION}, got {self.version!r}")
         if not isinstance(self.model, str) or not self.model:
             raise ValueError(f"ModelCosts.model must be a non-empty str, got {self.model!r}")
@@ -174,15 +238,18 @@ class ModelCosts:
     def from_dict(cls, data: dict[str, Any]) -> "ModelCosts":
         if not isinstance(data, dict):
             raise ValueError(f"ModelCosts JSON must be an object, got {type(data).__name__}")
-        if data.get("version") != COSTS_VERSION:
-            raise ValueError(f"ModelCosts 'version' must be {COSTS_VERSION}, got {data.get('version')!r}")
+        version = data.get("version")
+        if isinstance(version, bool) or version not in READABLE_VERSIONS:
+            raise ValueError(f"ModelCosts 'version' must be {' or '.join(map(str, READABLE_VERSIONS))}, got {version!r}")
         missing = [k for k in ("model", "batch_size", "device", "layers") if k not in data]
         if missing:
             raise ValueError(f"ModelCosts JSON is missing required fields {missing}")
         _reject_unknown("ModelCosts", data, cls)
         if not isinstance(data["layers"], list):
             raise ValueError("ModelCosts 'layers' must be a list of layer objects")
-        return cls(**{**data, "layers": tuple(LayerCost.from_dict(l) for l in data["layers"]), "meta": dict(data.get("meta") or {})})
+        layers = tuple(LayerCost.from_dict(l, version) for l in data["layers"])
+        # an older file is upgraded in memory (its layers have no measured split) and saved as the current version
+        return cls(**{**data, "version": COSTS_VERSION, "layers": layers, "meta": dict(data.get("meta") or {})})
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), **kwargs)
@@ -214,12 +281,19 @@ class ModelCosts:
     @classmethod
     def uniform(cls, num_layers: int, *, forward_ms: float = 1.0, backward_ms: float = 2.0,
                 param_bytes: int = 0, activation_bytes: int = 0, batch_size: int = 1,
-                model: str = "uniform") -> "ModelCosts":
-        """Identical layers: the textbook case where bubble formulas are exact."""
+                model: str = "uniform", input_grad_ms: float | None = None,
+                weight_grad_ms: float | None = None) -> "ModelCosts":
+        """Identical layers: the textbook case where bubble formulas are exact.
+
+        ``input_grad_ms`` with ``weight_grad_ms`` give every layer a split
+        backward (``forward_ms=1, backward_ms=2, input_grad_ms=1,
+        weight_grad_ms=1``: the F = I = W case of zero-bubble schedules).
+        """
         if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
             raise ValueError(f"num_layers must be an int >= 1, got {num_layers!r}")
         layer = dict(forward_ms=forward_ms, backward_ms=backward_ms, param_bytes=param_bytes,
-                     activation_bytes=activation_bytes, saved_bytes=activation_bytes)
+                     activation_bytes=activation_bytes, saved_bytes=activation_bytes,
+                     input_grad_ms=input_grad_ms, weight_grad_ms=weight_grad_ms)
         return cls(model=model, batch_size=batch_size, device="synthetic",
                    layers=tuple(LayerCost(name=f"layer{i}", **layer) for i in range(num_layers)))
 

@@ -12,6 +12,12 @@ events recorded on the stream before the forward, between forward and
 backward and after the backward (``meta["timer"]``: ``perf-counter`` or
 ``cuda-events``); the median and the spread (max - min) over ``repeats``
 after ``warmup`` runs are kept, and every sample in ``meta["samples_ms"]``.
+Each run is followed by one of the backward split in two, as zero-bubble
+schedules run it: the input gradient (I) and the weight gradient (W) timed
+apart on the same clock, from one forward
+(:mod:`workbench.profiling.split_backward`), kept as
+``input_grad_ms``/``weight_grad_ms`` beside the fused ``backward_ms``.
+Interleaving the two kinds of run lets drift hit both alike.
 
 One extra, untimed pass per layer counts FLOPs (torch's FlopCounterMode, 2
 FLOPs per multiply-add, forward and backward separately) and the bytes
@@ -26,7 +32,8 @@ statistic, it is the sum of what is live at the end of forward (inputs,
 saved tensors, output, parameters, gradients), stated in ``meta``.
 
 With ``microbatch_passes=True`` the profile also measures what splitting the
-batch costs (``meta["microbatch_factors"]``): for micro-batches of 1, 2,
+batch costs (``meta["microbatch_factors"]``,
+:mod:`workbench.profiling.microbatch`): for micro-batches of 1, 2,
 4, ... samples, the whole batch runs through the layers as a pipeline
 rank runs them (each layer a stage: the forward of every micro-batch, then
 their backwards), and the time is set against the per-layer profile's share
@@ -58,13 +65,14 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.func import functional_call
 
 from ..core.costs import LayerCost, ModelCosts
 from ..models import LayerSequence, build_model, sample_batch
 from ..models.boundary import stage_input
 from . import cache as profile_cache
 from .flops import flop_counter
+from .microbatch import microbatch_factors
+from .split_backward import SPLIT_FIELDS, time_split_run
 
 __all__ = ["profile", "count_flops", "resolve_device", "as_sequence", "measure_step_ms", "OPTIMIZER_STATES"]
 
@@ -180,16 +188,18 @@ class _LayerRunner:
             return self.seq.loss_fn(out, self.targets)
         return out
 
-    def backward(self, out: torch.Tensor) -> None:
-        if not out.requires_grad:
-            return
+    def output_grad(self, out: torch.Tensor) -> torch.Tensor | None:
+        """The incoming gradient of ``out``: None for the loss (a scalar), else a fixed random tensor."""
         if self.is_last:
-            out.backward()
-            return
+            return None
         if self.grad_out is None or self.grad_out.shape != out.shape:
             generator = torch.Generator().manual_seed(self.index)
             self.grad_out = torch.randn(out.shape, generator=generator, dtype=out.dtype).to(out.device)
-        out.backward(self.grad_out)
+        return self.grad_out
+
+    def backward(self, out: torch.Tensor) -> None:
+        if out.requires_grad:
+            out.backward(self.output_grad(out))
 
 
 def _timer_name(device: torch.device) -> str:
@@ -203,6 +213,9 @@ class _Clock:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.cuda = device.type == "cuda"
+
+    def sync(self) -> None:
+        _sync(self.device)
 
     def mark(self) -> Any:
         if self.cuda:
@@ -219,9 +232,10 @@ class _Clock:
         return (end - start) * 1e3
 
 
-def _time_layer(runner: _LayerRunner, device: torch.device, warmup: int, repeats: int) -> tuple[list[float], list[float]]:
+def _time_layer(runner: _LayerRunner, device: torch.device, warmup: int, repeats: int) -> dict[str, list[float]]:
+    """Samples (ms) of forward, fused backward, and the backward's input (I) and weight (W) parts, per run."""
     clock = _Clock(device)
-    forward_ms, backward_ms = [], []
+    times: dict[str, list[float]] = {name: [] for name in ("forward_ms", "backward_ms", *SPLIT_FIELDS)}
     for run in range(warmup + repeats):
         _zero_grads(runner.layer)
         runner.prepare()
@@ -232,10 +246,13 @@ def _time_layer(runner: _LayerRunner, device: torch.device, warmup: int, repeats
         runner.backward(out)
         end = clock.mark()
         del out
+        split = time_split_run(runner, clock)
         if run >= warmup:
-            forward_ms.append(clock.ms(start, middle))
-            backward_ms.append(clock.ms(middle, end))
-    return forward_ms, backward_ms
+            times["forward_ms"].append(clock.ms(start, middle))
+            times["backward_ms"].append(clock.ms(middle, end))
+            for name, value in zip(SPLIT_FIELDS, split):
+                times[name].append(value)
+    return times
 
 
 def _count_layer(runner: _LayerRunner, device: torch.device) -> dict[str, int]:
@@ -274,11 +291,20 @@ def _median_spread(values: list[float]) -> tuple[float, float]:
     return statistics.median(values), (max(values) - min(values)) if len(values) > 1 else 0.0
 
 
+def _time_fields(times: dict[str, list[float]]) -> dict[str, float]:
+    """``{name: median, name_spread: spread}`` for every timed quantity."""
+    fields: dict[str, float] = {}
+    for name, values in times.items():
+        fields[name], fields[f"{name}_spread"] = _median_spread(values)
+    return fields
+
+
 def _measure(seq: LayerSequence, inputs: torch.Tensor, targets: torch.Tensor, device: torch.device,
              warmup: int, repeats: int, optimizer: str, progress: bool) -> tuple[list[LayerCost], dict[str, list]]:
     from tqdm.auto import tqdm
 
-    layers, backward_flops, winograd_flops, samples = [], [], [], {"forward_ms": [], "backward_ms": []}
+    layers, backward_flops, winograd_flops = [], [], []
+    samples: dict[str, list[list[float]]] = {name: [] for name in ("forward_ms", "backward_ms", *SPLIT_FIELDS)}
     x = inputs
     states = OPTIMIZER_STATES[optimizer]
     bar = tqdm(total=len(seq), desc=f"profile {seq.model_name}", disable=not progress, leave=False)
@@ -286,7 +312,7 @@ def _measure(seq: LayerSequence, inputs: torch.Tensor, targets: torch.Tensor, de
         for index, name in enumerate(seq.layer_names):
             bar.set_postfix_str(name)
             runner = _LayerRunner(seq, index, x, targets)
-            forward_ms, backward_ms = _time_layer(runner, device, warmup, repeats)
+            times = _time_layer(runner, device, warmup, repeats)
             counts = _count_layer(runner, device)
             params = [p for p in runner.layer.parameters() if p.requires_grad]
             param_bytes = sum(_nbytes(p) for p in runner.layer.parameters())
@@ -295,112 +321,21 @@ def _measure(seq: LayerSequence, inputs: torch.Tensor, targets: torch.Tensor, de
             activation_bytes = _nbytes(next_x)
             live_after_forward = (param_bytes + grad_bytes + _nbytes(x) + counts["saved_bytes"] + activation_bytes)
             peak = counts.get("transient_peak", 0) + param_bytes + _nbytes(x) if device.type == "cuda" else live_after_forward
-            f_med, f_spread = _median_spread(forward_ms)
-            b_med, b_spread = _median_spread(backward_ms)
             layers.append(LayerCost(
-                name=name, forward_ms=f_med, backward_ms=b_med, flops=int(counts["forward_flops"]),
+                name=name, **_time_fields(times), flops=int(counts["forward_flops"]),
                 param_bytes=param_bytes, activation_bytes=activation_bytes, saved_bytes=counts["saved_bytes"],
-                grad_bytes=grad_bytes, optimizer_bytes=states * grad_bytes, forward_ms_spread=f_spread,
-                backward_ms_spread=b_spread, peak_bytes=int(peak), num_params=sum(p.numel() for p in runner.layer.parameters())))
+                grad_bytes=grad_bytes, optimizer_bytes=states * grad_bytes, peak_bytes=int(peak),
+                num_params=sum(p.numel() for p in runner.layer.parameters())))
             backward_flops.append(int(counts["backward_flops"]))
             winograd_flops.append([int(f) for f in counts["winograd_flops"]])
-            samples["forward_ms"].append([round(t, 4) for t in forward_ms])
-            samples["backward_ms"].append([round(t, 4) for t in backward_ms])
+            for kind, values in times.items():
+                samples[kind].append([round(t, 4) for t in values])
             x = next_x
             bar.update(1)
     finally:
         bar.close()
     _zero_grads(seq)
     return layers, {"backward_flops": backward_flops, "winograd_flops": winograd_flops, "samples_ms": samples}
-
-
-def _cache_bytes() -> int:
-    """The last-level cache of CPU 0 (sysfs), 32 MiB where it cannot be read."""
-    from pathlib import Path
-
-    best = 0
-    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
-        try:
-            text = (index / "size").read_text().strip().upper()
-            best = max(best, int(text[:-1]) * {"K": 1 << 10, "M": 1 << 20}[text[-1]] if text[-1] in "KM" else int(text))
-        except (OSError, ValueError, KeyError):
-            continue
-    return best or 32 << 20
-
-
-def _microbatch_passes(seq: LayerSequence, inputs: torch.Tensor, targets: torch.Tensor, size: int,
-                       flush: torch.Tensor | None, bound: bool = False) -> float:
-    """Seconds of forward and backward for the batch in micro-batches of ``size``, every layer a stage
-    (its input a fresh, detached buffer); ``flush``: a buffer written before each timed pass (the cache left
-    cold); ``bound``: every forward runs on detached copies of the layer's weights bound by
-    ``torch.func.functional_call``, whose gradients land in the parameters' own buffers, as an
-    asynchronous pipeline binds a stashed weight version to each micro-batch."""
-    total = 0.0
-    graphs = []
-    for x, y in zip(inputs.split(size), targets.split(size)):
-        h, saved = x, []
-        for i in range(len(seq)):
-            # a fresh buffer, as a received activation is (a first in-place op must not touch the saved output)
-            inp, box = stage_input(h.detach().clone()) if i > 0 and h.is_floating_point() else (h, None)
-            if flush is not None:
-                flush.add_(1.0)
-            start = time.perf_counter()
-            leaves = None
-            if bound:
-                named = [(n, p) for n, p in seq[i].named_parameters() if p.requires_grad]
-                leaves = [(p.detach().requires_grad_(True), p) for _, p in named]
-                out = functional_call(seq[i], {n: leaf for (n, _), (leaf, _) in zip(named, leaves)}, (inp,))
-            else:
-                out = seq.call_layer(i, inp)
-            if i == len(seq) - 1:
-                out = seq.loss_fn(out, y)
-            total += time.perf_counter() - start
-            saved.append((box, out, leaves))
-            h = out
-        graphs.append(saved)
-    for saved in graphs:
-        grad = None
-        for box, out, leaves in reversed(saved):
-            if flush is not None:
-                flush.add_(1.0)
-            start = time.perf_counter()
-            for leaf, param in leaves or ():
-                if param.grad is None:
-                    param.grad = torch.zeros_like(param)
-                leaf.grad = param.grad  # autograd accumulates into the live gradient in place
-            if grad is None:
-                out.backward()
-            elif out.requires_grad:
-                out.backward(grad)
-            total += time.perf_counter() - start
-            grad = box.grad if box is not None else None
-    return total
-
-
-_PASS_MODES = {"hot": (False, False), "cold": (True, False), "bound": (False, True)}
-
-
-def _microbatch_factors(seq: LayerSequence, inputs: torch.Tensor, targets: torch.Tensor, layers: list[LayerCost],
-                        repeats: int) -> dict[str, Any]:
-    """The batch split into micro-batches of 1, 2, 4, ... samples (those dividing it), run hot, with the
-    cache flushed and with bound weight copies, each against the per-layer profile's time for the same
-    samples (CPU only)."""
-    batch = int(inputs.shape[0])
-    profiled_s = sum(l.forward_ms + l.backward_ms for l in layers) / 1e3
-    sizes = sorted({b for b in (1, 2, 4, 8, 16, 32, batch) if b <= batch and batch % b == 0})
-    flush = torch.ones(int(_cache_bytes() * 1.5) // 4)
-    runs: dict[tuple[int, str], list[float]] = {(size, mode): [] for size in sizes for mode in _PASS_MODES}
-    for round_ in range(1 + max(3, repeats)):  # interleaved rounds (the first a warm-up), so drift hits all alike
-        for (size, mode), times in runs.items():
-            cold, bound = _PASS_MODES[mode]
-            _zero_grads(seq)
-            elapsed = _microbatch_passes(seq, inputs, targets, size, flush if cold else None, bound)
-            if round_:
-                times.append(elapsed)
-    factors = {mode: [round(statistics.median(runs[size, mode]) / profiled_s, 4) for size in sizes]
-               for mode in _PASS_MODES}
-    _zero_grads(seq)
-    return {"sizes": sizes, **factors, "flush_bytes": int(flush.numel() * 4)}
 
 
 def _check_settings(warmup: Any, repeats: Any, optimizer: Any) -> None:
@@ -450,7 +385,7 @@ def profile(model_or_sequence: LayerSequence | nn.Module | str, batch: Any = Non
     with torch.random.fork_rng(devices=[]):  # dropout in the measured passes leaves the caller's CPU RNG as it was
         layers, measured = _measure(seq, inputs, targets, target_device, warmup, repeats, optimizer, progress)
         if microbatch_passes and target_device.type == "cpu":
-            measured["microbatch_factors"] = _microbatch_factors(seq, inputs, targets, layers, repeats)
+            measured["microbatch_factors"] = microbatch_factors(seq, inputs, targets, layers, repeats)
     meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "warmup": warmup, "repeats": repeats,
             "optimizer": optimizer, **measured, "input_shape": list(inputs.shape),
             "input_dtype": str(inputs.dtype).replace("torch.", ""), "task": seq.task,

@@ -16,6 +16,10 @@ present, else 2x forward. The FLOPs of 3x3 stride-1 convolutions
 (``meta["winograd_flops"]``) count ``DeviceSpec.winograd_reduction(dtype)``
 times less on a device whose library runs them by Winograd (cuDNN in float32:
 2.25x); a profile without that record is projected at the direct count.
+A measured split backward (input gradient I, weight gradient W) is projected
+by ratio, as the roofline counts no FLOPs or bytes for I and W apart: each is
+the projected backward times its measured ratio to the measured backward, so
+I + W keeps its ratio to the backward and I : W stays as measured.
 When the target dtype differs from the profiled one, parameter, gradient and
 activation bytes scale with the element size (optimizer state stays as
 profiled: float32 master state).
@@ -29,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..core.costs import DeviceSpec, ModelCosts
+from ..core.costs import DeviceSpec, LayerCost, ModelCosts
 from .devices import get_device
 
 __all__ = ["project", "fit_efficiency", "DTYPE_BYTES"]
@@ -61,6 +65,28 @@ def _effective_flops(costs: ModelCosts, spec: DeviceSpec, dtype: str) -> tuple[l
             forward[i] -= w_forward * (1 - 1 / reduction)
             backward[i] -= w_backward * (1 - 1 / reduction)
     return forward, backward
+
+
+def _split_backward(layer: LayerCost, backward_ms: float) -> dict[str, float]:
+    """The measured I and W of ``layer`` projected with its backward (none when it has no measured split).
+
+    The roofline has no FLOP or byte count for I and W apart, so each keeps its measured ratio to the measured
+    fused backward: scaling both by the same factor as the backward keeps I + W in its measured ratio to the
+    backward (above 1 where W walks a block's graph again) and I : W as measured.
+    """
+    if layer.input_grad_ms is None or layer.weight_grad_ms is None:
+        return {}
+    measured_i, measured_w = layer.input_grad_ms, layer.weight_grad_ms
+    if layer.backward_ms > 0:
+        scale = backward_ms / layer.backward_ms
+        projected_i, projected_w = measured_i * scale, measured_w * scale
+    elif measured_i + measured_w > 0:  # a backward timed at 0 (below the clock's resolution): split by I : W
+        projected_i = backward_ms * measured_i / (measured_i + measured_w)
+        projected_w = backward_ms - projected_i
+    else:
+        projected_i = projected_w = 0.0
+    return {"input_grad_ms": projected_i, "weight_grad_ms": projected_w,
+            "input_grad_ms_spread": 0.0, "weight_grad_ms_spread": 0.0}
 
 
 def _pass_bytes(costs: ModelCosts) -> tuple[list[int], list[int]]:
@@ -102,6 +128,7 @@ def project(costs: ModelCosts, device: DeviceSpec | str, *, dtype: str = "float3
         bounds.append("compute" if flops_f / (peak * efficiency) >= bytes_f * scale / bandwidth else "memory")
         layers.append(replace(
             layer, forward_ms=times[0], backward_ms=times[1], forward_ms_spread=0.0, backward_ms_spread=0.0,
+            **_split_backward(layer, times[1]),
             param_bytes=int(layer.param_bytes * scale), grad_bytes=int((layer.grad_bytes or 0) * scale),
             activation_bytes=int(layer.activation_bytes * scale), saved_bytes=int(layer.saved_bytes * scale),
             peak_bytes=int(layer.peak_bytes * scale)))

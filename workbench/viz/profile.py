@@ -1,8 +1,11 @@
 """Figures of a per-layer profile: where the time, the FLOPs and the memory go.
 
 Partitioning is about per-layer imbalance, so each figure puts layers on the
-x axis in model order: time as stacked forward/backward bars (error bars are
-the spread over repeats), FLOPs per pass, memory stacked by kind (parameters,
+x axis in model order: time as grouped forward/backward bars (error bars are
+the spread over repeats), with the backward's input-gradient (I) and
+weight-gradient (W) parts beside them where the profile measured them (the
+split zero-bubble schedules run; timed apart they need not add up to the
+fused backward), FLOPs per pass, memory stacked by kind (parameters,
 gradients, optimizer state, saved activations, output). ``layer_cost_table``
 shows the same numbers as a table. Pure functions of ``ModelCosts``; plotly
 only.
@@ -13,7 +16,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from ..core.costs import ModelCosts
-from .style import CATEGORY_COLORS, apply_layout
+from .style import CATEGORY_COLORS, apply_layout, op_color
 
 __all__ = ["layer_cost_bars", "layer_cost_table", "METRICS"]
 
@@ -25,13 +28,24 @@ def _title(costs: ModelCosts, what: str) -> str:
     return f"{costs.model}: {what} per layer (batch {costs.batch_size}, {costs.device}, {costs.dtype})"
 
 
+def _has_split(costs: ModelCosts) -> bool:
+    return any(layer.has_split_backward for layer in costs.layers)
+
+
 def _time_bars(costs: ModelCosts) -> list[go.Bar]:
-    return [
+    bars = [
         go.Bar(name="forward", x=costs.names, y=costs.column("forward_ms"), marker_color=CATEGORY_COLORS["forward"],
                error_y={"type": "data", "array": costs.column("forward_ms_spread"), "visible": True}),
         go.Bar(name="backward", x=costs.names, y=costs.column("backward_ms"), marker_color=CATEGORY_COLORS["backward"],
                error_y={"type": "data", "array": costs.column("backward_ms_spread"), "visible": True}),
     ]
+    if _has_split(costs):  # I in the backward's colour, hatched apart from the fused bar; W in its own
+        for label, op, attr, pattern in (("input grad (I)", "I", "input_grad_ms", "/"),
+                                         ("weight grad (W)", "W", "weight_grad_ms", "")):
+            bars.append(go.Bar(name=label, x=costs.names, y=costs.column(attr), marker_color=op_color(op),
+                               marker_pattern_shape=pattern,
+                               error_y={"type": "data", "array": costs.column(f"{attr}_spread"), "visible": True}))
+    return bars
 
 
 def _flop_bars(costs: ModelCosts) -> list[go.Bar]:
@@ -72,6 +86,9 @@ def layer_cost_table(costs: ModelCosts) -> go.Figure:
         "layer": costs.names,
         "fwd ms": [f"{v:.3f}" for v in costs.column("forward_ms")],
         "bwd ms": [f"{v:.3f}" for v in costs.column("backward_ms")],
+        **({"I ms": [f"{v:.3f}" if v is not None else "-" for v in costs.column("input_grad_ms")],
+            "W ms": [f"{v:.3f}" if v is not None else "-" for v in costs.column("weight_grad_ms")]}
+           if _has_split(costs) else {}),
         "GFLOP": [f"{v / 1e9:.3f}" for v in costs.column("flops")],
         "params": [f"{v:,}" for v in costs.column("num_params")],
         "param MiB": [f"{v / MB:.2f}" for v in costs.column("param_bytes")],
