@@ -40,7 +40,7 @@ from workbench.core.timeline import Timeline
 from workbench.jobs import LaunchSpec, launch
 from workbench.planning.clusters import collective_link, core_sharing, get_cluster
 from workbench.runtime.events import read_events
-from workbench.scheduling import generators
+from workbench.scheduling import generators, schedule_for
 from workbench.scheduling.from_config import stage_costs_from_timeline
 from workbench.scheduling.memory import memory_breakdown
 from workbench.scheduling.simulate import simulate
@@ -65,7 +65,7 @@ def schedule_of(config: RunConfig):
     """The whole run's schedule: the async stream, or the flushed pipeline once per step (one group)."""
     plan = config.plan
     if isinstance(plan.pipeline, AsyncPipeline):
-        return plan.schedule(num_iterations=config.steps)
+        return schedule_for(plan, num_iterations=config.steps)
     return generators.gropipe(1, plan.pp, plan.microbatches, inner=plan.pipeline.kind, num_iterations=config.steps)
 
 

@@ -69,7 +69,7 @@ from workbench.jobs import LaunchSpec, launch
 from workbench.planning.ampa import ampa
 from workbench.planning.clusters import collective_link, core_sharing, get_cluster
 from workbench.runtime.events import load_measured_timeline, read_events
-from workbench.scheduling import generators
+from workbench.scheduling import generators, schedule_for
 from workbench.scheduling.simulate import simulate
 from workbench.scheduling.stagecosts import StageCosts
 
@@ -191,7 +191,7 @@ def predicted_step_ms(costs, partition: Partition, microbatches: int, kind: str)
     if kind == "async":
         from workbench.core.plan import ParallelPlan
 
-        schedule = ParallelPlan.parse(f"async-1x{STAGES}-m{microbatches}").schedule(num_iterations=STEPS)
+        schedule = schedule_for(ParallelPlan.parse(f"async-1x{STAGES}-m{microbatches}"), num_iterations=STEPS)
     else:
         schedule = generators.gropipe(1, STAGES, microbatches, inner="1f1b", num_iterations=STEPS)
     result = simulate(schedule, stage_costs, cluster, collective_link=collective_link("local-cpu"),

@@ -69,7 +69,7 @@ from workbench.core.plan import GroPipe
 from workbench.planning import get_cluster, partition
 from workbench.planning.clusters import collective_link
 from workbench.profiling import profile
-from workbench.scheduling import StageCosts, simulate
+from workbench.scheduling import StageCosts, schedule_for, simulate
 from workbench.viz.balance import balance_figure
 from workbench.viz.timeline import timeline_figure
 
@@ -150,8 +150,8 @@ stage_costs = StageCosts.from_model(costs, ampa.partition, microbatch_size)
 
 def simulate_gropipe(d: int, iterations: int):
     """``iterations`` GroPipe iterations of this plan with all-reduce delay ``d``, simulated on this machine."""
-    schedule = config.plan.replace(pipeline=GroPipe(inner="1f1b", delay=d)).schedule(
-        first_iteration=1, num_iterations=iterations)
+    schedule = schedule_for(config.plan.replace(pipeline=GroPipe(inner="1f1b", delay=d)),
+                            first_iteration=1, num_iterations=iterations)
     return simulate(schedule, stage_costs, cluster, collective_link=collective_link("local-cpu"))
 
 

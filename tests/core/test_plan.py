@@ -10,7 +10,8 @@ from workbench.core.plan import (AsyncPipeline, GPipe, GroPipe, Interleaved, Lay
                                  ParallelPlan, TorchPipelining)
 from workbench.core.topology import Topology
 from workbench.planning.space import enumerate_strategies
-from workbench.scheduling import generators
+from workbench.scheduling import generators, zero_bubble
+from workbench.scheduling.registry import schedule_for, stage_memory
 from workbench.scheduling.memory import in_flight_by_stage
 
 NAMES = ["dp8", "dp4-m2", "pp4-1f1b-m8", "pp4-gpipe-m8", "pp4-interleaved-v2-m8", "gropipe-2x4-1f1b-m8-d1",
@@ -79,33 +80,29 @@ def test_planner_plans_with_partitions_and_per_layer_recompute_round_trip():
 
 
 def test_schedule_is_the_generators_own_value():
-    assert ParallelPlan.parse("pp3-1f1b-m4").schedule() == generators.one_f_one_b(3, 4)
-    assert ParallelPlan.parse("pp3-gpipe-m4").schedule() == generators.gpipe(3, 4)
-    assert ParallelPlan.parse("pp2-interleaved-v2-m4").schedule() == generators.interleaved(2, 4, 2)
-    assert ParallelPlan.parse("gropipe-2x2-gpipe-m4-d1").schedule(first_iteration=2, num_iterations=2) == \
+    assert schedule_for(ParallelPlan.parse("pp3-1f1b-m4")) == generators.one_f_one_b(3, 4)
+    assert schedule_for(ParallelPlan.parse("pp3-gpipe-m4")) == generators.gpipe(3, 4)
+    assert schedule_for(ParallelPlan.parse("pp2-interleaved-v2-m4")) == generators.interleaved(2, 4, 2)
+    assert schedule_for(ParallelPlan.parse("gropipe-2x2-gpipe-m4-d1"), first_iteration=2, num_iterations=2) == \
         generators.gropipe(2, 2, 4, inner="gpipe", delay=1, first_iteration=2, num_iterations=2)
-    assert ParallelPlan.parse("async-2x3-m4-2bw").schedule(num_iterations=3) == \
+    assert schedule_for(ParallelPlan.parse("async-2x3-m4-2bw"), num_iterations=3) == \
         generators.async_1f1b(3, 4, 3, mode="2bw", num_groups=2)
-    assert ParallelPlan.parse("dp4").schedule(num_buckets=3) == generators.data_parallel(4, 3)
-    assert ParallelPlan.parse("tp2d-2x2-dp1").schedule(num_layers=2) == generators.tensor2d_step(2, 2)
+    assert schedule_for(ParallelPlan.parse("dp4"), num_buckets=3) == generators.data_parallel(4, 3)
+    assert schedule_for(ParallelPlan.parse("tp2d-2x2-dp1"), num_layers=2) == generators.tensor2d_step(2, 2)
+    assert schedule_for(ParallelPlan.parse("pp4-zbh1-m8")) == zero_bubble.zb_h1(4, 8)
+    assert schedule_for(ParallelPlan.parse("torchpp2-zbv-m4")) == zero_bubble.zb_v(2, 4)
 
 
-def test_in_flight_comes_from_the_schedule_walk():
-    for name in ("pp4-1f1b-m8", "pp4-gpipe-m8", "gropipe-2x3-1f1b-m6-d0"):
+def test_stage_memory_comes_from_the_schedule_walk():
+    for name in ("pp4-1f1b-m8", "pp4-gpipe-m8", "gropipe-2x3-1f1b-m6-d0", "pp3-zbh2-m6", "pp2-zbv-m4"):
         plan = ParallelPlan.parse(name)
-        walked = in_flight_by_stage(plan.schedule())
-        assert [plan.in_flight(s) for s in range(plan.pp)] == [walked[s] for s in range(plan.pp)]
-    assert [ParallelPlan.parse("pp4-1f1b-m8").in_flight(s) for s in range(4)] == [4, 3, 2, 1]
-    assert [ParallelPlan.parse("pp4-gpipe-m8").in_flight(s) for s in range(4)] == [8, 8, 8, 8]
-    with pytest.raises(ValueError, match="stage 4 out of range"):
-        ParallelPlan.parse("pp4-1f1b-m8").in_flight(4)
-
-
-def test_the_memory_schedule_follows_the_pipeline_kind():
-    kinds = {"pp2-gpipe-m4": "gpipe", "pp2-1f1b-m4": "1f1b", "gropipe-2x2-gpipe-m4-d0": "gpipe",
-             "gropipe-2x2-1f1b-m4-d0": "1f1b", "async-1x2-m4": "async", "pp2-interleaved-v2-m4": "1f1b",
-             "torchpp2-gpipe-m4": "gpipe"}
-    assert {n: ParallelPlan.parse(n).memory_schedule for n in kinds} == kinds
+        walked = in_flight_by_stage(schedule_for(plan))
+        assert stage_memory(plan).in_flight == tuple(walked[s] for s in range(plan.num_virtual_stages))
+    assert stage_memory(ParallelPlan.parse("pp4-1f1b-m8")).in_flight == (4, 3, 2, 1)
+    assert stage_memory(ParallelPlan.parse("pp4-gpipe-m8")).in_flight == (8, 8, 8, 8)
+    # GroPipe's groups keep what their inner schedule keeps; torch's schedules what the kind of that name keeps
+    assert stage_memory(ParallelPlan.parse("gropipe-2x3-zbh1-m6-d1")) == stage_memory(ParallelPlan.parse("pp3-zbh1-m6"))
+    assert stage_memory(ParallelPlan.parse("torchpp2-1f1b-m4")) == stage_memory(ParallelPlan.parse("pp2-1f1b-m4"))
 
 
 def test_the_pipeline_is_a_tagged_union_with_its_own_fields():
@@ -173,14 +170,15 @@ def test_the_runtime_refuses_what_it_cannot_run_before_launch():
 
 
 def test_strategy_names_live_only_in_the_plan_module():
-    """No module but ``core/plan.py`` spells a pipeline kind as a string constant: the rest ask the plan."""
+    """No module but the kind's spec (``core/pipelines.py``) and its registry line spells a pipeline kind as a
+    string constant: the rest ask the plan, its spec or its schedule."""
     import ast
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2] / "workbench"
     found = []
     for path in sorted(root.rglob("*.py")):
-        if path.relative_to(root).as_posix() == "core/plan.py":
+        if path.relative_to(root).as_posix() in ("core/plan.py", "core/pipelines.py", "scheduling/registry.py"):
             continue
         tree = ast.parse(path.read_text())
         exported = {id(e) for node in ast.walk(tree) if isinstance(node, ast.Assign)

@@ -9,7 +9,9 @@ from hypothesis import strategies as st
 
 from workbench.core.costs import LayerCost, ModelCosts
 from workbench.core.partition import Partition
-from workbench.planning.ampa import Projection, ampa, in_flight, search
+from workbench.planning.ampa import Projection, ampa, kind_memory, search
+from workbench.scheduling.registry import StageMemory
+from workbench.scheduling.zero_bubble import zb_h2
 from workbench.planning.clusters import collective_link, get_cluster
 from workbench.planning.partitioners import block_partition, manual, partition
 from workbench.scheduling import generators as g
@@ -84,13 +86,23 @@ def test_ampa_beats_uniform_on_a_skewed_model():
     assert best.bottleneck_ms == 18.0 < uniform.bottleneck_ms
 
 
-def test_in_flight_closed_forms_match_the_generators():
-    for S in (1, 2, 3, 5):
+def test_the_memory_ampa_counts_is_read_off_each_kind_s_schedule():
+    """The textbook counts: GPipe keeps m, 1F1B min(S - k, m), the asynchronous pipeline S - k micro-batches and
+    one older weight version on every stage but the last; ZB-H2 up to 2S - 1 (the generator walked directly)."""
+    for S in (2, 3, 5):
         for m in (1, 2, 4, 7):
-            assert in_flight_by_stage(g.gpipe(S, m)) == {k: in_flight("gpipe", S, k, m) for k in range(S)}
-            assert in_flight_by_stage(g.one_f_one_b(S, m)) == {k: in_flight("1f1b", S, k, m) for k in range(S)}
-            stream = in_flight_by_stage(g.async_1f1b(S, m, 4))
-            assert all(stream[k] == min(in_flight("async", S, k, m), 4 * m) for k in range(S))
+            assert kind_memory("gpipe", S, m).in_flight == (m,) * S
+            assert kind_memory("1f1b", S, m) == StageMemory(tuple(min(S - k, m) for k in range(S)), (0,) * S)
+            stream = kind_memory("async", S, m)
+            assert stream.in_flight == tuple(S - k for k in range(S))
+            if m >= S:  # one older version per stage but the last (fewer micro-batches: more iterations in flight)
+                assert stream.extra_versions == (1,) * (S - 1) + (0,)
+            assert stream.extra_versions[-1] == 0 and min(stream.extra_versions[:-1]) >= 1
+            walked = in_flight_by_stage(zb_h2(S, m))
+            assert kind_memory("zbh2", S, m).in_flight == tuple(walked[k] for k in range(S))
+            assert max(walked.values()) == min(2 * S - 1, m)
+    with pytest.raises(ValueError, match="schedule must be a pipeline kind"):
+        kind_memory("fifo", 2, 2)
 
 
 def test_block_partition_and_params_baselines():

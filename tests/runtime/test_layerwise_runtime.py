@@ -103,8 +103,9 @@ def test_dispatch_sends_per_layer_and_sharded_plans_to_the_layerwise_runtime(pla
     ({"plan": "tp2d-2x2-dp1-L[0=ddp.tp2d4;1-3=ddp]"}, ["'layers[1]'", "2D tensor-parallel mesh"]),
     ({"plan": "tp1d-4-dp1-L[0=ddp;1=ddp.tp1d4;2-3=ddp]", "model_overrides": {"n_head": 2}},
      ["'layers[1].tp_degree'", "option 'ddp.tp1d4'", "does not divide the 2 attention heads", "[2]"]),
-    ({"plan": "async-1x2-m4-L[0-1=ddp;2-3=fsdp]"}, ["'pipeline.kind'", "'async'", "1F1B"]),
-    ({"plan": "torchpp2-1f1b-m4-fsdp"}, ["'pipeline.kind'", "torch's pipelining"]),
+    ({"plan": "async-1x2-m4-L[0-1=ddp;2-3=fsdp]"}, ["'pipeline.kind'", "'async'", "1f1b"]),
+    ({"plan": "torchpp2-1f1b-m4-fsdp"}, ["'pipeline.kind'", "kind 'torch' runs one option for all layers"]),
+    ({"plan": "pp2-zbh1-m4-fsdp"}, ["'pipeline.kind'", "kind 'zbh1' runs one option for all layers"]),
 ])
 def test_what_the_layerwise_runtime_cannot_run_is_refused_before_launch(fields, words):
     with pytest.raises(ValueError) as info:

@@ -49,15 +49,15 @@ def test_partition_bad_input(capsys, costs_file, argv, message):
 
 
 def test_simulate_uniform_json_matches_formula(capsys):
-    data = run_json(capsys, "simulate", "--schedule", "1f1b", "--stages", "4", "--microbatches", "8")
+    data = run_json(capsys, "simulate", "--plan", "pp4-1f1b-m8")
     assert data["bubble_fraction"] == pytest.approx([3 / 11] * 4)
     assert set(data) >= {"iteration_ms", "throughput", "bubble_fraction", "peak_memory_bytes"}
 
 
 def test_simulate_with_costs_cluster_figure_and_trace(capsys, costs_file, tmp_path):
     html, trace = tmp_path / "t.html", tmp_path / "t.json"
-    data = run_json(capsys, "simulate", "--schedule", "gropipe", "--stages", "2", "--groups", "2", "--microbatches",
-                    "2", "--delay", "1", "--iterations", "2", "--costs", costs_file, "--partition", "0-5|6-7",
+    data = run_json(capsys, "simulate", "--plan", "gropipe-2x2-1f1b-m2-d1", "--iterations", "2", "--costs", costs_file,
+                    "--partition", "0-5|6-7",
                     "--cluster", "local-cpu", "--html", str(html), "--trace", str(trace))
     assert len(data["peak_memory_bytes"]) == 4 and data["iteration_ms"] > 0
     assert "gloo-allreduce" in data["comm_bytes_by_link"]
@@ -65,9 +65,12 @@ def test_simulate_with_costs_cluster_figure_and_trace(capsys, costs_file, tmp_pa
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--schedule", "interleaved", "--stages", "4", "--microbatches", "6"], "multiple of pp"),
-    (["--schedule", "1f1b", "--microbatches", "0"], "--microbatches must be >= 1"),
-    (["--schedule", "1f1b", "--stages", "9", "--cluster", "8xV100-PCIe"], "needs 9 ranks"),
+    (["--plan", "pp4-interleaved-v2-m6"], "multiple of pp"),
+    (["--plan", "pp2-1f1b-m0"], "'microbatches' = 0"),
+    (["--plan", "pp2-zbv-m4-L[]"], "lists no layers"),
+    (["--plan", "pp4-dualpipev-m4"], "at least 2 x pp = 8 micro-batches"),
+    (["--plan", "pp2-1f1b-m4", "--iterations", "0"], "--iterations must be >= 1"),
+    (["--plan", "pp9-1f1b-m4", "--cluster", "8xV100-PCIe"], "needs 9 ranks"),
 ])
 def test_simulate_bad_input(capsys, argv, message):
     assert main(["simulate", *argv]) == 2
@@ -75,5 +78,5 @@ def test_simulate_bad_input(capsys, argv, message):
 
 
 def test_simulate_partition_must_match_stage_count(capsys, costs_file):
-    assert main(["simulate", "--schedule", "1f1b", "--stages", "3", "--costs", costs_file, "--partition", "0-3|4-7"]) == 2
+    assert main(["simulate", "--plan", "pp3-1f1b-m4", "--costs", costs_file, "--partition", "0-3|4-7"]) == 2
     assert "needs 3" in capsys.readouterr().err

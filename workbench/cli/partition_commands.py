@@ -42,8 +42,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--algorithm", default="ampa", choices=["ampa", "uniform", "params", "time", "pipedream", "manual"])
     p.add_argument("--partition", help="manual partition text such as '0-3|4-9|10-15' (with --algorithm manual)")
     p.add_argument("--microbatches", type=int, default=1, help="micro-batches the profile's batch is split into")
-    p.add_argument("--schedule", default="1f1b", choices=["1f1b", "gpipe", "async"],
-                   help="schedule whose in-flight activations count against memory")
+    p.add_argument("--schedule", default="1f1b", metavar="KIND",
+                   help="pipeline kind whose schedule's in-flight activations and weight versions count against "
+                        "memory (1f1b, gpipe, zbh2, async, ...; default 1f1b)")
     p.add_argument("--memory-cap", type=float, help="per-device memory cap in GiB (default: the cluster's device)")
     p.add_argument("--cluster", help="cluster preset for link and device numbers, e.g. 8xV100-PCIe")
     p.set_defaults(handler=_partition)

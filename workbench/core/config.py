@@ -40,6 +40,7 @@ read configs without importing torch.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import re
@@ -48,7 +49,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .plan import AsyncPipeline, GPipe, Interleaved, NoPipeline, OneFOneB, ParallelPlan, TorchPipelining, plan_error
+from .plan import PIPELINE_KINDS, NoPipeline, ParallelPlan, plan_error
 
 __all__ = ["RunConfig", "runs_layer_by_layer", "is_import_path", "OptimizerConfig", "DataConfig", "EventsConfig", "MOVED_TO_PLAN",
            "read_toml", "to_toml"]
@@ -75,9 +76,6 @@ MOVED_TO_PLAN: dict[str, str] = {
 }
 
 
-_LAYERWISE_PIPELINES = (GPipe, OneFOneB, Interleaved)
-
-
 def runs_layer_by_layer(plan: ParallelPlan) -> bool:
     """Whether ``plan`` needs the layer-by-layer runtime rather than a uniform strategy.
 
@@ -96,6 +94,21 @@ def runs_layer_by_layer(plan: ParallelPlan) -> bool:
         return not isinstance(plan.pipeline, NoPipeline) or layer.tp_degree != plan.tp or layer.recompute \
             or not layer.consecutive
     return False
+
+
+def _import_plugins(plugins: Any) -> tuple[str, ...]:
+    """Import the modules a config names in ``plugins`` (where its own pipeline kinds, say, register), in every
+    process that reads the config, before its plan is read."""
+    if isinstance(plugins, str) or not isinstance(plugins, (list, tuple)):
+        raise _fail("plugins", plugins, "expected a list of module names, e.g. ['my_schedules']")
+    for name in plugins:
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", name):
+            raise _fail("plugins", name, "expected a dotted module name such as 'my_package.schedules'")
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise _fail("plugins", name, f"cannot be imported ({exc}); put it on PYTHONPATH or install it") from None
+    return tuple(plugins)
 
 
 def _fail(field_name: str, value: Any, valid: str) -> ValueError:
@@ -252,7 +265,10 @@ class RunConfig:
 
     ``global_batch`` is the batch of one optimizer step; it is split into
     ``grad_accum`` rounds, each round across the plan's ``dp`` replicas and
-    then into its ``microbatches`` micro-batches.
+    then into its ``microbatches`` micro-batches. ``plugins`` names modules
+    imported before the plan is read, in the launcher and in every rank: a
+    user's own pipeline kinds register there
+    (``workbench.scheduling.registry.register``).
     """
 
     model: str
@@ -283,8 +299,10 @@ class RunConfig:
     target_accuracy: float = 0.0
     target_perplexity: float = 0.0
     tensorboard: bool = True
+    plugins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "plugins", _import_plugins(self.plugins))
         object.__setattr__(self, "plan", ParallelPlan.from_dict(self.plan))
         object.__setattr__(self, "optimizer", _build(OptimizerConfig, "optimizer", self.optimizer))
         if is_import_path(self.data):
@@ -377,7 +395,7 @@ class RunConfig:
         if plan.tp > 1 and not isinstance(plan.pipeline, NoPipeline):
             raise plan_error("mesh", str(plan.mesh), "the runtime does not combine 2D tensor parallelism with a "
                              "pipeline: use pp = 1 with tp_row x tp_col, or 1D tensor parallelism (tp)")
-        one_batch = plan.tp > 1 or isinstance(plan.pipeline, (AsyncPipeline, TorchPipelining))
+        one_batch = plan.tp > 1 or not plan.pipeline.accumulates
         if one_batch and self.grad_accum != 1:
             raise _fail("grad_accum", self.grad_accum, f"plan {plan.name!r} trains one batch per step (tensor "
                         "parallelism and torch's pipelining rescale nothing; the asynchronous pipeline coalesces "
@@ -394,12 +412,12 @@ class RunConfig:
     def _check_layerwise(self) -> None:
         """What the layer-by-layer runtime runs: GPipe / 1F1B / interleaved or no pipeline, 1D tensor parallelism."""
         plan = self.plan
-        if plan.is_scheduled and not isinstance(plan.pipeline, _LAYERWISE_PIPELINES):
+        if not plan.pipeline.per_layer:
+            kinds = ", ".join(k for k, cls in PIPELINE_KINDS.items() if cls.per_layer and k != "none")
             raise plan_error("pipeline.kind", plan.pipeline.kind, f"per-layer options, sharded data parallelism "
-                             f"and tensor parallelism inside a pipeline run with the GPipe, 1F1B and interleaved "
-                             f"schedules or without a pipeline (plan {plan.name!r})")
-        if isinstance(plan.pipeline, TorchPipelining):
-            raise plan_error("pipeline.kind", plan.pipeline.kind, "torch's pipelining runs uniform DDP layers only")
+                             f"and tensor parallelism inside a pipeline run with the {kinds} schedules or without "
+                             f"a pipeline; kind {plan.pipeline.kind!r} runs one option for all layers "
+                             f"(plan {plan.name!r})")
         if plan.tp_kind == "2d":
             i = next((i for i, layer in enumerate(plan.layers) if layer != plan.layers[0]), 0)
             raise plan_error(f"layers[{i}]", plan.layers[i].text, "per-layer options on a 2D tensor-parallel mesh "
@@ -465,7 +483,7 @@ class RunConfig:
         data.update(plan=self.plan.to_dict(), optimizer=asdict(self.optimizer), data=asdict(self.data),
                     events=asdict(self.events), model_overrides=dict(self.model_overrides),
                     model_args=dict(self.model_args), split_points=list(self.split_points),
-                    placement=list(self.placement))
+                    placement=list(self.placement), plugins=list(self.plugins))
         data["data"]["columns"] = list(self.data.columns)
         return data
 

@@ -6,9 +6,10 @@ is smallest. A stage's cost per micro-batch is its forward plus backward
 time plus twice its output boundary transfer (the activation goes down, its
 gradient comes back): ``T_k + 2 C_k``. Every stage must fit a per-device
 memory cap counting weights, gradients, optimizer state and the saved
-activations of the micro-batches the schedule keeps in flight on it (GPipe:
-``m``; 1F1B: ``min(S - k, m)``; async: ``S - k`` plus one stashed weight
-version on every stage but the last).
+activations of the micro-batches the schedule keeps in flight on it and
+the older weight versions it keeps, both read off the generated schedule
+(``workbench.scheduling.registry.stage_memory``; 1F1B keeps
+``min(S - k, m)`` on stage ``k``, GPipe ``m``, ZB-H2 up to ``2S - 1``).
 
 Approach (exact). For a bound ``tau``, "can layers ``0..b`` end stage ``k``"
 is a reachability question: stage ``k`` may span ``(a, b]`` iff ``a`` was
@@ -40,24 +41,30 @@ from typing import Any, Sequence
 
 from ..core.costs import ClusterSpec, LinkSpec, ModelCosts
 from ..core.partition import Partition
+from ..core.plan import PIPELINE_KINDS, ParallelPlan
 from ..core.topology import Topology
+from ..scheduling.registry import StageMemory, stage_memory
 from ..scheduling.stagecosts import layer_times_ms, optimizer_bytes
 
-__all__ = ["ampa", "search", "PartitionResult", "SearchCandidate", "Projection", "in_flight", "SCHEDULES"]
+__all__ = ["ampa", "search", "PartitionResult", "SearchCandidate", "Projection", "kind_memory"]
 
-SCHEDULES = ("gpipe", "1f1b", "async")
 _REL_TOL = 1e-9
 GIB = 2**30
 
 
-def in_flight(schedule: str, num_stages: int, stage: int, num_microbatches: int) -> int:
-    """Micro-batches whose activations stage ``stage`` holds at once under ``schedule``."""
-    if schedule == "gpipe":
-        return num_microbatches
-    if schedule == "1f1b":
-        return min(num_stages - stage, num_microbatches)
-    if schedule == "async":
-        return num_stages - stage
+def kind_memory(kind: str, num_stages: int, num_microbatches: int) -> StageMemory:
+    """What pipeline ``kind`` keeps per (virtual) stage with ``num_stages`` stages and ``num_microbatches``,
+    read off its schedule (one pipeline; GroPipe's groups keep what their inner kind keeps)."""
+    if kind not in PIPELINE_KINDS or kind == "none":
+        raise ValueError(f"schedule must be a pipeline kind, one of {', '.join(k for k in PIPELINE_KINDS if k != 'none')}"
+                         f"; got {kind!r}")
+    cls = PIPELINE_KINDS[kind]
+    chunks = cls().chunks
+    if num_stages % chunks:
+        raise ValueError(f"pipeline kind {kind!r} holds {chunks} stages per rank; {num_stages} stages do not divide")
+    if num_stages // chunks < cls.min_stages:  # one stage: each micro-batch's backward follows its forward
+        return StageMemory((1,) * num_stages, (0,) * num_stages)
+    return stage_memory(ParallelPlan.for_pipeline(kind, num_stages // chunks, num_microbatches))
     raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
 
 
@@ -108,9 +115,14 @@ class PartitionResult:
 
 
 class Projection:
-    """Per-layer numbers at one micro-batch size, with prefix sums, for one (S, m, schedule)."""
+    """Per-layer numbers at one micro-batch size, with prefix sums, for one (S, m, schedule).
 
-    def __init__(self, costs: ModelCosts, num_stages: int, *, num_microbatches: int, schedule: str = "1f1b",
+    ``schedule`` is the pipeline kind whose schedule's memory the stages
+    keep (a kind name), or that memory itself (a ``StageMemory``).
+    """
+
+    def __init__(self, costs: ModelCosts, num_stages: int, *, num_microbatches: int,
+                 schedule: str | StageMemory = "1f1b",
                  batch_size: int | None = None, cluster: ClusterSpec | None = None, optimizer: str = "adam",
                  first_rank: int = 0) -> None:
         L = costs.num_layers
@@ -120,7 +132,6 @@ class Projection:
             raise ValueError(f"num_stages={num_stages} is more stages than the model's {L} layers; use at most {L}")
         if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int) or num_microbatches < 1:
             raise ValueError(f"num_microbatches must be an int >= 1, got {num_microbatches!r}")
-        in_flight(schedule, 1, 0, 1)
         if cluster is not None and cluster.world_size < first_rank + num_stages:
             raise ValueError(f"cluster {cluster.name!r} has {cluster.world_size} devices, too few for "
                              f"{num_stages} stages")
@@ -128,7 +139,12 @@ class Projection:
         if batch % num_microbatches:
             raise ValueError(f"num_microbatches={num_microbatches} does not divide the batch of {batch} samples; "
                              f"use a divisor of {batch}")
-        self.costs, self.num_stages, self.num_microbatches, self.schedule = costs, num_stages, num_microbatches, schedule
+        self.memory = schedule if isinstance(schedule, StageMemory) else kind_memory(schedule, num_stages,
+                                                                                     num_microbatches)
+        if len(self.memory.in_flight) != num_stages:
+            raise ValueError(f"the schedule's memory covers {len(self.memory.in_flight)} stages, expected {num_stages}")
+        self.costs, self.num_stages, self.num_microbatches = costs, num_stages, num_microbatches
+        self.schedule = schedule if isinstance(schedule, str) else "planned"
         self.microbatch_size = batch // num_microbatches
         scale = self.microbatch_size / costs.batch_size
         self.forward, self.backward = layer_times_ms(costs, self.microbatch_size,
@@ -159,9 +175,8 @@ class Projection:
         return self.zero_boundary if link is None else self._boundary[link.name]
 
     def memory_prefix(self, stage: int) -> list[float]:
-        """Prefix sums of stage ``stage``'s memory: static state + in-flight activations (+ a stashed version)."""
-        n = in_flight(self.schedule, self.num_stages, stage, self.num_microbatches)
-        stash = 1 if self.schedule == "async" and stage < self.num_stages - 1 else 0
+        """Prefix sums of stage ``stage``'s memory: static state + in-flight activations (+ stashed versions)."""
+        n, stash = self.memory.in_flight[stage], self.memory.extra_versions[stage]
         key = (n, stash)
         if key not in self._memory:
             self._memory[key] = [s + n * a + stash * p for s, a, p in zip(self.pre_static, self.pre_saved,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..core.costs import ModelCosts
-from ..core.plan import ParallelPlan, TorchPipelining
+from ..core.plan import ParallelPlan
 
 __all__ = ["RuntimeCalibration", "ComputeModel", "RUNTIME_FAMILIES", "runtime_family", "compute_models",
            "scale_compute", "fit_factor", "profiled_compute_models"]
@@ -26,17 +26,22 @@ _LIMITS = (0.05, 20.0)  # a scale outside this is a wrong profile (another model
 
 
 def scale_compute(costs: ModelCosts, k: float) -> ModelCosts:
-    """``costs`` with every layer's forward and backward time multiplied by ``k``."""
+    """``costs`` with every layer's forward and backward time (and its input and weight gradients') times ``k``."""
     if k == 1.0:
         return costs
-    return replace(costs, layers=tuple(replace(l, forward_ms=l.forward_ms * k, backward_ms=l.backward_ms * k)
-                                       for l in costs.layers))
+
+    def scaled(value: float | None) -> float | None:
+        return None if value is None else value * k
+
+    return replace(costs, layers=tuple(replace(l, forward_ms=l.forward_ms * k, backward_ms=l.backward_ms * k,
+                                               input_grad_ms=scaled(l.input_grad_ms),
+                                               weight_grad_ms=scaled(l.weight_grad_ms)) for l in costs.layers))
 
 
 def runtime_family(plan: ParallelPlan) -> str | None:
     """The runtime family whose compute calibration a plan uses: ``async``, ``tensor2d``, ``tensor1d`` or
     ``scheduled`` (the interpreter's pipelines and DDP); None for torch's own pipelining, which is not calibrated."""
-    if isinstance(plan.pipeline, TorchPipelining):
+    if plan.pipeline.runtime == "torch":
         return None
     if plan.iterates_across_steps:
         return "async"

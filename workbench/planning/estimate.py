@@ -47,6 +47,7 @@ from ..core.costs import ClusterSpec, DeviceSpec, LinkSpec, ModelCosts
 from ..core.partition import Partition
 from ..core.plan import GroPipe, NoPipeline, ParallelPlan
 from ..core.timeline import Timeline
+from ..scheduling.registry import schedule_for, stage_memory
 from ..scheduling.sharing import CoreSharing
 from ..scheduling.simulate import SimResult, simulate
 from ..scheduling.stagecosts import StageCosts
@@ -128,18 +129,18 @@ class CostContext:
     def _partition_key(self, strategy: ParallelPlan) -> tuple:
         """What AMPA's result depends on: stages, micro-batches, the memory schedule, replicas, recomputation,
         and the compute calibration the strategy's runtime family has at its micro-batch."""
-        memory_schedule = strategy.memory_schedule
+        memory = stage_memory(strategy)
         microbatch = max(1, self.global_batch // strategy.dp // strategy.microbatches)
-        return (strategy.pp * strategy.chunks, strategy.microbatches, memory_schedule, strategy.dp, strategy.recompute,
+        return (strategy.pp * strategy.chunks, strategy.microbatches, memory, strategy.dp, strategy.recompute,
                 self.calibration_factor(strategy, microbatch))
 
     def _project(self, strategy: ParallelPlan) -> Projection:
-        stages, m, memory_schedule, _, _, _ = key = self._partition_key(strategy)
+        stages, m, memory, _, _, _ = key = self._partition_key(strategy)
         # interleaved: virtual stage k runs on rank k mod p, so the chain of stages wraps around the same devices
         cluster = replace(self.cluster, devices_per_node=self.cluster.devices_per_node * strategy.chunks)
         microbatch = max(1, self.global_batch // strategy.dp // m)
         proj = Projection(self.model_costs(strategy.recompute, strategy, microbatch), stages, num_microbatches=m,
-                          schedule=memory_schedule,
+                          schedule=memory,
                           batch_size=self.global_batch // strategy.dp, cluster=cluster, optimizer=self.optimizer)
         self._projections[key] = proj
         return proj
@@ -223,7 +224,7 @@ def _schedule(plan: ParallelPlan, num_buckets: int = 1):
     lies between optimizer steps."""
     fill = -(-plan.pp * plan.chunks // plan.microbatches)
     iterations = 3 if plan.delayed_update else (max(4, 2 * fill + 2) if plan.iterates_across_steps else 1)
-    return plan.schedule(num_iterations=iterations, num_buckets=num_buckets), iterations
+    return schedule_for(plan, num_iterations=iterations, num_buckets=num_buckets), iterations
 
 
 def _steady_iteration_ms(sim: SimResult, iterations: int) -> float:

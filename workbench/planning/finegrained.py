@@ -30,16 +30,11 @@ from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from ..scheduling.stagecosts import layer_times_ms
-from .ampa import in_flight, solve
+from .ampa import solve
 from .estimate import CostContext, Estimate, _stage_costs, simulate_strategy
-from ..core.plan import GPipe, Interleaved, LayerPlan, NoPipeline, OneFOneB, ParallelPlan
+from ..core.plan import LayerPlan, NoPipeline, ParallelPlan
 
 __all__ = ["choose_per_layer", "selective_recompute_plans"]
-
-# the schedules whose stages the layer-by-layer runtime runs with per-layer options (GroPipe, the asynchronous
-# pipeline and torch's pipelining run one option for all layers)
-_PER_LAYER_PIPELINES = (GPipe, OneFOneB, Interleaved)
-
 
 def choose_per_layer(options: Sequence[Sequence[tuple[float, float]]], budget_bytes: float, *,
                      transition_ms: Callable[[int, int], float] | None = None,
@@ -90,7 +85,7 @@ def selective_recompute_plans(ctx: CostContext, strategies: Sequence[ParallelPla
     missing = {i["name"] for i in infeasible}
     out = []
     for strategy in strategies:
-        if not isinstance(strategy.pipeline, _PER_LAYER_PIPELINES) or strategy.name not in missing or cap is None:
+        if not strategy.pipeline.per_layer or strategy.name not in missing or cap is None:
             continue  # the layer-by-layer runtime recomputes per layer inside GPipe, 1F1B and interleaved pipelines
         proj = ctx.projection(strategy)
         result = solve(proj, None)
@@ -101,7 +96,7 @@ def selective_recompute_plans(ctx: CostContext, strategies: Sequence[ParallelPla
         chosen_layers: list[int] = []
         extra_ms, kept_bytes = [], []
         for k, (a, b) in enumerate(result.partition.bounds):
-            in_flight_mb = in_flight(proj.schedule, proj.num_stages, k, proj.num_microbatches)
+            in_flight_mb = proj.memory.in_flight[k]
             static = proj.pre_static[b + 1] - proj.pre_static[a]
             options = []
             for layer in range(a, b + 1):

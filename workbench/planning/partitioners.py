@@ -31,6 +31,7 @@ from typing import Callable, Sequence
 
 from ..core.costs import ClusterSpec, ModelCosts
 from ..core.partition import Partition
+from ..scheduling.registry import StageMemory
 from .ampa import PartitionResult, Projection, check_fits, solve
 
 __all__ = ["partition", "ALGORITHMS", "block_partition", "min_max_dp", "manual"]
@@ -115,9 +116,10 @@ ALGORITHMS = ("ampa", "uniform", "params", "time", "pipedream", "manual")
 
 
 def partition(costs: ModelCosts, num_stages: int, algorithm: str = "ampa", *, num_microbatches: int = 1,
-              schedule: str = "1f1b", memory_cap_bytes: int | None = None, cluster: ClusterSpec | None = None,
+              schedule: "str | StageMemory" = "1f1b", memory_cap_bytes: int | None = None, cluster: ClusterSpec | None = None,
               batch_size: int | None = None, text: str | None = None, optimizer: str = "adam") -> PartitionResult:
-    """Partition ``costs`` into ``num_stages`` stages with ``algorithm`` (one of :data:`ALGORITHMS`)."""
+    """Partition ``costs`` into ``num_stages`` stages with ``algorithm`` (one of :data:`ALGORITHMS`); ``schedule``
+    is the pipeline kind (or its ``StageMemory``) whose in-flight memory counts against the cap."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}; got {algorithm!r}")
     proj = Projection(costs, num_stages, num_microbatches=num_microbatches, schedule=schedule,

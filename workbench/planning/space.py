@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from ..core.plan import PLAN_FAMILIES, AsyncPipeline, GPipe, GroPipe, Interleaved, LayerPlan, NoPipeline, OneFOneB, \
+from ..core.plan import PIPELINE_KINDS, PLAN_FAMILIES, LayerPlan, NoPipeline, \
     ParallelPlan
 from ..core.topology import Topology
 
@@ -58,6 +58,24 @@ def check_plan(plan: ParallelPlan, *, num_layers: int, global_batch: int, num_he
             raise ValueError(f"{name}: {num_heads} heads / hidden {hidden} are not divisible by {split}")
         if plan.tp_kind == "2d" and per_replica % plan.q:
             raise ValueError(f"{name}: per-grid batch {per_replica} is not divisible by q={plan.q}")
+
+
+def _pipeline_plans(mesh: dict[str, int], microbatches: int, recompute: bool, families: tuple[str, ...],
+                    num_layers: int) -> list[ParallelPlan]:
+    """Every registered pipeline kind's search variants at this shape (``PipelineSpec.search_variants``), in
+    the registry's order, that the model has layers for and whose family is asked for."""
+    out = []
+    for cls in PIPELINE_KINDS.values():
+        if cls.family not in families:
+            continue
+        for spec in cls.search_variants(stages=mesh["pp"], microbatches=microbatches, replicas=mesh["dp"]):
+            if mesh["pp"] * spec.chunks > num_layers:
+                continue
+            try:
+                out.append(_plan(mesh, spec, microbatches, recompute))
+            except ValueError:  # a shape this kind refuses (micro-batch multiples and the like)
+                continue
+    return out
 
 
 def _plan(mesh: dict[str, int], pipeline=None, microbatches: int = 1, recompute: bool = False,
@@ -130,16 +148,7 @@ def enumerate_strategies(
                 continue
             mesh = {"dp": dp, "pp": pp}
             for m in mb_options(per_replica, pp):
-                if GroPipe.kind in kinds and dp > 1:
-                    for inner in ("gpipe", "1f1b"):
-                        for delay in (0, 1):
-                            candidates.append(_plan(mesh, GroPipe(inner=inner, delay=delay), m, rc))
-                if "pipeline" in kinds and dp == 1:
-                    candidates += [_plan(mesh, GPipe(), m, rc), _plan(mesh, OneFOneB(), m, rc)]
-                    if m % pp == 0 and 2 * pp <= num_layers:
-                        candidates.append(_plan(mesh, Interleaved(chunks=2), m, rc))
-                if "async" in kinds:
-                    candidates.append(_plan(mesh, AsyncPipeline(), m, rc))
+                candidates += _pipeline_plans(mesh, m, rc, kinds, num_layers)
         if num_heads is not None and hidden is not None and not rc:  # the tensor runtime does not recompute
             for dp, tp in factorizations(world_size, 2):
                 if tp == 1 or global_batch % dp:

@@ -101,12 +101,13 @@ def resolve_partition(config: RunConfig, model, example_input: torch.Tensor) -> 
 def ampa_partition(config: RunConfig, model, example_input: torch.Tensor) -> Partition:
     """Profile a copy of the model at the micro-batch size, then balance with AMPA."""
     from ..planning.ampa import ampa
+    from ..scheduling.registry import stage_memory
     from ..profiling import profile
 
     microbatch = example_input.shape[0]
     costs = profile(copy.deepcopy(model), microbatch, device=str(example_input.device), progress=False)
     plan = config.plan
-    result = ampa(costs, plan.num_virtual_stages, num_microbatches=plan.microbatches, schedule=plan.memory_schedule,
+    result = ampa(costs, plan.num_virtual_stages, num_microbatches=plan.microbatches, schedule=stage_memory(plan),
                   batch_size=microbatch * plan.microbatches, optimizer=config.optimizer.name)
     return result.partition
 

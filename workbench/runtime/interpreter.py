@@ -84,6 +84,8 @@ class Interpreter:
         self._dispatch: dict[Op, Callable[[Action], int | None]] = {
             Op.FORWARD: self._forward,
             Op.BACKWARD: self._backward,
+            Op.BACKWARD_INPUT: self._backward_input,
+            Op.BACKWARD_WEIGHT: self._backward_weight,
             Op.SEND_F: self._send,
             Op.SEND_B: self._send,
             Op.RECV_F: self._recv,
@@ -176,6 +178,18 @@ class Interpreter:
         grad_input = stage.backward(a.microbatch, grad_output)
         if grad_input is not None:
             self._grads[(a.stage, a.microbatch)] = grad_input
+        return None
+
+    def _backward_input(self, a: Action) -> None:
+        stage = self.stages[a.stage]
+        grad_output = None if stage.is_last else self._take_received(Op.RECV_B, a)
+        grad_input = stage.backward_input(a.microbatch, grad_output)
+        if grad_input is not None:
+            self._grads[(a.stage, a.microbatch)] = grad_input
+        return None
+
+    def _backward_weight(self, a: Action) -> None:
+        self.stages[a.stage].backward_weight(a.microbatch)
         return None
 
     def _take_received(self, op: Op, a: Action) -> torch.Tensor:

@@ -16,6 +16,11 @@ Activation recomputation: with ``recompute`` the forward runs under
 ``no_grad`` and keeps only the input and the RNG state; the backward replays
 the forward with the same RNG state, then back-propagates.
 
+Split backward (zero-bubble schedules): :meth:`Stage.backward_input` (I)
+returns the input gradient and keeps the graph, :meth:`Stage.backward_weight`
+(W) adds the weight gradients later and frees it
+(:mod:`~workbench.runtime.split_backward`).
+
 Stage inputs: a received activation enters the block through
 :func:`workbench.models.boundary.stage_input`, a zero-copy non-leaf alias
 whose backward hands over the input gradient, so blocks that start with an
@@ -36,6 +41,7 @@ import torch
 from torch import nn
 
 from ..models.boundary import InputGrad, stage_input
+from .split_backward import SplitBackward
 
 __all__ = ["Stage", "autocast_context", "output_shapes"]
 
@@ -55,6 +61,8 @@ class _Saved:
     target: torch.Tensor | None = None  # kept for the replay of a last stage
     rng_state: torch.Tensor | None = None
     cuda_rng_state: torch.Tensor | None = None
+    input_node: Any = None  # the input's autograd node, where a split backward's I stops
+    split: SplitBackward | None = None  # between a split backward's I and its W
 
 
 @dataclass
@@ -104,6 +112,7 @@ class Stage:
         else:
             if self._needs_input_grad(inputs):
                 inputs, saved.input_grad = stage_input(inputs)  # zero-copy, in-place safe (module docstring)
+                saved.input_node = inputs.grad_fn
             out = self._run(inputs, target)
             saved.output = out
         self._saved[microbatch] = saved
@@ -117,17 +126,7 @@ class Stage:
         saved = self._saved.pop(microbatch, None)
         if saved is None:
             raise RuntimeError(f"stage {self.index}: backward of micro-batch {microbatch} before its forward")
-        if self.recompute:
-            with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-                torch.set_rng_state(saved.rng_state)
-                if saved.cuda_rng_state is not None:
-                    torch.cuda.set_rng_state(saved.cuda_rng_state, self.device)
-                inputs = saved.inputs
-                if self._needs_input_grad(inputs):
-                    inputs, saved.input_grad = stage_input(inputs)
-                output = self._run(inputs, saved.target)
-        else:
-            output = saved.output
+        output = self._replay(saved) if self.recompute else saved.output
         if self.is_last:
             (output * self.loss_scale).backward()
         else:
@@ -137,6 +136,41 @@ class Stage:
         if saved.input_grad is None:
             return None
         return saved.input_grad.grad
+
+    def backward_input(self, microbatch: int, grad_output: torch.Tensor | None = None) -> torch.Tensor | None:
+        """I of a split backward: the gradient of the stage input (``None`` on stage 0); W comes later."""
+        saved = self._saved.get(microbatch)
+        if saved is None or saved.split is not None:
+            raise RuntimeError(f"stage {self.index}: input gradient of micro-batch {microbatch} "
+                               f"{'twice' if saved else 'before its forward'}")
+        output = self._replay(saved) if self.recompute else saved.output
+        if not self.is_last and grad_output is None:
+            raise RuntimeError(f"stage {self.index}: backward of micro-batch {microbatch} needs an output gradient")
+        scaled = output * self.loss_scale if self.is_last else output
+        saved.split = SplitBackward(scaled, saved.input_node, self.parameters())
+        saved.output = None
+        return saved.split.backward_input(None if self.is_last else grad_output)
+
+    def backward_weight(self, microbatch: int) -> None:
+        """W of a split backward: add the weight gradients of micro-batch ``microbatch``, then free what it kept."""
+        saved = self._saved.get(microbatch)
+        if saved is None or saved.split is None:
+            raise RuntimeError(f"stage {self.index}: weight gradient of micro-batch {microbatch} before its input "
+                               f"gradient")
+        saved.split.backward_weight()
+        del self._saved[microbatch]
+
+    def _replay(self, saved: _Saved) -> torch.Tensor:
+        """A recomputing stage's forward again, with the RNG state of the first run; the output with its graph."""
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            torch.set_rng_state(saved.rng_state)
+            if saved.cuda_rng_state is not None:
+                torch.cuda.set_rng_state(saved.cuda_rng_state, self.device)
+            inputs = saved.inputs
+            if self._needs_input_grad(inputs):
+                inputs, saved.input_grad = stage_input(inputs)
+                saved.input_node = inputs.grad_fn
+            return self._run(inputs, saved.target)
 
     def _needs_input_grad(self, inputs: torch.Tensor) -> bool:
         return not self.is_first and inputs.is_floating_point()

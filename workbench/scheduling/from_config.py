@@ -25,6 +25,7 @@ from typing import Any
 from ..core.costs import ClusterSpec, LinkSpec
 from ..core.ir import Schedule
 from ..core.timeline import Timeline
+from .registry import schedule_for
 from .sharing import CoreSharing, solo_durations
 from .simulate import SimResult, simulate
 from .stagecosts import StageCosts
@@ -45,10 +46,11 @@ def schedule_for_config(config: Any, iteration: int = 0) -> Schedule:
     plan = config.plan
     if not plan.is_scheduled:
         raise ValueError(f"plan {plan.name!r} is not a pipeline the workbench schedules; predicted timelines are "
-                         f"for GPipe, 1F1B, interleaved, GroPipe and asynchronous pipelines")
+                         f"for the pipelines its interpreter runs (GPipe, 1F1B, interleaved, zero-bubble, GroPipe and "
+                         f"asynchronous)")
     if plan.iterates_across_steps:
-        return plan.schedule(num_iterations=config.steps)
-    return plan.schedule(first_iteration=iteration)
+        return schedule_for(plan, num_iterations=config.steps)
+    return schedule_for(plan, first_iteration=iteration)
 
 
 def stage_costs_from_timeline(timeline: Timeline, num_stages: int, sharing: CoreSharing | None = None) -> StageCosts:
@@ -113,7 +115,7 @@ def predict_from_measured(config: Any, measured: Timeline, *, cluster: ClusterSp
         iteration = max((e.iteration for e in measured), default=0)
     warm = min(iteration, 2) if config.plan.delayed_update else 0
     if warm:
-        schedule = config.plan.schedule(first_iteration=iteration - warm, num_iterations=warm + 1)
+        schedule = schedule_for(config.plan, first_iteration=iteration - warm, num_iterations=warm + 1)
     else:
         schedule = schedule_for_config(config, iteration)
     num_stages = max(a.stage for r in range(schedule.num_ranks) for a in schedule.actions(r)) + 1

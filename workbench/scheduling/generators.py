@@ -144,7 +144,7 @@ def _with_versions(actions: list[Action], start: int = 0) -> list[Action]:
         if a.op is Op.FORWARD:
             used[key] = version
             out.append(a.with_(version=version))
-        elif a.op is Op.BACKWARD:
+        elif a.op in _BACKWARD_OPS:
             out.append(a.with_(version=used[key]))
         else:
             out.append(a)
@@ -154,6 +154,7 @@ def _with_versions(actions: list[Action], start: int = 0) -> list[Action]:
 
 
 ASYNC_MODES = ("stash", "2bw")
+_BACKWARD_OPS = (Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT)
 
 
 def async_inflight(num_stages: int, inflight: int | Sequence[int] | None = None) -> tuple[int, ...]:
@@ -259,20 +260,23 @@ def async_1f1b(num_stages: int, num_microbatches: int, num_iterations: int, *,
 
 def _use_version(action: Action, version: int | None) -> Action:
     """The action with ``version`` when it is a forward or backward."""
-    if action.op in (Op.FORWARD, Op.BACKWARD):
+    if action.op is Op.FORWARD or action.op in _BACKWARD_OPS:
         return action.with_(version=version)
     return action
 
 
-def gropipe(num_groups: int, num_stages: int, num_microbatches: int, *, inner: str = "1f1b", delay: int = 0,
-            num_iterations: int = 1, first_iteration: int = 0, drain: bool = False) -> Schedule:
+def gropipe(num_groups: int, num_stages: int, num_microbatches: int, *, inner: str | Schedule = "1f1b",
+            delay: int = 0, num_iterations: int = 1, first_iteration: int = 0, drain: bool = False) -> Schedule:
     """GroPipe: ``num_groups`` pipelines with a per-stage gradient all-reduce across groups.
 
     Rank ``g * S + s`` runs stage ``s`` of group ``g``. Each iteration a rank
     runs its pipeline actions, launches ``sAR`` right after its last backward,
     then steps: with ``delay=0`` it waits for this iteration's all-reduce
     (synchronous, exact); with ``delay=1`` it applies the previous iteration's
-    (see the module docstring for the encoding).
+    (see the module docstring for the encoding). ``inner`` is the schedule
+    every group runs: ``gpipe``, ``1f1b`` or a one-pipeline schedule of
+    ``num_stages`` ranks (a zero-bubble one, say) whose rank ``s`` list is
+    stage ``s``'s order.
     """
     from .passes import add_grad_sync
 
@@ -280,19 +284,27 @@ def gropipe(num_groups: int, num_stages: int, num_microbatches: int, *, inner: s
     _check_positive("num_stages", num_stages)
     _check_positive("num_microbatches", num_microbatches)
     _check_positive("num_iterations", num_iterations)
-    if inner not in _INNER_ORDERS:
-        raise ValueError(f"inner must be one of {sorted(_INNER_ORDERS)}, got {inner!r}")
+    if isinstance(inner, Schedule):
+        if inner.num_ranks != num_stages or inner.num_stages != num_stages:
+            raise ValueError(f"GroPipe's inner schedule must hold one stage per rank on {num_stages} ranks, got "
+                             f"{inner.num_stages} stages on {inner.num_ranks} ranks")
+        orders = [[(a.op.value, a.microbatch) for a in inner.actions(s) if a.is_compute] for s in range(num_stages)]
+        inner_name = inner.name
+    elif inner in _INNER_ORDERS:
+        orders = [pipeline_order(inner, num_stages, s, num_microbatches) for s in range(num_stages)]
+        inner_name = inner
+    else:
+        raise ValueError(f"inner must be one of {sorted(_INNER_ORDERS)} or a one-pipeline Schedule, got {inner!r}")
     if isinstance(first_iteration, bool) or not isinstance(first_iteration, int) or first_iteration < 0:
         raise ValueError(f"first_iteration must be an int >= 0, got {first_iteration!r}")
     G, S, m = num_groups, num_stages, num_microbatches
     ranks = []
     for _g in range(G):
         for s in range(S):
-            order = pipeline_order(inner, S, s, m)
             ranks.append(tuple(Action(s, Op(kind), mb, iteration=first_iteration + t)
-                               for t in range(num_iterations) for kind, mb in order))
+                               for t in range(num_iterations) for kind, mb in orders[s]))
     base = Schedule(tuple(ranks), name=gropipe.__name__, num_stages=S, num_microbatches=m,
-                    meta=ScheduleMeta(stage_to_rank=Topology(dp=G, pp=S).groups("pp"), replicas=G, inner=inner,
+                    meta=ScheduleMeta(stage_to_rank=Topology(dp=G, pp=S).groups("pp"), replicas=G, inner=inner_name,
                                       num_iterations=num_iterations, first_iteration=first_iteration))
     synced = add_grad_sync(base, delay=delay, drain=drain)
     start = max(0, first_iteration - delay)

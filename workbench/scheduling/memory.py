@@ -11,7 +11,10 @@ depend only on
 the order of actions on the rank (a rank runs one compute action at a
 time), not on timing, so they are computed by walking each rank's list:
 GPipe keeps ``m`` micro-batches in flight, 1F1B at most ``p - s`` on stage
-``s``. A delayed (``delay=1``) gradient all-reduce keeps one more copy of
+``s``. A micro-batch whose backward is split (zero-bubble schedules) keeps
+its activations until its weight gradient (``W``) has run: ``W`` reads the
+saved inputs of every layer, so the input gradient (``I``) frees nothing.
+A delayed (``delay=1``) gradient all-reduce keeps one more copy of
 the gradients: the buffer still being reduced while the next iteration
 accumulates into the live one.
 """
@@ -21,9 +24,11 @@ from __future__ import annotations
 from ..core.ir import Op, Schedule
 from .stagecosts import StageCosts
 
-__all__ = ["in_flight_microbatches", "memory_breakdown", "peak_memory_bytes", "in_flight_by_stage"]
+__all__ = ["in_flight_microbatches", "memory_breakdown", "peak_memory_bytes", "in_flight_by_stage",
+           "versions_by_stage"]
 
-_BACKWARDS = (Op.BACKWARD, Op.BACKWARD_INPUT)
+# the actions that free a micro-batch's saved activations: its full backward, or the W of a split one
+_FREES = (Op.BACKWARD, Op.BACKWARD_WEIGHT)
 
 
 def _walk(schedule: Schedule, rank: int, stage_costs: StageCosts | None):
@@ -46,7 +51,7 @@ def _walk(schedule: Schedule, rank: int, stage_costs: StageCosts | None):
             act_bytes += stage_costs.activation_bytes[a.stage] if stage_costs else 0
             if stage_costs and version != steps.get(a.stage, 0):
                 stashed = stash_bytes()
-        elif a.op in _BACKWARDS and key in live and a.bucket in (None, 0):
+        elif a.op in _FREES and key in live and a.bucket in (None, 0):
             version = live.pop(key)
             users[(a.stage, version)] -= 1
             act_bytes -= stage_costs.activation_bytes[a.stage] if stage_costs else 0
@@ -73,8 +78,33 @@ def in_flight_by_stage(schedule: Schedule) -> dict[int, int]:
             if a.op is Op.FORWARD and a.bucket in (None, 0):
                 live[a.stage] = live.get(a.stage, 0) + 1
                 out[a.stage] = max(out.get(a.stage, 0), live[a.stage])
-            elif a.op in _BACKWARDS and a.bucket in (None, 0):
+            elif a.op in _FREES and a.bucket in (None, 0):
                 live[a.stage] = live.get(a.stage, 0) - 1
+    return out
+
+
+def versions_by_stage(schedule: Schedule) -> dict[int, int]:
+    """Per (virtual) stage, the most weight versions alive at once: the live one, plus the older ones that
+    in-flight micro-batches of a weight-stashing schedule still use (1 without stashing)."""
+    out: dict[int, int] = {}
+    for r in range(schedule.num_ranks):
+        steps: dict[int, int] = {}
+        users: dict[tuple[int, int], int] = {}
+        live: dict[tuple, int] = {}
+        for a in schedule.actions(r):
+            key = (a.stage, a.microbatch, a.iteration)
+            if a.op is Op.FORWARD and a.bucket in (None, 0):
+                version = a.version if schedule.meta.weight_stashing and a.version is not None else steps.get(a.stage, 0)
+                live[key] = version
+                users[(a.stage, version)] = users.get((a.stage, version), 0) + 1
+            elif a.op in _FREES and key in live and a.bucket in (None, 0):
+                users[(a.stage, live.pop(key))] -= 1
+            elif a.op is Op.STEP:
+                steps[a.stage] = steps.get(a.stage, 0) + 1
+            if a.is_compute or a.op is Op.STEP:
+                now = steps.get(a.stage, 0)
+                held = {v for (s, v), n in users.items() if s == a.stage and n and v != now}
+                out[a.stage] = max(out.get(a.stage, 1), 1 + len(held))
     return out
 
 

@@ -308,7 +308,8 @@ def _simulate(lowered: Schedule, costs: StageCosts, cluster: ClusterSpec | None,
             return costs.step_ms[a.stage]
         if a.op not in (Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT):
             return 0.0
-        base = costs.forward_ms[a.stage] if a.op is Op.FORWARD else costs.backward_ms[a.stage]
+        base = (costs.forward_ms if a.op is Op.FORWARD else costs.input_grad_ms if a.op is Op.BACKWARD_INPUT
+                else costs.weight_grad_ms if a.op is Op.BACKWARD_WEIGHT else costs.backward_ms)[a.stage]
         if q:  # one SUMMA step: 1/q of the rank's 1/q^2 share, plus the row and column block broadcasts
             block = (costs.param_bytes[a.stage] + costs.send_bytes[max(a.stage - 1, 0)]) / (q * q)
             link = cluster.group_link(list(meta.row_groups[0])) if cluster else None
@@ -437,10 +438,25 @@ def _metrics(schedule: Schedule, timeline: Timeline, costs: StageCosts, exposed:
         "throughput_unit": "samples/s" if mb else "microbatches/s",
         "bubble_fraction": [1.0 - busy[r] / makespan if makespan > 0 else 0.0 for r in range(n)],
         "bubble_definition": BUBBLE_DEFINITION,
+        "steady_bubble_ms": _gaps_per_rank(timeline, n, busy),
         "exposed_comm_ms": exposed,
         "peak_memory_bytes": [row["peak"] for row in memory],
         "comm_bytes_by_link": dict(links.bytes_by_link),
     }
+
+
+def _gaps_per_rank(timeline: Timeline, n: int, busy: list[float]) -> list[float]:
+    """Per rank, the idle time between its first compute and its last: what remains of the bubble when
+    iterations run back to back, each rank's fill and drain covered by its neighbours' (steady state)."""
+    first, last = [None] * n, [0.0] * n
+    for e in timeline.events:
+        if e.op in _COMPUTE:
+            first[e.rank] = e.start if first[e.rank] is None else min(first[e.rank], e.start)
+            last[e.rank] = max(last[e.rank], e.end)
+    return [max(0.0, last[r] - first[r] - busy[r]) if first[r] is not None else 0.0 for r in range(n)]
+
+
+_COMPUTE = frozenset({"F", "B", "I", "W"})
 
 
 def _busy_per_rank(timeline: Timeline, n: int) -> list[float]:

@@ -75,7 +75,10 @@ class StageCosts:
     ``send_bytes[s]`` is what stage ``s`` sends downstream per micro-batch
     (its last layer's output; the gradient sent back upstream has the same
     size); ``activation_bytes[s]`` what it keeps per micro-batch in flight.
-    ``step_ms`` is the optimizer step of the stage.
+    ``step_ms`` is the optimizer step of the stage. ``input_grad_ms`` and
+    ``weight_grad_ms`` split ``backward_ms`` into the input gradient (I) and
+    the weight gradient (W) that zero-bubble schedules run apart; left empty,
+    each is half of the backward.
     """
 
     forward_ms: tuple[float, ...]
@@ -87,6 +90,8 @@ class StageCosts:
     activation_bytes: tuple[int, ...]
     step_ms: tuple[float, ...] = ()
     microbatch_size: int | None = None
+    input_grad_ms: tuple[float, ...] = ()
+    weight_grad_ms: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.forward_ms)
@@ -94,8 +99,12 @@ class StageCosts:
             raise ValueError("StageCosts needs at least one stage, got none")
         if not self.step_ms:
             object.__setattr__(self, "step_ms", (0.0,) * n)
+        if not self.input_grad_ms and not self.weight_grad_ms:
+            half = tuple(b / 2 for b in self.backward_ms)
+            object.__setattr__(self, "input_grad_ms", half)
+            object.__setattr__(self, "weight_grad_ms", half)
         for name in ("forward_ms", "backward_ms", "send_bytes", "param_bytes", "grad_bytes", "optimizer_bytes",
-                     "activation_bytes", "step_ms"):
+                     "activation_bytes", "step_ms", "input_grad_ms", "weight_grad_ms"):
             values = tuple(getattr(self, name))
             if len(values) != n:
                 raise ValueError(f"StageCosts.{name} has {len(values)} entries, expected one per stage ({n})")
@@ -113,15 +122,20 @@ class StageCosts:
 
     @classmethod
     def uniform(cls, num_stages: int, *, forward_ms: float = 1.0, backward_ms: float = 2.0, send_bytes: int = 0,
-                param_bytes: int = 0, activation_bytes: int = 0, optimizer: str = "adam") -> "StageCosts":
-        """Identical stages (the textbook case for bubble formulas)."""
+                param_bytes: int = 0, activation_bytes: int = 0, optimizer: str = "adam",
+                input_grad_ms: float | None = None, weight_grad_ms: float | None = None) -> "StageCosts":
+        """Identical stages (the textbook case for bubble formulas); I and W default to half the backward each,
+        and given, set the backward to their sum."""
         if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
             raise ValueError(f"num_stages must be an int >= 1, got {num_stages!r}")
         opt = int(OPTIMIZER_STATE_FACTORS[optimizer] * param_bytes)
-        return cls(forward_ms=(forward_ms,) * num_stages, backward_ms=(backward_ms,) * num_stages,
+        i = backward_ms / 2 if input_grad_ms is None else input_grad_ms
+        w = backward_ms / 2 if weight_grad_ms is None else weight_grad_ms
+        return cls(forward_ms=(forward_ms,) * num_stages, backward_ms=(i + w,) * num_stages,
                    send_bytes=(send_bytes,) * (num_stages - 1) + (0,), param_bytes=(param_bytes,) * num_stages,
                    grad_bytes=(param_bytes,) * num_stages, optimizer_bytes=(opt,) * num_stages,
-                   activation_bytes=(activation_bytes,) * num_stages)
+                   activation_bytes=(activation_bytes,) * num_stages, input_grad_ms=(i,) * num_stages,
+                   weight_grad_ms=(w,) * num_stages)
 
     @classmethod
     def from_model(cls, costs: ModelCosts, partition: Partition, microbatch_size: int | None = None, *,
@@ -144,7 +158,18 @@ class StageCosts:
         sends[-1] = 0
         gbs = device.memory_bandwidth_gbs if device else None
         steps = [((2 * p + g + 2 * o) / (gbs * 1e9) * 1e3) if gbs else 0.0 for p, g, o in zip(params, grads, opts)]
+        inputs, weights = zip(*(_split(layer, t) for layer, t in zip(layers, backward)))
         return cls(forward_ms=tuple(stage_sum(forward)), backward_ms=tuple(stage_sum(backward)),
                    send_bytes=tuple(sends), param_bytes=tuple(params), grad_bytes=tuple(grads),
                    optimizer_bytes=tuple(opts), activation_bytes=tuple(saved), step_ms=tuple(steps),
-                   microbatch_size=b)
+                   microbatch_size=b, input_grad_ms=tuple(stage_sum(inputs)),
+                   weight_grad_ms=tuple(stage_sum(weights)))
+
+
+def _split(layer: LayerCost, backward_ms: float) -> tuple[float, float]:
+    """A layer's backward time ``backward_ms`` (at the micro-batch) split as the profile split its backward."""
+    i, w = layer.split_backward_ms
+    total = i + w
+    if total <= 0:
+        return backward_ms, 0.0
+    return backward_ms * i / total, backward_ms * w / total

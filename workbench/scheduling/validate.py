@@ -7,7 +7,9 @@ so every schedule is checked here first, as data. The checks, in order:
    rank ``meta.stage_to_rank`` gives their stage;
 2. per rank, every micro-batch's backward follows its forward on that stage,
    and each forward runs once; every pipeline runs every stage's forward for
-   every micro-batch of every iteration it names;
+   every micro-batch of every iteration it names; a split backward runs its
+   weight gradient (``W``) after its input gradient (``I``) and before the
+   stage's next optimizer step, and never beside a full backward (``B``);
 3. every send has its receive: per channel (sender, receiver, direction) the
    receiver expects the micro-batches in the order they are sent (the
    runtime's isend/irecv pairs messages in order);
@@ -66,8 +68,40 @@ def _check_well_formed(schedule: Schedule, owner: dict[int, list[int]] | None) -
                     _fail(schedule, f"rank {r} runs {a}, but meta.stage_to_rank puts stage {a.stage} elsewhere")
 
 
+def _check_split(schedule: Schedule, r: int) -> None:
+    """On rank ``r``: each W after its I, before the stage's next STEP, and no micro-batch both split and whole."""
+    inputs: set = set()
+    whole: set = set()
+    pending: dict[int, set] = defaultdict(set)  # stage -> split backwards whose W has not run
+    for a in schedule.actions(r):
+        key = (a.stage, a.microbatch, a.iteration)
+        if a.op is Op.BACKWARD_INPUT:
+            if key in whole or key in inputs:
+                _fail(schedule, f"rank {r} runs {a} but micro-batch {a.microbatch} of stage {a.stage} already ran "
+                                f"its backward")
+            inputs.add(key)
+            pending[a.stage].add(key)
+        elif a.op is Op.BACKWARD:
+            if key in inputs:
+                _fail(schedule, f"rank {r} runs the full backward {a} after its input gradient (I)")
+            whole.add(key)
+        elif a.op is Op.BACKWARD_WEIGHT:
+            if key not in pending[a.stage]:
+                _fail(schedule, f"rank {r} runs the weight gradient {a} before (or without) its input gradient (I)")
+            pending[a.stage].discard(key)
+        elif a.op is Op.STEP and pending[a.stage]:
+            left = sorted(pending[a.stage], key=str)[0]
+            _fail(schedule, f"rank {r} steps stage {a.stage} ({a}) before the weight gradient (W) of micro-batch "
+                            f"{left[1]} (iteration {left[2]})")
+    if any(pending.values()):
+        stage = next(s for s, keys in pending.items() if keys)
+        _fail(schedule, f"rank {r} never runs the weight gradient (W) of micro-batch "
+                        f"{sorted(pending[stage], key=str)[0][1]} on stage {stage}")
+
+
 def _check_forward_backward(schedule: Schedule, owner: dict[int, list[int]] | None) -> None:
-    has_backward = any(a.op is Op.BACKWARD for r in range(schedule.num_ranks) for a in schedule.actions(r))
+    has_backward = any(a.op in (Op.BACKWARD, Op.BACKWARD_INPUT)
+                       for r in range(schedule.num_ranks) for a in schedule.actions(r))
     pipelines_done: dict[tuple, set] = defaultdict(set)
     iterations: set = set()
     for r in range(schedule.num_ranks):
@@ -86,6 +120,7 @@ def _check_forward_backward(schedule: Schedule, owner: dict[int, list[int]] | No
                 if key not in forwards:
                     _fail(schedule, f"rank {r} runs backward {a} before (or without) its forward on stage {a.stage}")
                 backwards.add(key)
+        _check_split(schedule, r)
         if has_backward and schedule.meta.stage_to_rank:
             missing = sorted(forwards - backwards, key=str)
             if missing:
@@ -180,7 +215,7 @@ def _check_progress(schedule: Schedule, owner: dict[int, list[int]] | None, ar_m
         if pipeline_deps and a.op is Op.FORWARD and a.stage > 0:
             need = ("F", owner[r][0], a.stage - 1, a.microbatch, a.iteration)
             return None if need in computed else f"the forward of micro-batch {a.microbatch} on stage {a.stage - 1}"
-        if pipeline_deps and a.op is Op.BACKWARD and a.stage + 1 < len(owner[r]):
+        if pipeline_deps and a.op in (Op.BACKWARD, Op.BACKWARD_INPUT) and a.stage + 1 < len(owner[r]):
             need = ("B", owner[r][0], a.stage + 1, a.microbatch, a.iteration)
             return None if need in computed else f"the backward of micro-batch {a.microbatch} on stage {a.stage + 1}"
         return None
@@ -200,8 +235,9 @@ def _check_progress(schedule: Schedule, owner: dict[int, list[int]] | None, ar_m
                     recvs_done[_channel(a, r)] += 1
                 elif a.op is Op.ALL_REDUCE:
                     launched[(a.stage, a.iteration, a.bucket)].add(r)
-                elif a.op in (Op.FORWARD, Op.BACKWARD) and pipeline_deps:
-                    computed.add((a.op.value, owner[r][0], a.stage, a.microbatch, a.iteration))
+                elif a.op in (Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT) and pipeline_deps:
+                    kind = "F" if a.op is Op.FORWARD else "B"  # an input gradient is what the stage before waits for
+                    computed.add((kind, owner[r][0], a.stage, a.microbatch, a.iteration))
                 pointer[r] += 1
                 progress = True
     stuck = [r for r in range(n) if pointer[r] < len(programs[r])]

@@ -52,6 +52,7 @@ from ..planning.ampa import PartitionResult, Projection, solve
 from ..planning.clusters import cluster_names, collective_link, get_cluster
 from ..planning.partitioners import partition as run_partitioner
 from ..core.plan import GPipe, GroPipe, Interleaved, OneFOneB, ParallelPlan
+from ..scheduling.registry import schedule_for, stage_memory
 from ..scheduling.simulate import SimResult, simulate
 from ..scheduling.stagecosts import StageCosts
 from ..viz.balance import balance_figure, update_balance_figure
@@ -279,9 +280,9 @@ class PartitionEditor:
             if cluster is not None and cluster.world_size < plan.world_size:
                 raise ValueError(f"cluster {cluster.name!r} has {cluster.world_size} devices, fewer than "
                                  f"{plan.dp} groups x {plan.pp} stages")
-            schedule = plan.schedule()
+            schedule = schedule_for(plan)
             projection = Projection(self.cluster_costs, V, num_microbatches=m, cluster=cluster,
-                                    schedule=plan.memory_schedule)
+                                    schedule=stage_memory(plan))
             cap = cluster.device.memory_bytes if cluster else None
             optimum = solve(projection, cap)
         except ValueError as error:  # the previous configuration stays in force, and the error stays shown
@@ -317,7 +318,7 @@ class PartitionEditor:
             else:
                 chosen = run_partitioner(self.cluster_costs, self.num_virtual_stages, algorithm,
                                          num_microbatches=self.microbatches.value, cluster=self.cluster_spec,
-                                         schedule=self.projection.schedule).partition
+                                         schedule=self.projection.memory).partition
         except ValueError as error:
             self._show_error(error)
             return

@@ -40,6 +40,7 @@ from ..core.ir import Schedule
 from ..core.timeline import Timeline
 from ..planning.clusters import get_device
 from ..core.plan import AsyncPipeline, GPipe, GroPipe, Interleaved, OneFOneB, ParallelPlan
+from ..scheduling.registry import schedule_for
 from ..scheduling.simulate import SimResult, simulate
 from ..scheduling.stagecosts import StageCosts
 from ..viz.timeline import timeline_figure, update_timeline_figure
@@ -98,7 +99,7 @@ def build_schedule(kind: str, stages: int, microbatches: int, *, chunks: int = 2
         raise ValueError(f"schedule must be one of {', '.join(EXPLORER_SCHEDULES)}; got {kind!r}")
     plan = ParallelPlan.for_pipeline(kind, stages, microbatches, chunks=chunks, delay=delay,
                                      groups=groups if kind == GroPipe.kind else 1)
-    return plan.schedule(num_iterations=iterations if plan.iterates_across_steps else 1)
+    return schedule_for(plan, num_iterations=iterations if plan.iterates_across_steps else 1)
 
 
 def bubble_formula(kind: str, stages: int, microbatches: int, *, chunks: int = 2,

@@ -4,7 +4,9 @@
 pipeline, its tensor parallelism) and returns the class that runs it, as
 ``"module:Class"`` inside this package imported only when a run uses it (so
 registering a strategy costs nothing and needs no torch import here).
-Adding a pipeline kind is one line in :data:`BY_PIPELINE`.
+Pipeline kinds say which runtime runs them (``PipelineSpec.runtime``), so a
+new kind that the interpreter can run needs nothing here; a new runtime is
+one line in :data:`BY_RUNTIME`.
 
 Plans that give layers different options, shard data parallelism (zero2,
 fsdp) or use 1D tensor parallelism other than the uniform 1D strategy's run
@@ -18,18 +20,16 @@ from __future__ import annotations
 from importlib import import_module
 
 from ...core.config import runs_layer_by_layer
-from ...core.plan import AsyncPipeline, GPipe, GroPipe, Interleaved, NoPipeline, OneFOneB, ParallelPlan, \
-    TorchPipelining
+from ...core.plan import NoPipeline, ParallelPlan
 
-__all__ = ["BY_PIPELINE", "BY_TENSOR", "LAYERWISE", "strategy_class"]
+__all__ = ["BY_RUNTIME", "BY_TENSOR", "LAYERWISE", "strategy_class"]
 
-BY_PIPELINE: dict[type, str] = {
-    GPipe: "pipeline:ScheduledPipeline",
-    OneFOneB: "pipeline:ScheduledPipeline",
-    Interleaved: "pipeline:ScheduledPipeline",
-    GroPipe: "gropipe:GroPipe",
-    AsyncPipeline: "async_pipeline:AsyncPipeline",
-    TorchPipelining: "torch_pipelining:TorchPipelining",
+# a pipeline kind's runtime (PipelineSpec.runtime) -> the strategy that runs it
+BY_RUNTIME: dict[str, str] = {
+    "pipeline": "pipeline:ScheduledPipeline",
+    "grouped": "gropipe:GroPipe",
+    "async": "async_pipeline:AsyncPipeline",
+    "torch": "torch_pipelining:TorchPipelining",
 }
 # plans without a pipeline, by the mesh's tensor parallelism
 BY_TENSOR: dict[str, str] = {
@@ -50,6 +50,6 @@ def strategy_class(plan: ParallelPlan) -> type:
     elif isinstance(plan.pipeline, NoPipeline):
         target = BY_TENSOR[plan.tp_kind]
     else:
-        target = BY_PIPELINE[type(plan.pipeline)]
+        target = BY_RUNTIME[plan.pipeline.runtime]
     module_name, class_name = target.split(":")
     return getattr(import_module(f"{__name__}.{module_name}"), class_name)

@@ -86,13 +86,14 @@ def async_schedule(config, inflight: tuple[int, ...] | int | None = None, *, ite
     """The lowered stream of the whole run (``config.steps`` iterations, or ``iterations``) that every rank
     executes, with ``inflight`` (the depths the runtime resolved) and ``mode`` in place of the plan's own."""
     from ...scheduling.passes import add_p2p
+    from ...scheduling.registry import schedule_for
 
     plan = config.plan
     if inflight is not None:
         plan = plan.replace(pipeline=replace(plan.pipeline, inflight=inflight))
     if mode is not None:
         plan = plan.replace(pipeline=replace(plan.pipeline, mode=mode))
-    return add_p2p(plan.schedule(num_iterations=config.steps if iterations is None else iterations))
+    return add_p2p(schedule_for(plan, num_iterations=config.steps if iterations is None else iterations))
 
 
 def _shifted(actions: tuple[Action, ...], start: int) -> list[Action]:

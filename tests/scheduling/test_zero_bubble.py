@@ -1,0 +1,140 @@
+"""Zero-bubble schedules: the published bubbles and memory on uniform costs, the split backward's rules.
+
+Uniform costs with F = I = W (per chunk for the V-shaped kinds, each chunk
+half a stage, so every rank has the same work): the bubble per iteration
+(makespan minus a rank's compute) and the steady-state bubble (the idle time
+between a rank's first and last compute, what remains when iterations run
+back to back and the neighbours' fill and drain cover each rank's own) equal
+the formulas of the papers; the peak in-flight activations too.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from workbench.core.ir import Op, Schedule
+from workbench.core.plan import ParallelPlan
+from workbench.scheduling.memory import in_flight_microbatches, memory_breakdown
+from workbench.scheduling.registry import schedule_for
+from workbench.scheduling.simulate import simulate
+from workbench.scheduling.stagecosts import StageCosts
+from workbench.scheduling.validate import ScheduleError, validate
+from workbench.scheduling.passes import lower
+from workbench.scheduling.zero_bubble import zb_auto, zb_h1, zb_h2
+
+SIZES = [(p, m) for p in (2, 3, 4, 6) for m in (2 * p, 3 * p + 1)]
+
+
+def run(kind: str, p: int, m: int, f: float = 1.0, i: float = 1.0, w: float = 1.0):
+    """(bubble per iteration, steady bubble of the worst rank, peak activations in full stages, result)."""
+    plan = ParallelPlan.parse(f"pp{p}-{kind}-m{m}")
+    c = plan.chunks
+    costs = StageCosts.uniform(plan.num_virtual_stages, forward_ms=f / c, input_grad_ms=i / c, weight_grad_ms=w / c,
+                               activation_bytes=2 // c * 1)
+    result = simulate(schedule_for(plan), costs)
+    work = m * (f + i + w)
+    peak = max(row["activations"] for row in result.memory) / 2
+    return result.metrics["makespan_ms"] - work, max(result.metrics["steady_bubble_ms"]), peak, result
+
+
+@pytest.mark.parametrize(("p", "m"), SIZES)
+def test_uniform_bubbles_and_memory_equal_the_formulas(p, m):
+    bubble, steady, peak, _ = run("1f1b", p, m)
+    assert bubble == pytest.approx((p - 1) * 3) and steady == pytest.approx((p - 1) * 3)  # (p-1)(F+I+W)
+    assert peak == p
+    bubble, steady, peak, _ = run("zbh1", p, m)
+    assert bubble == pytest.approx(p - 1) and steady == pytest.approx(p - 1)  # (p-1)(F+I-W), at 1F1B's memory
+    assert peak == p
+    _, steady, peak, _ = run("zbh2", p, m)
+    assert steady == pytest.approx(0.0) and peak == 2 * p - 1  # no bubble inside, 2p - 1 micro-batches
+    _, steady, peak, _ = run("zbv", p, m)
+    assert steady == pytest.approx(0.0) and peak == p  # two chunks in a V: no bubble inside, 1F1B's memory
+    bubble, steady, peak, _ = run("dualpipev", p, m)
+    # the authors' table (DualPipe's repository): activations PP + 1 chunks (PP = 2p stages), bubble
+    # (PP/2 - 1)(F&B + B - 3W); run in sequence, a forward-backward pair costs F + B: (p - 1)(1/2 + 1 + 1 - 3/2)
+    assert peak * 2 == 2 * p + 1
+    assert bubble <= (p - 1) * (0.5 + 1.0 + 1.0 - 1.5) + 1e-9
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_zero_bubble_h2_follows_its_formula_on_unequal_costs(p):
+    """ZB-H2's steady bubble is (p - 1) max(0, F + I - 2W), ZB-H1's bubble (p - 1)(F + I - W) while W <= F + I."""
+    for f, i, w in ((2.0, 1.0, 1.0), (1.0, 2.0, 1.0), (1.0, 3.0, 0.5), (3.0, 1.0, 1.0), (1.0, 1.0, 2.0)):
+        _, steady, _, _ = run("zbh2", p, 4 * p, f, i, w)
+        assert steady == pytest.approx((p - 1) * max(0.0, f + i - 2 * w)), (f, i, w)
+        bubble, _, _, _ = run("zbh1", p, 4 * p, f, i, w)
+        if w <= f:
+            assert bubble == pytest.approx((p - 1) * (f + i - w)), (f, i, w)
+
+
+def test_the_automatic_schedule_is_never_slower_than_zb_h1_and_keeps_its_memory_limit():
+    rng = random.Random(7)
+    for _ in range(12):
+        p = rng.randint(2, 4)
+        m = rng.randint(p, 3 * p)
+        f = [rng.uniform(0.5, 2.0) for _ in range(p)]
+        i = [rng.uniform(0.5, 2.0) for _ in range(p)]
+        w = [rng.uniform(0.2, 2.0) for _ in range(p)]
+        costs = StageCosts(forward_ms=tuple(f), backward_ms=tuple(a + b for a, b in zip(i, w)), send_bytes=(0,) * p,
+                           param_bytes=(0,) * p, grad_bytes=(0,) * p, optimizer_bytes=(0,) * p,
+                           activation_bytes=(10 ** 6,) * p, input_grad_ms=tuple(i), weight_grad_ms=tuple(w))
+        auto = zb_auto(p, m, costs)
+        validate(lower(auto))
+        h1 = simulate(zb_h1(p, m), costs).metrics["iteration_ms"]
+        assert simulate(auto, costs).metrics["iteration_ms"] <= h1 + 1e-9
+        assert max(in_flight_microbatches(auto)) <= min(p, m)  # 0 MB: 1F1B's memory
+        roomy = zb_auto(p, m, costs, memory_limit_mb=(2 * p - 1) * 1.0)
+        assert max(in_flight_microbatches(roomy)) <= 2 * p - 1
+        assert simulate(roomy, costs).metrics["iteration_ms"] <= simulate(zb_h2(p, m), costs).metrics[
+            "iteration_ms"] + 1e-9
+
+
+def test_a_memory_limit_no_schedule_meets_is_refused_naming_the_field():
+    costs = StageCosts.uniform(2, activation_bytes=4 * 10 ** 6)
+    with pytest.raises(ValueError, match="'pipeline.memory_limit_mb' = 1 is invalid: one micro-batch"):
+        zb_auto(2, 4, costs, memory_limit_mb=1)
+
+
+def test_bad_zero_bubble_plans_are_refused_naming_the_field():
+    with pytest.raises(ValueError, match="'pipeline.chunks' = 3 is invalid: a V-shaped schedule"):
+        ParallelPlan.from_dict({"mesh": {"dp": 1, "pp": 2}, "microbatches": 4,
+                                "pipeline": {"kind": "zbv", "chunks": 3}})
+    with pytest.raises(ValueError, match="'microbatches' = 3 is invalid: DualPipeV fills both arms"):
+        ParallelPlan.parse("pp2-dualpipev-m3")
+    with pytest.raises(ValueError, match="'pipeline.memory_limit_mb' = -1 is invalid"):
+        ParallelPlan.from_dict({"mesh": {"dp": 1, "pp": 2}, "microbatches": 4,
+                                "pipeline": {"kind": "zb-auto", "memory_limit_mb": -1}})
+
+
+def test_the_validator_holds_every_w_between_its_i_and_the_step():
+    ok = Schedule.from_text(["0F0 0I0 0W0 0STEP"])
+    validate(ok)
+    for text, problem in ((["0F0 0W0 0I0"], "weight gradient 0W0 before"), (["0F0 0I0 0STEP 0W0"], "before the weight"),
+                          (["0F0 0I0"], "never runs the weight gradient"), (["0F0 0I0 0B0 0W0"], "full backward 0B0 after its input gradient"),
+                          (["0F0 0B0 0I0 0W0"], "already ran its backward")):
+        with pytest.raises(ScheduleError, match=problem):
+            validate(Schedule.from_text(text))
+
+
+def test_activations_stay_until_the_weight_gradient():
+    costs = StageCosts.uniform(1, activation_bytes=100)
+    split = Schedule.from_text(["0F0 0F1 0I0 0I1 0W0 0W1"])
+    whole = Schedule.from_text(["0F0 0F1 0B0 0B1"])
+    assert memory_breakdown(split, costs)[0]["activations"] == 200
+    assert in_flight_microbatches(split) == [2] and in_flight_microbatches(whole) == [2]
+    late = Schedule.from_text(["0F0 0I0 0F1 0I1 0W0 0W1"])
+    assert in_flight_microbatches(late) == [2]  # W frees, I does not
+    early = Schedule.from_text(["0F0 0I0 0W0 0F1 0I1 0W1"])
+    assert in_flight_microbatches(early) == [1]
+
+
+def test_every_zero_bubble_schedule_is_valid_lowered_and_in_groups():
+    for name in ("pp3-zbh1-m5", "pp3-zbh2-m5", "pp3-zbv-m4", "pp2-dualpipev-m5", "pp3-zbauto-m6",
+                 "gropipe-2x3-zbh1-m4-d1", "gropipe-2x2-zbh2-m3-d0", "torchpp2-interleaved-zb-m4"):
+        plan = ParallelPlan.parse(name)
+        schedule = schedule_for(plan, num_iterations=2 if plan.delayed_update else 1)
+        validate(lower(schedule))
+        ops = {a.op for r in range(schedule.num_ranks) for a in schedule.actions(r)}
+        assert {Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT} <= ops, name
