@@ -1,5 +1,7 @@
 """Zero-bubble schedules under real torchrun (gloo) equal the single-process reference, I and W as scheduled.
 
+torch's own zero-bubble schedules (the baselines) are checked the same way.
+
 Every new kind, and GroPipe with a zero-bubble schedule in its groups, on 2
 and 4 ranks: after the steps the losses and every parameter equal the dense
 model trained in one process on the same micro-batches (1e-5), and the
@@ -34,6 +36,8 @@ RUNS = [
     ("gropipe-1x2-zbh1-m4-d1", SGD),
     ("gropipe-2x2-zbh2-m4-d0", SGD),
 ]
+# torch's own zero-bubble schedules, the baselines, at the same partition and micro-batches
+TORCH_RUNS = ["torchpp2-zbv-m4", "torchpp2-dualpipev-m4", "torchpp2-interleaved-zb-m4"]
 
 
 @pytest.mark.timeout(180)
@@ -45,3 +49,11 @@ def test_zero_bubble_run_equals_the_reference(tmp_path, plan, extra):
     stages = config.plan.pp  # pipeline ranks of the first group (GroPipe's groups hold identical replicas)
     assert_matches_reference(tmp_path, config, list(range(stages)))
     assert_events_follow_schedule(tmp_path, config)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("plan", TORCH_RUNS)
+def test_torch_zero_bubble_baseline_equals_the_reference(tmp_path, plan):
+    config = run_ok(tmp_path, 2, plan=plan, **SGD)
+    assert config.plan.num_virtual_stages == 4  # two stages per rank, as the workbench's kind of that name
+    assert_matches_reference(tmp_path, config, [0, 1])

@@ -1,9 +1,12 @@
 """Baseline: ``torch.distributed.pipelining`` on the same partition and schedule.
 
 The peer our interpreter is measured against: torch's own ``PipelineStage``
-over the same stage module (cut from the same model by the same partition)
-and its ``ScheduleGPipe`` / ``Schedule1F1B`` (``[plan.pipeline] schedule``) over the
-same micro-batches. Two documented traps are avoided on purpose: every rank
+over the same stage modules (cut from the same model by the same partition)
+and its ``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleavedZeroBubble``,
+``ScheduleZBVZeroBubble`` or ``ScheduleDualPipeV`` (``[plan.pipeline]
+schedule``) over the same micro-batches. The two-stage-per-rank schedules
+put the stages where the workbench's kinds of the same name put them (a V:
+stages ``r`` and ``2p - 1 - r`` on rank ``r``; looped: ``r`` and ``r + p``). Two documented traps are avoided on purpose: every rank
 gets ``loss_fn`` (without it earlier stages silently skip backward), and
 the example input for shape inference is a real tensor with grad enabled.
 torch scales the gradients by 1 / micro-batches itself (``scale_grads``),
@@ -18,52 +21,61 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleDualPipeV, ScheduleGPipe,
+                                          ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble)
 
 from ..batches import split_rounds
 from .base import RunContext, Strategy, global_mean_loss, make_optimizer
 
 __all__ = ["TorchPipelining"]
 
-_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+_SINGLE = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+_MULTI = {"interleaved-zb": ScheduleInterleavedZeroBubble, "zbv": ScheduleZBVZeroBubble,
+          "dualpipev": ScheduleDualPipeV}
 
 
 class TorchPipelining(Strategy):
-    """One stage per rank, executed by torch.distributed.pipelining."""
+    """The rank's stages, executed by torch.distributed.pipelining's schedule of the plan's name."""
 
     def __init__(self, ctx: RunContext) -> None:
+        from ...scheduling.registry import schedule_for
+
         super().__init__(ctx)
         config = ctx.config
-        if config.grad_accum != 1 or config.plan.pp < 2:
+        plan = config.plan
+        if config.grad_accum != 1 or plan.pp < 2:
             raise ValueError(f"torch's pipelining needs grad_accum = 1 and pp >= 2, got grad_accum = "
-                             f"{config.grad_accum}, pp = {config.plan.pp}")
-        if ctx.partition.num_stages != config.plan.pp:
+                             f"{config.grad_accum}, pp = {plan.pp}")
+        stages = plan.num_virtual_stages
+        if ctx.partition.num_stages != stages:
             raise ValueError(f"partition {ctx.partition} has {ctx.partition.num_stages} stages, "
-                             f"torch-pipelining needs {config.plan.pp}")
-        self.module = ctx.model.stage(*ctx.partition.bounds[ctx.rank]).to(ctx.device)
-        self.is_first, self.is_last = ctx.rank == 0, ctx.rank == config.plan.pp - 1
-        self.stage = PipelineStage(self.module, ctx.rank, config.plan.pp, ctx.device)
-        self.schedule = _SCHEDULES[config.plan.pipeline.schedule](self.stage, config.plan.microbatches,
-                                                                  loss_fn=ctx.model.loss_fn)
-        self._optimizer = make_optimizer([p for p in self.module.parameters() if p.requires_grad], config)
+                             f"torch-pipelining needs {stages}")
+        self.indices = sorted(schedule_for(plan).stages_of(ctx.rank))
+        self.modules_by_stage = {v: ctx.model.stage(*ctx.partition.bounds[v]).to(ctx.device) for v in self.indices}
+        self.is_first, self.is_last = 0 in self.indices, stages - 1 in self.indices
+        pipeline_stages = [PipelineStage(self.modules_by_stage[v], v, stages, ctx.device) for v in self.indices]
+        name = plan.pipeline.schedule
+        if name in _SINGLE:
+            self.schedule = _SINGLE[name](pipeline_stages[0], plan.microbatches, loss_fn=ctx.model.loss_fn)
+        else:
+            self.schedule = _MULTI[name](pipeline_stages, plan.microbatches, loss_fn=ctx.model.loss_fn)
+        self._optimizer = make_optimizer([p for m in self.modules_by_stage.values() for p in m.parameters()
+                                          if p.requires_grad], config)
 
     def train_step(self, step: int, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
         data = split_rounds(batch, self.config, 0)[0]
         device = self.ctx.device
         losses: list[torch.Tensor] = []
-        if self.is_first:
-            self.schedule.step(torch.cat(list(data.inputs)).to(device))
-        elif self.is_last:
-            self.schedule.step(target=torch.cat(list(data.targets)).to(device), losses=losses)
-        else:
-            self.schedule.step()
+        args = (torch.cat(list(data.inputs)).to(device),) if self.is_first else ()
+        kwargs = {"target": torch.cat(list(data.targets)).to(device), "losses": losses} if self.is_last else {}
+        self.schedule.step(*args, **kwargs)
         self._optimizer.step()
         self._optimizer.zero_grad(set_to_none=True)
         local = sum(float(loss.detach()) for loss in losses)
         return global_mean_loss(local, self.config.plan.microbatches, device)
 
     def modules(self) -> dict[str, nn.Module]:
-        return {f"stage{self.ctx.rank}": self.module}
+        return {f"stage{v}": module for v, module in self.modules_by_stage.items()}
 
     def optimizer(self) -> torch.optim.Optimizer:
         return self._optimizer
