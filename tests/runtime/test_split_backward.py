@@ -81,8 +81,8 @@ def test_split_backward_equals_the_whole_backward(name, overrides, recompute):
 
 
 def test_the_weight_pass_starts_where_the_weights_join_the_activation_path():
-    """A linear layer's weight and bias join the activation path at its matmul: W starts there (one join, both
-    parameters), so it never runs the activation gradient of the layer after it again."""
+    """A linear layer's weight joins the activation path at its matmul: W starts there, so it never runs the
+    activation gradient of the layer after it again; its bias, a vector, comes with the input gradient."""
     torch.manual_seed(0)
     first, second = torch.nn.Linear(3, 4), torch.nn.Linear(4, 2)
     x = torch.randn(5, 3, requires_grad=True)
@@ -90,7 +90,9 @@ def test_the_weight_pass_starts_where_the_weights_join_the_activation_path():
     out = second(torch.tanh(first(h)))
     split = SplitBackward(out, h.grad_fn, list(first.parameters()) + list(second.parameters()))
     grad_input = split.backward_input(torch.ones(5, 2))
-    assert len(split._joins) == 2 and sorted(len(params) for _, params in split._joins) == [2, 2]
+    assert [len(params) for _, params in split._joins] == [1, 1]
+    assert {id(p) for p in split.eager} == {id(first.bias), id(second.bias)} and first.bias.grad is not None
+    assert first.weight.grad is None  # the matrices wait for W
     split.backward_weight()
     reference = [p.grad.clone() for p in (*first.parameters(), *second.parameters())]
     for p in (*first.parameters(), *second.parameters()):

@@ -137,3 +137,15 @@ def test_no_module_but_style_spells_an_op_colour():
     offenders = {str(p.relative_to(PACKAGE)): sorted(found) for p in SOURCES
                  if (found := colours & {m.lower() for m in re.findall(r"#[0-9a-fA-F]{6}", p.read_text())})}
     assert offenders == {}, "take op colours from workbench.viz.style, do not copy them"
+
+
+def test_a_split_backward_draws_its_input_and_weight_gradients_in_their_own_colours():
+    from workbench.core.plan import ParallelPlan
+    from workbench.scheduling.registry import schedule_for
+    from workbench.scheduling.simulate import simulate
+    from workbench.scheduling.stagecosts import StageCosts
+
+    result = simulate(schedule_for(ParallelPlan.parse("pp3-zbh1-m4")), StageCosts.uniform(3))
+    fig = timeline_figure(result.timeline)
+    assert {"input-grad", "weight-grad"} <= assert_style_colours(fig)
+    assert len({op_color("B"), op_color("I"), op_color("W")}) == 3

@@ -149,6 +149,13 @@ class PipelineSpec:
         """Read one option word of a name into ``options``; False when it is not this kind's."""
         return False
 
+    # -- teaching ------------------------------------------------------------------------------------------------------
+    def uniform_bubble(self, stages: int, microbatches: int, backward: float = 2.0,
+                       iterations: int = 1) -> tuple[float, str] | None:
+        """The textbook bubble fraction on identical stages with free messages (forward 1, backward ``backward``
+        per rank, a split one half input and half weight gradient), with its formula; None: no closed form."""
+        return None
+
     # -- the planner ---------------------------------------------------------------------------------------------------
     @classmethod
     def search_variants(cls, *, stages: int, microbatches: int, replicas: int) -> list["PipelineSpec"]:
@@ -156,6 +163,16 @@ class PipelineSpec:
         if not cls.searched or (replicas > 1) != cls.replicated or stages < max(2, cls.min_stages):
             return []
         return [cls()]
+
+
+def _flush_bubble(p: int, m: int) -> tuple[float, str]:
+    return (p - 1) / (m + p - 1), f"(p-1)/(m+p-1) = {p - 1}/({m}+{p - 1})"
+
+
+def _split_bubble(p: int, m: int, backward: float, fill: float, text: str) -> tuple[float, str]:
+    """A split-backward schedule whose fill and drain leave ``fill`` forwards idle per stage, over its makespan."""
+    idle = (p - 1) * fill
+    return idle / (m * (1 + backward) + idle), f"{text} = {idle:g}/({m}·{1 + backward:g}+{idle:g})"
 
 
 def _number(text: str) -> Any:
@@ -231,6 +248,10 @@ class GPipe(OnePipeline):
     per_layer: ClassVar[bool] = True
     inner: ClassVar[bool] = True
 
+    def uniform_bubble(self, stages: int, microbatches: int, backward: float = 2.0,
+                       iterations: int = 1) -> tuple[float, str]:
+        return _flush_bubble(stages, microbatches)
+
 
 @register_kind
 @dataclass(frozen=True)
@@ -241,6 +262,10 @@ class OneFOneB(OnePipeline):
     token: ClassVar[str] = "1f1b"
     per_layer: ClassVar[bool] = True
     inner: ClassVar[bool] = True
+
+    def uniform_bubble(self, stages: int, microbatches: int, backward: float = 2.0,
+                       iterations: int = 1) -> tuple[float, str]:
+        return _flush_bubble(stages, microbatches)
 
 
 @register_kind
@@ -264,6 +289,11 @@ class Interleaved(PipelineSpec):
 
     def head(self, plan: Any) -> str:
         return f"pp{plan.pp}-interleaved-v{self.chunks}-m{plan.microbatches}"
+
+    def uniform_bubble(self, stages: int, microbatches: int, backward: float = 2.0,
+                       iterations: int = 1) -> tuple[float, str]:
+        p, m, v = stages, microbatches, self.chunks
+        return (p - 1) / (v * m + p - 1), f"(p-1)/(v·m+p-1) = {p - 1}/({v}·{m}+{p - 1})"
 
     @classmethod
     def head_pattern(cls) -> str:
@@ -291,6 +321,11 @@ class ZBH1(OnePipeline):
     searched: ClassVar[bool] = False
     inner: ClassVar[bool] = True
 
+    def uniform_bubble(self, stages: int, microbatches: int, backward: float = 2.0,
+                       iterations: int = 1) -> tuple[float, str]:
+        # (p - 1)(F + I - W) with I = W: one forward per stage
+        return _split_bubble(stages, microbatches, backward, 1.0, "(p-1)(F+I-W)/(m(F+I+W)+(p-1)(F+I-W))")
+
 
 @register_kind
 @dataclass(frozen=True)
@@ -303,6 +338,11 @@ class ZBH2(OnePipeline):
     split_backward: ClassVar[bool] = True
     searched: ClassVar[bool] = False
     inner: ClassVar[bool] = True
+
+    def uniform_bubble(self, stages: int, microbatches: int, backward: float = 2.0,
+                       iterations: int = 1) -> tuple[float, str]:
+        # nothing idle inside the iteration: what is left is the fill and drain of one forward per stage
+        return _split_bubble(stages, microbatches, backward, 1.0, "(p-1)F/(m(F+I+W)+(p-1)F), 0 inside")
 
 
 @dataclass(frozen=True)
@@ -320,6 +360,14 @@ class _VShape(OnePipeline):
                              "same ranks, so each rank holds an even number of chunks (2)")
         if self.chunks != 2:
             raise plan_error("pipeline.chunks", self.chunks, "V-shaped schedules here hold 2 chunks per rank")
+
+    def uniform_bubble(self, stages: int, microbatches: int, backward: float = 2.0,
+                       iterations: int = 1) -> tuple[float, str] | None:
+        # at F = I = W the V turns on the last rank, so the fill and drain cost one chunk's forward (half a
+        # stage's) per rank; with other ratios the V's steady state has gaps of its own and no closed form here
+        if backward != 2.0:
+            return None
+        return _split_bubble(stages, microbatches, backward, 0.5, "(p-1)F/2/(m(F+I+W)+(p-1)F/2)")
 
 
 @register_kind
@@ -404,6 +452,10 @@ class GroPipe(PipelineSpec):
     @property
     def inner_spec(self) -> PipelineSpec:
         return PIPELINE_KINDS[self.inner]()
+
+    def uniform_bubble(self, stages: int, microbatches: int, backward: float = 2.0,
+                       iterations: int = 1) -> tuple[float, str] | None:
+        return self.inner_spec.uniform_bubble(stages, microbatches, backward, iterations)
 
     @property
     def split_backward(self) -> bool:  # type: ignore[override]
@@ -513,6 +565,12 @@ class AsyncPipeline(PipelineSpec):
     @classmethod
     def head_pattern(cls) -> str:
         return r"async-(?P<dp>\d+)x(?P<pp>\d+)-m(?P<m>\d+)"
+
+    def uniform_bubble(self, stages: int, microbatches: int, backward: float = 2.0,
+                       iterations: int = 1) -> tuple[float, str]:
+        # no flush between iterations: one fill and one drain for all of them
+        p, m, n = stages, microbatches, iterations
+        return (p - 1) / (n * m + p - 1), f"(p-1)/(n·m+p-1) = {p - 1}/({n}·{m}+{p - 1})"
 
     @classmethod
     def take_token(cls, token: str, options: dict[str, Any]) -> bool:

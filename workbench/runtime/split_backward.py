@@ -18,6 +18,12 @@ it runs only the weight branches. Parameters with no path from the input
 (the first stage, whose input needs no gradient, or layers before it) get
 their whole gradient in W, from the output.
 
+Vectors (biases, normalisation scales and shifts) get their gradients in
+I: the node that computes the input gradient computes theirs in the same
+call (a batch norm's backward is one kernel for all three), so deferring
+them would run that node twice for nothing; W keeps the matrices, whose
+gradients are the products worth moving into the bubbles.
+
 :class:`SplitBackward` holds what one micro-batch needs between its I and
 its W; the graph stays alive until W, as the memory walk assumes.
 """
@@ -82,7 +88,10 @@ class SplitBackward:
 
     def __init__(self, output: torch.Tensor, input_node: Node | None, params: Sequence[torch.Parameter]) -> None:
         self.output = output
-        self.params = [p for p in params if p.requires_grad]
+        trainable = [p for p in params if p.requires_grad]
+        # with an input gradient to compute, vectors come along with it (module docstring); the rest wait for W
+        self.eager = [p for p in trainable if p.dim() <= 1] if input_node is not None else []
+        self.params = [p for p in trainable if not any(p is e for e in self.eager)]
         self.input_node = input_node
         self.grad_output: torch.Tensor | None = None
         self._joins: list[tuple[Node, list[torch.nn.Parameter]]] = []
@@ -101,8 +110,10 @@ class SplitBackward:
             self._joins.append((join, params))
             hooks.append(join.register_prehook(self._recorder(join)))
         try:
-            (grad_input,) = torch.autograd.grad(self.output, _input_edge(self.input_node),
-                                                grad_outputs=self._grad(), retain_graph=True)
+            grad_input, *vectors = torch.autograd.grad(
+                self.output, [_input_edge(self.input_node), *(_param_edge(p) for p in self.eager)],
+                grad_outputs=self._grad(), retain_graph=True, allow_unused=True)
+            self._accumulate(self.eager, vectors)
             return grad_input
         finally:
             for hook in hooks:
@@ -110,6 +121,10 @@ class SplitBackward:
 
     def backward_weight(self) -> None:
         """W: every parameter's gradient, added to ``.grad``, from what I recorded (or from the output)."""
+        if self.input_node is None:  # nothing ran in I: W is the whole backward, accumulated as autograd does
+            self.output.backward(self._grad())
+            self.output = None
+            return
         done: set[int] = set()
         for join, params in self._joins:
             grads = self._recorded.get(join)

@@ -56,7 +56,8 @@ def schedule_for_config(config: Any, iteration: int = 0) -> Schedule:
 def stage_costs_from_timeline(timeline: Timeline, num_stages: int, sharing: CoreSharing | None = None) -> StageCosts:
     """Per-stage costs from measured events.
 
-    Forward / backward / step times are the means of the stage's events
+    Forward / backward / step times (input and weight gradients for a split
+    backward, the backward then their sum) are the means of the stage's events
     (an iteration is their sum, so the mean, not the median, carries the
     slow tail a shared machine adds); with ``sharing`` the means of their solo
     durations, each event's duration over the processor-sharing slowdown of
@@ -73,9 +74,10 @@ def stage_costs_from_timeline(timeline: Timeline, num_stages: int, sharing: Core
     solo = solo_durations(events, sharing) if sharing is not None else {}
     samples: dict[tuple[int, str], dict[int, list[float]]] = {}
     for i, e in enumerate(events):
-        if e.op in ("F", "B", "STEP") and e.stage < num_stages:
+        if e.op in ("F", "B", "I", "W", "STEP") and e.stage < num_stages:
             samples.setdefault((e.stage, e.op), {}).setdefault(e.rank, []).append(solo.get(i, e.duration))
-    missing = [s for s in range(num_stages) if (s, "F") not in samples or (s, "B") not in samples]
+    missing = [s for s in range(num_stages) if (s, "F") not in samples
+               or ((s, "B") not in samples and (s, "I") not in samples)]
     if missing:
         raise ValueError(f"the measured timeline has no forward/backward events for stages {missing}")
 
@@ -92,9 +94,13 @@ def stage_costs_from_timeline(timeline: Timeline, num_stages: int, sharing: Core
 
     zeros = (0,) * num_stages
     grad_bytes = largest_nbytes("AR")
+    split = all((s, "I") in samples for s in range(num_stages))  # a split backward: its own I and W times
+    inputs = tuple(med(s, "I") for s in range(num_stages)) if split else ()
+    weights = tuple(med(s, "W") for s in range(num_stages)) if split else ()
     return StageCosts(
         forward_ms=tuple(med(s, "F") for s in range(num_stages)),
-        backward_ms=tuple(med(s, "B") for s in range(num_stages)),
+        backward_ms=tuple(i + w for i, w in zip(inputs, weights)) if split else
+        tuple(med(s, "B") for s in range(num_stages)), input_grad_ms=inputs, weight_grad_ms=weights,
         step_ms=tuple(med(s, "STEP") for s in range(num_stages)),
         send_bytes=largest_nbytes("SEND_F"), param_bytes=grad_bytes, grad_bytes=grad_bytes,
         optimizer_bytes=zeros, activation_bytes=zeros,

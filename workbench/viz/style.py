@@ -9,8 +9,9 @@ soon as one is edited.
 
 Approach. This module is the only place that names a colour. Ops are grouped
 in categories (``F`` -> forward, ``SEND_F`` -> send/recv, ``STEP`` ->
-optimizer ...), each with one colour: forward blue, backward green (its
-weight-gradient half a lighter green), point-to-point communication orange,
+optimizer ...), each with one colour: forward blue, backward green, and when
+a zero-bubble schedule splits it, its input-gradient half teal and its
+weight-gradient half a lighter green, point-to-point communication orange,
 gradient all-reduce red, optimizer steps dark grey, weight stashing yellow,
 and idle time a pale grey that is drawn explicitly so bubbles are visible
 rather than blank. :data:`OP_COLORS` is the op -> colour map derived from
@@ -33,6 +34,7 @@ IDLE = "idle"
 CATEGORY_COLORS = {
     "forward": "#4C78A8",
     "backward": "#54A24B",
+    "input-grad": "#2E8B8B",
     "weight-grad": "#9BD18B",
     "send/recv": "#F58518",
     "all-reduce": "#E45756",
@@ -42,7 +44,7 @@ CATEGORY_COLORS = {
 }
 CATEGORY_ORDER = tuple(CATEGORY_COLORS)  # legend and trace order of every timeline
 OP_CATEGORY = {
-    "F": "forward", "B": "backward", "I": "backward", "W": "weight-grad",
+    "F": "forward", "B": "backward", "I": "input-grad", "W": "weight-grad",
     "SEND_F": "send/recv", "RECV_F": "send/recv", "SEND_B": "send/recv", "RECV_B": "send/recv",
     "AR": "all-reduce", "STEP": "optimizer", "STASH": "weight stash", "RESTORE": "weight stash",
 }

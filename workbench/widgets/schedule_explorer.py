@@ -1,7 +1,8 @@
 """ScheduleExplorer: a pipeline schedule to play with, for teaching bubbles.
 
-Problem. The bubble formulas, ``(p - 1) / (m + p - 1)`` for GPipe and 1F1B
-and ``(p - 1) / (v m + p - 1)`` for interleaved 1F1B, are exact only for
+Problem. The bubble formulas, ``(p - 1) / (m + p - 1)`` for GPipe and 1F1B,
+``(p - 1) / (v m + p - 1)`` for interleaved 1F1B and their zero-bubble
+successors' (each kind's spec states its own), are exact only for
 identical stages and free communication; students believe them when they
 see the simulated timeline agree, and understand them when they see where
 the idle time sits and how it moves as stages, micro-batches, chunks,
@@ -9,8 +10,9 @@ backward cost and communication change.
 
 Approach. The controls build one schedule value with the same generators
 the runtime executes (the controls' :class:`~workbench.core.plan.ParallelPlan`
-and its ``schedule()``), cost it with identical stages (forward 1 unit,
-backward ``backward ratio`` units, per rank), and, when the communication
+and ``scheduling.registry.schedule_for``), cost it with identical stages
+(forward 1 unit, backward ``backward ratio`` units, per rank, half input and
+half weight gradient where a kind splits it), and, when the communication
 ratio is above zero, a one-link cluster whose transfer of one activation
 takes ``comm ratio`` forward units (gradient all-reduces use the same link).
 The simulated bubble is shown beside the formula; the time-slot control
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import html
 import os
+from dataclasses import fields
 from typing import Callable
 
 import ipywidgets as W
@@ -39,7 +42,7 @@ from ..core.costs import ClusterSpec, LinkSpec
 from ..core.ir import Schedule
 from ..core.timeline import Timeline
 from ..planning.clusters import get_device
-from ..core.plan import AsyncPipeline, GPipe, GroPipe, Interleaved, OneFOneB, ParallelPlan
+from ..core.plan import PIPELINE_KINDS, ParallelPlan
 from ..scheduling.registry import schedule_for
 from ..scheduling.simulate import SimResult, simulate
 from ..scheduling.stagecosts import StageCosts
@@ -49,7 +52,8 @@ from .figure import figure_widget
 __all__ = ["ScheduleExplorer", "EXPLORER_SCHEDULES", "bubble_formula", "build_schedule", "uniform_stage_costs",
            "label", "refresh_figure", "display_view"]
 
-EXPLORER_SCHEDULES = (GPipe.kind, OneFOneB.kind, Interleaved.kind, AsyncPipeline.kind, GroPipe.kind)
+# every registered kind the workbench's interpreter runs (torch's own schedules are drawn by their namesakes)
+EXPLORER_SCHEDULES = tuple(k for k, cls in PIPELINE_KINDS.items() if cls.runtime in ("pipeline", "grouped", "async"))
 MESSAGE_BYTES = 1 << 20  # one activation message of the explorer's synthetic model
 _COMPUTE = ("F", "B", "I", "W")
 
@@ -97,22 +101,19 @@ def build_schedule(kind: str, stages: int, microbatches: int, *, chunks: int = 2
     """The compute schedule the explorer shows (the generators' own value)."""
     if kind not in EXPLORER_SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(EXPLORER_SCHEDULES)}; got {kind!r}")
-    plan = ParallelPlan.for_pipeline(kind, stages, microbatches, chunks=chunks, delay=delay,
-                                     groups=groups if kind == GroPipe.kind else 1)
+    plan = ParallelPlan.for_pipeline(kind, stages, microbatches, chunks=chunks, delay=delay, groups=groups)
     return schedule_for(plan, num_iterations=iterations if plan.iterates_across_steps else 1)
 
 
-def bubble_formula(kind: str, stages: int, microbatches: int, *, chunks: int = 2,
-                   iterations: int = 2) -> tuple[float, str]:
-    """The textbook bubble fraction for identical stages and free communication, with its formula."""
-    p, m = stages, microbatches
-    if kind == Interleaved.kind:
-        return (p - 1) / (chunks * m + p - 1), f"(p-1)/(v·m+p-1) = {p - 1}/({chunks}·{m}+{p - 1})"
-    if kind == AsyncPipeline.kind:  # no flush between iterations: one fill and one drain for all of them
-        return (p - 1) / (iterations * m + p - 1), f"(p-1)/(n·m+p-1) = {p - 1}/({iterations}·{m}+{p - 1})"
+def bubble_formula(kind: str, stages: int, microbatches: int, *, chunks: int = 2, iterations: int = 2,
+                   backward_ratio: float = 2.0) -> tuple[float, str] | None:
+    """The textbook bubble fraction for identical stages and free communication, with its formula, as the
+    kind's spec states it (``PipelineSpec.uniform_bubble``); None for a kind without one (``zb-auto``)."""
     if kind not in EXPLORER_SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(EXPLORER_SCHEDULES)}; got {kind!r}")
-    return (p - 1) / (m + p - 1), f"(p-1)/(m+p-1) = {p - 1}/({m}+{p - 1})"
+    plan = ParallelPlan.for_pipeline(kind, max(stages, PIPELINE_KINDS[kind].min_stages), microbatches,
+                                     chunks=chunks, groups=2)
+    return plan.pipeline.uniform_bubble(stages, microbatches, backward_ratio, iterations)
 
 
 def uniform_stage_costs(schedule: Schedule, *, backward_ratio: float = 2.0,
@@ -230,16 +231,19 @@ class ScheduleExplorer:
         values = result.metrics["bubble_fraction"]
         return sum(values) / len(values)
 
-    def formula_value(self, kind: str | None = None) -> tuple[float, str]:
+    def formula_value(self, kind: str | None = None) -> tuple[float, str] | None:
         return bubble_formula(kind or self.schedule.value, self.stages.value, self.microbatches.value,
-                              chunks=self.chunks.value, iterations=self.iterations.value)
+                              chunks=self.chunks.value, iterations=self.iterations.value,
+                              backward_ratio=self.backward_ratio.value)
 
     def refresh(self) -> None:
-        """Rebuild, re-simulate and redraw from the controls."""
-        kinds = {self.schedule.value, self.compare.value}
-        self.chunks.disabled = "interleaved" not in kinds
-        self.groups.disabled = self.delay.disabled = GroPipe.kind not in kinds
-        self.iterations.disabled = "async" not in kinds
+        """Rebuild, re-simulate and redraw from the controls (each enabled where a chosen kind has that field)."""
+        chosen = [PIPELINE_KINDS[k] for k in (self.schedule.value, self.compare.value) if k in EXPLORER_SCHEDULES]
+        has = {f.name for cls in chosen for f in fields(cls)}
+        self.chunks.disabled = "chunks" not in has
+        self.delay.disabled = "delay" not in has
+        self.groups.disabled = not any(cls.replicated for cls in chosen)
+        self.iterations.disabled = not any(cls.streams_iterations for cls in chosen)
         try:
             self.result = self._simulate(self.schedule.value)
             self.other = None if self.compare.value == "none" else self._simulate(self.compare.value)
@@ -256,9 +260,14 @@ class ScheduleExplorer:
         self._show_slot()
 
     def _bubble_text(self, kind: str, result: SimResult) -> tuple[str, str]:
-        value, text = self.formula_value(kind)
+        formula = self.formula_value(kind)
         assumption = "" if self.comm_ratio.value == 0 else " (assumes free communication)"
-        return (f"{kind} formula bubble {text} = <b>{100 * value:.1f}%</b>{assumption}",
+        if formula is None:
+            stated = f"{kind}: no closed form (built from the stages' times)"
+        else:
+            value, text = formula
+            stated = f"{kind} formula bubble {text} = <b>{100 * value:.1f}%</b>{assumption}"
+        return (stated,
                 f"{kind} simulated bubble <b>{100 * self.simulated_bubble_fraction(result):.1f}%</b>, "
                 f"iteration {result.metrics['iteration_ms']:.2f} units")
 
