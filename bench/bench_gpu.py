@@ -52,6 +52,7 @@ import torch
 import bench_runtime
 from bench_runtime import compare_at_best
 from workbench.core.devices import DATASHEET_DEVICES
+from workbench.profiling.profiler import DeviceClock
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "gpu.json"
@@ -80,26 +81,6 @@ def peak_tflops(device_name: str, dtype: str = "bfloat16") -> float | None:
     return None
 
 
-class StepClock:
-    """Marks on the device's clock: CUDA events on the current stream, ``perf_counter`` on a CPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-
-    def mark(self) -> Any:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
-
-    def ms(self, start: Any, end: Any) -> float:
-        if self.cuda:
-            end.synchronize()
-            return start.elapsed_time(end)
-        return (end - start) * 1e3
-
-
 def build_gpt2(spec: dict, device: torch.device) -> tuple[Any, torch.Tensor, torch.Tensor]:
     """The zoo model of ``spec`` on ``device`` (seeded random weights) and a synthetic token batch."""
     from workbench.models import build_model, sample_batch
@@ -125,7 +106,7 @@ def time_steps(seq: Any, loss_of: Callable, batch: tuple, device: torch.device, 
                warmup: int, steps: int) -> dict[str, Any]:
     """Warm-up steps (wall time kept: it holds compilation), then ``steps`` timed training steps."""
     optimizer = torch.optim.AdamW(seq.parameters(), lr=1e-4, fused=device.type == "cuda")
-    clock = StepClock(device)
+    clock = DeviceClock(device)
     marks, warmup_s = [], 0.0
     started = time.perf_counter()
     for step in range(warmup + steps):

@@ -198,7 +198,7 @@ def test_split_backward_of_a_chain_with_an_in_place_parameter_free_layer(tmp_pat
 def test_split_input_gradient_reaches_the_stage_boundary_through_an_in_place_first_op(monkeypatch):
     """The timed I pass computes the gradient of the layer's real input, not of the tensor its first in-place op
     rebased (which would skip the ReLU), and the W pass the parameters' gradients, both as the dense model does."""
-    from workbench.profiling.profiler import _Clock, _LayerRunner
+    from workbench.profiling.profiler import DeviceClock, _LayerRunner
     from workbench.profiling.split_backward import time_split_run
 
     torch.manual_seed(0)
@@ -209,7 +209,7 @@ def test_split_input_gradient_reaches_the_stage_boundary_through_an_in_place_fir
     runner = _LayerRunner(seq, 1, hidden, targets)
     results, real_grad = [], torch.autograd.grad
     monkeypatch.setattr(torch.autograd, "grad", lambda *a, **k: results.append(real_grad(*a, **k)) or results[-1])
-    input_ms, weight_ms = time_split_run(runner, _Clock(torch.device("cpu")))
+    input_ms, weight_ms = time_split_run(runner, DeviceClock(torch.device("cpu")))
     monkeypatch.undo()
     (input_grad,), weight_grads = results
     reference = hidden.clone().requires_grad_(True)

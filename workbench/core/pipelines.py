@@ -165,10 +165,6 @@ class PipelineSpec:
         return [cls()]
 
 
-def _flush_bubble(p: int, m: int) -> tuple[float, str]:
-    return (p - 1) / (m + p - 1), f"(p-1)/(m+p-1) = {p - 1}/({m}+{p - 1})"
-
-
 def _split_bubble(p: int, m: int, backward: float, fill: float, text: str) -> tuple[float, str]:
     """A split-backward schedule whose fill and drain leave ``fill`` forwards idle per stage, over its makespan."""
     idle = (p - 1) * fill
@@ -238,34 +234,35 @@ class NoPipeline(PipelineSpec):
                              "pipeline")
 
 
+@dataclass(frozen=True)
+class _Flushed(OnePipeline):
+    """A pipeline of whole backwards flushed every iteration: ``(p - 1) / (m + p - 1)`` of it idle."""
+
+    per_layer: ClassVar[bool] = True
+    inner: ClassVar[bool] = True
+
+    def uniform_bubble(self, stages: int, microbatches: int, backward: float = 2.0,
+                       iterations: int = 1) -> tuple[float, str]:
+        p, m = stages, microbatches
+        return (p - 1) / (m + p - 1), f"(p-1)/(m+p-1) = {p - 1}/({m}+{p - 1})"
+
+
 @register_kind
 @dataclass(frozen=True)
-class GPipe(OnePipeline):
+class GPipe(_Flushed):
     """All forwards, then all backwards; a flush each iteration."""
 
     kind: ClassVar[str] = "gpipe"
     token: ClassVar[str] = "gpipe"
-    per_layer: ClassVar[bool] = True
-    inner: ClassVar[bool] = True
-
-    def uniform_bubble(self, stages: int, microbatches: int, backward: float = 2.0,
-                       iterations: int = 1) -> tuple[float, str]:
-        return _flush_bubble(stages, microbatches)
 
 
 @register_kind
 @dataclass(frozen=True)
-class OneFOneB(OnePipeline):
+class OneFOneB(_Flushed):
     """One forward, one backward in steady state: at most ``p - s`` micro-batches in flight on stage ``s``."""
 
     kind: ClassVar[str] = "1f1b"
     token: ClassVar[str] = "1f1b"
-    per_layer: ClassVar[bool] = True
-    inner: ClassVar[bool] = True
-
-    def uniform_bubble(self, stages: int, microbatches: int, backward: float = 2.0,
-                       iterations: int = 1) -> tuple[float, str]:
-        return _flush_bubble(stages, microbatches)
 
 
 @register_kind

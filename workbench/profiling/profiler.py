@@ -206,7 +206,7 @@ def _timer_name(device: torch.device) -> str:
     return "cuda-events" if device.type == "cuda" else "perf-counter"
 
 
-class _Clock:
+class DeviceClock:
     """Time marks on the device's own clock: CUDA events recorded on the device's current stream on a GPU,
     ``perf_counter`` after a device synchronisation elsewhere."""
 
@@ -234,7 +234,7 @@ class _Clock:
 
 def _time_layer(runner: _LayerRunner, device: torch.device, warmup: int, repeats: int) -> dict[str, list[float]]:
     """Samples (ms) of forward, fused backward, and the backward's input (I) and weight (W) parts, per run."""
-    clock = _Clock(device)
+    clock = DeviceClock(device)
     times: dict[str, list[float]] = {name: [] for name in ("forward_ms", "backward_ms", *SPLIT_FIELDS)}
     for run in range(warmup + repeats):
         _zero_grads(runner.layer)
@@ -412,7 +412,7 @@ def measure_step_ms(model_or_sequence: LayerSequence | nn.Module | str, batch: A
     target_device = resolve_device(device)
     seq.to(target_device).train()
     inputs, targets = inputs.to(target_device), targets.to(target_device)
-    clock = _Clock(target_device)
+    clock = DeviceClock(target_device)
     times = []
     for run in range(warmup + repeats):
         _zero_grads(seq)
