@@ -16,9 +16,10 @@ import torch
 from runtime_launch import dumped_params, run_ok, step_losses
 from workbench.core.ir import Op
 from workbench.core.plan import ParallelPlan
-from workbench.runtime.events import check_events_follow_schedule, load_measured_timeline
+from workbench.runtime.events import check_events_follow_schedule, load_measured_timeline, read_events
 from workbench.runtime.reference import reference_train
 from workbench.runtime.strategies.pipeline import lowered_schedule
+from workbench.scheduling.stagecosts import StageCosts
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
@@ -33,11 +34,14 @@ def assert_matches_reference(run_dir, config, ranks):
 
 
 def assert_events_follow_schedule(run_dir, config):
-    """Iteration ``step * grad_accum + r`` ran the step's schedule; rounds before the last skip AR and STEP."""
+    """Iteration ``step * grad_accum + r`` ran the step's schedule (built from the stage costs the start event
+    records, for kinds built from them); rounds before the last skip AR and STEP."""
     timeline = load_measured_timeline(run_dir)
     assert timeline.ranks == list(range(config.world_size))
+    start = next(e for e in read_events(run_dir, 0) if e["kind"] == "start")
+    costs = StageCosts(**start["stage_costs"]) if "stage_costs" in start else None
     for step in range(config.steps):
-        schedule = lowered_schedule(config, step)
+        schedule = lowered_schedule(config, step, costs)
         for r in range(config.grad_accum):
             executed = schedule
             if r < config.grad_accum - 1:

@@ -16,6 +16,7 @@ import pytest
 from runtime_launch import run_ok
 from test_pipelines_multiproc import assert_events_follow_schedule, assert_matches_reference
 from workbench.core.plan import ParallelPlan
+from workbench.runtime.events import read_events
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
@@ -49,6 +50,12 @@ def test_zero_bubble_run_equals_the_reference(tmp_path, plan, extra):
     stages = config.plan.pp  # pipeline ranks of the first group (GroPipe's groups hold identical replicas)
     assert_matches_reference(tmp_path, config, list(range(stages)))
     assert_events_follow_schedule(tmp_path, config)
+    if config.plan.pipeline.uses_costs:  # built from the stages as rank 0 profiled them, the same on every rank
+        costs = [next(e for e in read_events(tmp_path, r) if e["kind"] == "start")["stage_costs"] for r in range(ranks)]
+        assert all(c == costs[0] for c in costs) and len(costs[0]["forward_ms"]) == config.plan.num_virtual_stages
+        # measured I and W (the first stage's input needs no gradient, so its I costs nothing)
+        assert costs[0]["input_grad_ms"][0] == 0 and min(costs[0]["input_grad_ms"][1:]) > 0
+        assert min(costs[0]["weight_grad_ms"]) > 0
 
 
 @pytest.mark.timeout(180)

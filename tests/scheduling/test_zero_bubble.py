@@ -138,3 +138,12 @@ def test_every_zero_bubble_schedule_is_valid_lowered_and_in_groups():
         validate(lower(schedule))
         ops = {a.op for r in range(schedule.num_ranks) for a in schedule.actions(r)}
         assert {Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT} <= ops, name
+
+
+def test_a_launch_whose_memory_limit_no_schedule_meets_is_refused_before_any_process_starts(tmp_path):
+    from workbench.jobs import LaunchSpec, launch
+
+    with pytest.raises(ValueError, match="'pipeline.memory_limit_mb' = 0.001 is invalid: one micro-batch"):
+        launch(LaunchSpec(config={"model": "mlp", "plan": "pp2-zbauto-m4-mem0.001", "global_batch": 16, "steps": 2},
+                          name="refused", run_root=str(tmp_path)))
+    assert not any(tmp_path.iterdir())  # no run directory left behind

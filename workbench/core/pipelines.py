@@ -88,6 +88,7 @@ class PipelineSpec:
     * ``per_layer``: the layer-by-layer runtime runs per-layer options inside it;
     * ``inner``: GroPipe can run it inside each group;
     * ``accumulates``: its runtime accumulates several batches per step (``grad_accum``);
+    * ``uses_costs``: its schedule is built from the stages' measured costs (the run profiles them);
     * ``searched``: the planner's template search tries it.
     """
 
@@ -103,6 +104,7 @@ class PipelineSpec:
     inner: ClassVar[bool] = False
     accumulates: ClassVar[bool] = True
     searched: ClassVar[bool] = True
+    uses_costs: ClassVar[bool] = False
 
     @property
     def chunks(self) -> int:
@@ -405,6 +407,7 @@ class ZBAuto(OnePipeline):
     token: ClassVar[str] = "zbauto"
     split_backward: ClassVar[bool] = True
     searched: ClassVar[bool] = False
+    uses_costs: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         limit = self.memory_limit_mb

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+from dataclasses import asdict
 import os
 import resource
 import socket
@@ -119,6 +120,30 @@ def _shared_partition(config: RunConfig, model, example_input: torch.Tensor) -> 
     return Partition.parse(box[0], len(model))
 
 
+def measured_stage_costs(config: RunConfig, model, example_input: torch.Tensor, partition: Partition):
+    """The stages' costs at the micro-batch size, from a profile of a copy of the model on this rank's device."""
+    from ..profiling import profile
+    from ..scheduling.stagecosts import StageCosts
+
+    microbatch = example_input.shape[0]
+    costs = profile(copy.deepcopy(model), microbatch, device=str(example_input.device), progress=False)
+    return StageCosts.from_model(costs, partition, microbatch, optimizer=_optimizer_kind(config))
+
+
+def _optimizer_kind(config: RunConfig) -> str:
+    opt = config.optimizer
+    return "adam" if opt.name == "adam" else ("sgd-momentum" if opt.momentum else "sgd")
+
+
+def _shared_stage_costs(config: RunConfig, model, example_input: torch.Tensor, partition: Partition):
+    """For kinds whose schedule is built from the stages' costs: measured on rank 0, the same on every rank."""
+    if not config.plan.pipeline.uses_costs:
+        return None
+    box = [measured_stage_costs(config, model, example_input, partition)] if dist.get_rank() == 0 else [None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def _memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
@@ -158,9 +183,11 @@ def train(config: RunConfig, run_dir: Path, writer: EventWriter, *, cores: list[
     batches_from_start = global_batches(config, model, 0)
     example = split_rounds(next(batches_from_start), config, 0)[0].inputs[0]
     partition = _shared_partition(config, model, example)
+    stage_costs = _shared_stage_costs(config, model, example, partition)
     ctx = RunContext(config=config, rank=rank, world_size=world_size, device=device,
                      autocast_dtype=autocast_dtype_for(config.precision, device), model=model,
-                     partition=partition, example_input=example, record_events=config.events.stage_events)
+                     partition=partition, example_input=example, record_events=config.events.stage_events,
+                     stage_costs=stage_costs)
     strategy = strategy_class(config.plan)(ctx)
     start_step = 0
     resumed_from = latest_checkpoint(run_dir, world_size) if config.resume else None
@@ -172,6 +199,7 @@ def train(config: RunConfig, run_dir: Path, writer: EventWriter, *, cores: list[
                  resumed_from=resumed_from, partition=str(partition), device=str(device), backend=dist.get_backend(),
                  process=int(os.environ.get(PROCESS_RANK_ENV, rank)), cores=cores,
                  **device_share(device, config.device),
+                 **({"stage_costs": asdict(stage_costs)} if stage_costs is not None else {}),
                  **({"layers": strategy.layers_report()} if hasattr(strategy, "layers_report") else {}))
     writer.start_heartbeat(config.events.heartbeat_s)
     board = ScalarBoard(run_dir) if config.tensorboard and rank == 0 else None

@@ -5,8 +5,10 @@ no torch). What needs torch is checked here, in the launching process, so
 that a bad run is refused with one line naming the field instead of failing
 inside every rank: the model (a zoo name with known overrides, or a factory
 that imports, accepts ``model_args`` and returns a module), an explicit
-partition against the model's layer count, and the data against the model
-(two training samples run through the model and its loss).
+partition against the model's layer count, the data against the model
+(two training samples run through the model and its loss), and a schedule
+built from the stages' costs (``zb-auto``) under its memory limit, which
+the ranks would otherwise find impossible only once they had started.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ def check_run(config: RunConfig) -> None:
     """Refuse (ValueError naming the field) a model, partition or data the run could not use."""
     from ..models.zoo import get_entry, list_models
 
-    needs_model = (config.model_from_factory or config.data.is_dataset
+    limited = config.plan.pipeline.uses_costs and getattr(config.plan.pipeline, "memory_limit_mb", 0)
+    needs_model = (config.model_from_factory or config.data.is_dataset or limited
                    or (config.plan.partition not in ("uniform", "ampa") and config.plan.num_virtual_stages > 1))
     if not config.model_from_factory:
         if config.model not in list_models():
@@ -70,6 +73,8 @@ def check_run(config: RunConfig) -> None:
         raise ValueError(f"config field 'plan' = {config.plan.name!r} has {config.plan.num_virtual_stages} stages, "
                          f"model {config.model!r} only {len(model)} layers ({', '.join(model.layer_names)}); "
                          "use fewer stages or more split_points")
+    if limited:
+        _check_schedule_fits(config, model)
     samples = _first_samples(config, model)
     if samples is None:
         return
@@ -91,6 +96,18 @@ def check_run(config: RunConfig) -> None:
     if not torch.isfinite(loss):
         raise ValueError(f"config field 'data': the loss of model {config.model!r} on the first samples of {where} "
                          f"is {float(loss)}")
+
+
+def _check_schedule_fits(config: RunConfig, model) -> None:
+    """Build the schedule the ranks would build from the stages' measured costs: a memory limit no schedule meets
+    is refused here, naming ``pipeline.memory_limit_mb``."""
+    from ..scheduling.registry import schedule_for
+    from .batches import global_batches, split_rounds
+    from .entry import measured_stage_costs, resolve_partition
+
+    example = split_rounds(next(global_batches(config, model, 0)), config, 0)[0].inputs[0]
+    partition = resolve_partition(config, model, example)
+    schedule_for(config.plan, stage_costs=measured_stage_costs(config, model, example, partition))
 
 
 def main(argv: list[str] | None = None) -> int:

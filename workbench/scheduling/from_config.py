@@ -33,15 +33,17 @@ from .stagecosts import StageCosts
 __all__ = ["schedule_for_config", "stage_costs_from_timeline", "predict_from_measured"]
 
 
-def schedule_for_config(config: Any, iteration: int = 0) -> Schedule:
+def schedule_for_config(config: Any, iteration: int = 0, stage_costs: StageCosts | None = None) -> Schedule:
     """The compute schedule (not lowered) a run config's plan runs, at ``iteration``.
 
     GroPipe numbers its iterations (the delayed step of iteration ``t``
     applies ``t - 1``), so it is built per ``iteration``; the asynchronous
     pipeline is one stream over all ``steps`` iterations (with ``inflight =
     "auto"``, chosen by the runtime from a profile, the generator's default
-    depth stands in). A plan without a pipeline has no scheduled pipeline to
-    predict, which is a ValueError.
+    depth stands in). ``stage_costs`` are the stages' costs for kinds built
+    from them (``zb-auto``; a run's start event records what it used). A plan
+    without a pipeline has no scheduled pipeline to predict, which is a
+    ValueError.
     """
     plan = config.plan
     if not plan.is_scheduled:
@@ -49,8 +51,8 @@ def schedule_for_config(config: Any, iteration: int = 0) -> Schedule:
                          f"for the pipelines its interpreter runs (GPipe, 1F1B, interleaved, zero-bubble, GroPipe and "
                          f"asynchronous)")
     if plan.iterates_across_steps:
-        return schedule_for(plan, num_iterations=config.steps)
-    return schedule_for(plan, first_iteration=iteration)
+        return schedule_for(plan, num_iterations=config.steps, stage_costs=stage_costs)
+    return schedule_for(plan, first_iteration=iteration, stage_costs=stage_costs)
 
 
 def stage_costs_from_timeline(timeline: Timeline, num_stages: int, sharing: CoreSharing | None = None) -> StageCosts:

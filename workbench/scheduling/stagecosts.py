@@ -159,11 +159,13 @@ class StageCosts:
         gbs = device.memory_bandwidth_gbs if device else None
         steps = [((2 * p + g + 2 * o) / (gbs * 1e9) * 1e3) if gbs else 0.0 for p, g, o in zip(params, grads, opts)]
         inputs, weights = zip(*(_split(layer, t) for layer, t in zip(layers, backward)))
-        return cls(forward_ms=tuple(stage_sum(forward)), backward_ms=tuple(stage_sum(backward)),
+        input_ms, weight_ms, backward_ms = stage_sum(inputs), stage_sum(weights), stage_sum(backward)
+        # the first stage's input needs no gradient: a split backward there is all weight gradient
+        input_ms[0], weight_ms[0] = 0.0, backward_ms[0]
+        return cls(forward_ms=tuple(stage_sum(forward)), backward_ms=tuple(backward_ms),
                    send_bytes=tuple(sends), param_bytes=tuple(params), grad_bytes=tuple(grads),
                    optimizer_bytes=tuple(opts), activation_bytes=tuple(saved), step_ms=tuple(steps),
-                   microbatch_size=b, input_grad_ms=tuple(stage_sum(inputs)),
-                   weight_grad_ms=tuple(stage_sum(weights)))
+                   microbatch_size=b, input_grad_ms=tuple(input_ms), weight_grad_ms=tuple(weight_ms))
 
 
 def _split(layer: LayerCost, backward_ms: float) -> tuple[float, float]:

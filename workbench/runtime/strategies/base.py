@@ -39,6 +39,7 @@ class RunContext:
     partition: Partition
     example_input: torch.Tensor
     record_events: bool = True
+    stage_costs: Any = None  # the stages' measured StageCosts, for kinds whose schedule is built from them
 
 
 def make_optimizer(params: list[nn.Parameter], config: RunConfig) -> torch.optim.Optimizer:

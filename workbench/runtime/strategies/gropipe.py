@@ -51,7 +51,7 @@ class GroPipe(ScheduledPipeline):
         self._current_step = 0
         # lowered once: a delayed update's first iteration differs (no step yet), then each is the last renumbered
         warmup = self.config.plan.pipeline.delay
-        self._iterations = LoweredIterations(lambda i: build_schedule(self.config, i), warmup=warmup)
+        self._iterations = LoweredIterations(lambda i: build_schedule(self.config, i, ctx.stage_costs), warmup=warmup)
 
     def actions_for(self, step: int) -> list[Action]:
         self._current_step = step

@@ -28,18 +28,19 @@ from .base import RunContext, Strategy, global_mean_loss, make_optimizer
 __all__ = ["ScheduledPipeline", "build_schedule"]
 
 
-def build_schedule(config, iteration: int = 0) -> Schedule:
-    """The compute schedule a config asks for (see ``scheduling.from_config``)."""
+def build_schedule(config, iteration: int = 0, stage_costs=None) -> Schedule:
+    """The compute schedule a config asks for (see ``scheduling.from_config``); ``stage_costs`` for kinds built
+    from the stages' measured costs (the start event records them)."""
     from ...scheduling.from_config import schedule_for_config
 
-    return schedule_for_config(config, iteration)
+    return schedule_for_config(config, iteration, stage_costs)
 
 
-def lowered_schedule(config, iteration: int = 0) -> Schedule:
+def lowered_schedule(config, iteration: int = 0, stage_costs=None) -> Schedule:
     """The schedule with its sends and receives: what the interpreter executes."""
     from ...scheduling.passes import lower
 
-    return lower(build_schedule(config, iteration))
+    return lower(build_schedule(config, iteration, stage_costs))
 
 
 class ScheduledPipeline(Strategy):
@@ -50,7 +51,7 @@ class ScheduledPipeline(Strategy):
         config = ctx.config
         self.topology = config.plan.mesh
         self.groups: ParallelGroups = build_groups(self.topology)
-        self.schedule = lowered_schedule(config)
+        self.schedule = lowered_schedule(config, stage_costs=ctx.stage_costs)
         if self.schedule.num_ranks != ctx.world_size:
             raise ValueError(f"schedule {self.schedule.name!r} has {self.schedule.num_ranks} ranks but the job has "
                              f"{ctx.world_size}; launch with --nproc {self.schedule.num_ranks}")
