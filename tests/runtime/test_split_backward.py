@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from workbench.models import build_model, sample_batch
-from workbench.runtime.split_backward import SplitBackward
+from workbench.models.split_backward import SplitBackward
 from workbench.runtime.stage import Stage
 
 CASES = [
@@ -88,7 +88,8 @@ def test_the_weight_pass_starts_where_the_weights_join_the_activation_path():
     x = torch.randn(5, 3, requires_grad=True)
     h = x.detach().requires_grad_(True) * 1.0  # the stage input's node
     out = second(torch.tanh(first(h)))
-    split = SplitBackward(out, h.grad_fn, list(first.parameters()) + list(second.parameters()))
+    split = SplitBackward(out, torch.autograd.graph.get_gradient_edge(h), list(first.parameters()) +
+                          list(second.parameters()))
     grad_input = split.backward_input(torch.ones(5, 2))
     assert [len(params) for _, params in split._joins] == [1, 1]
     assert {id(p) for p in split.eager} == {id(first.bias), id(second.bias)} and first.bias.grad is not None

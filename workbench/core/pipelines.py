@@ -317,7 +317,6 @@ class ZBH1(OnePipeline):
     kind: ClassVar[str] = "zbh1"
     token: ClassVar[str] = "zbh1"
     split_backward: ClassVar[bool] = True
-    searched: ClassVar[bool] = False
     inner: ClassVar[bool] = True
 
     def uniform_bubble(self, stages: int, microbatches: int, backward: float = 2.0,
@@ -335,7 +334,6 @@ class ZBH2(OnePipeline):
     kind: ClassVar[str] = "zbh2"
     token: ClassVar[str] = "zbh2"
     split_backward: ClassVar[bool] = True
-    searched: ClassVar[bool] = False
     inner: ClassVar[bool] = True
 
     def uniform_bubble(self, stages: int, microbatches: int, backward: float = 2.0,
@@ -350,7 +348,6 @@ class _VShape(OnePipeline):
 
     chunks: int = 2
     min_stages: ClassVar[int] = 2
-    searched: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         _check_int("pipeline.chunks", self.chunks, 2)
@@ -406,7 +403,6 @@ class ZBAuto(OnePipeline):
     kind: ClassVar[str] = "zb-auto"
     token: ClassVar[str] = "zbauto"
     split_backward: ClassVar[bool] = True
-    searched: ClassVar[bool] = False
     uses_costs: ClassVar[bool] = True
 
     def __post_init__(self) -> None:

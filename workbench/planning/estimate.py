@@ -217,14 +217,14 @@ def _stage_costs(ctx: CostContext, strategy: ParallelPlan, partition: Partition,
     return sc  # solo times: the simulator shares the cores (CostContext.sharing)
 
 
-def _schedule(plan: ParallelPlan, num_buckets: int = 1):
+def _schedule(plan: ParallelPlan, num_buckets: int = 1, stage_costs: StageCosts | None = None):
     """The runtime's schedule for ``plan`` and the iterations it is simulated over: three for a delayed
     all-reduce; for the asynchronous pipeline four, or as many as its fill and drain take and two more
     (a pipeline of S stages with m micro-batches a step fills over ceil(S / m) steps), so the steady state
     lies between optimizer steps."""
     fill = -(-plan.pp * plan.chunks // plan.microbatches)
     iterations = 3 if plan.delayed_update else (max(4, 2 * fill + 2) if plan.iterates_across_steps else 1)
-    return schedule_for(plan, num_iterations=iterations, num_buckets=num_buckets), iterations
+    return schedule_for(plan, num_iterations=iterations, num_buckets=num_buckets, stage_costs=stage_costs), iterations
 
 
 def _steady_iteration_ms(sim: SimResult, iterations: int) -> float:
@@ -313,11 +313,13 @@ def estimate(ctx: CostContext, strategy: ParallelPlan) -> Estimate:
         grads = ctx.costs.total("grad_bytes")
         buckets = max(1, min(ctx.costs.num_layers, math.ceil(grads / DDP_BUCKET_BYTES)))
         schedule, iterations = _schedule(strategy, buckets)
-    else:
-        partition = ctx.partition(strategy).partition
-        schedule, iterations = _schedule(strategy)
-    return simulate_strategy(ctx, strategy, partition, _stage_costs(ctx, strategy, partition, microbatch), schedule,
-                             iterations)
+        return simulate_strategy(ctx, strategy, partition, _stage_costs(ctx, strategy, partition, microbatch),
+                                 schedule, iterations)
+    partition = ctx.partition(strategy).partition
+    costs = _stage_costs(ctx, strategy, partition, microbatch)
+    # a kind built from the stages' costs (zb-auto) is built from the ones it is simulated with
+    schedule, iterations = _schedule(strategy, stage_costs=costs if strategy.pipeline.uses_costs else None)
+    return simulate_strategy(ctx, strategy, partition, costs, schedule, iterations)
 
 
 
@@ -386,6 +388,12 @@ def project(ctx: CostContext, strategy: ParallelPlan) -> Estimate:
     S, m = strategy.pp * strategy.chunks, strategy.microbatches
     fill = (S - 1) / strategy.chunks
     iteration = m * bottleneck if strategy.iterates_across_steps else (m + fill) * bottleneck
+    if strategy.split_backward:  # the kind's own bubble at the bottleneck's backward / forward ratio
+        k_stage = result.stage_cost_ms.index(result.bottleneck_ms)
+        forward, backward = result.stage_forward_ms[k_stage], result.stage_backward_ms[k_stage]
+        stated = strategy.pipeline.uniform_bubble(strategy.pp, m, backward / forward if forward > 0 else 2.0)
+        if stated is not None:  # a rank runs its chunks' work for each micro-batch
+            iteration = m * strategy.chunks * bottleneck / (1.0 - stated[0])
     exposed = 0.0
     if isinstance(strategy.pipeline, GroPipe):
         scaled = replace(result, projected_iteration_ms=iteration)

@@ -26,7 +26,7 @@ from ..core.costs import ModelCosts
 
 __all__ = ["cache_dir", "entry_path", "load", "store", "CACHE_FORMAT"]
 
-CACHE_FORMAT = 3  # 2: profiles record meta["winograd_flops"]; 3: the split backward (input_grad_ms, weight_grad_ms)
+CACHE_FORMAT = 4  # 2: meta["winograd_flops"]; 3: the split backward; 4: I and W timed as the stages run them
 # Key fields whose change makes an entry stale (same file, different contents).
 _VERSION_FIELDS = ("torch", "format")
 

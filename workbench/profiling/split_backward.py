@@ -7,30 +7,19 @@ optimizer step needs and which can therefore fill a pipeline bubble. A
 schedule needs the time of each, and the fused backward's time does not say
 how it divides.
 
-Approach: both passes are taken from the same graph, as a stage that splits
-its backward runs them. Per run, untimed: a fresh stage input
+Approach: both passes are taken from the same graph, by the very code a
+stage that splits its backward runs
+(:class:`~workbench.models.split_backward.SplitBackward`), so the profile
+says what the runtime pays. Per run, untimed: a fresh stage input
 (:meth:`~workbench.profiling.profiler._LayerRunner.prepare`, which builds it
 through :func:`workbench.models.boundary.stage_input` and copies it for a
 layer that modifies its input in place), the gradient edge of that input,
-and the layer's forward. Then, on the profiler's clock, I is
-``torch.autograd.grad(output, [edge], grad_output, retain_graph=True)`` and
-W is ``torch.autograd.grad(output, params, grad_output)``. ``autograd.grad``
-runs only the nodes on a path to what it is asked for, and each node only
-the outputs needed (a linear layer's backward node computes one matrix
-product for I and the other for W).
-
-Why a gradient edge and not the input tensor: a layer that starts with an
-in-place op (``ReLU(inplace=True)`` as its own layer) rebases the input
-tensor's history, so a gradient taken with respect to the tensor after the
-forward would skip that op. The edge, taken before the forward, still points
-at the stage boundary, so I includes every op of the layer.
-
-What W includes: in a layer of several ops (a transformer block, a residual
-block) the parameter gradients of its first ops need the output gradient
-carried back through the later ones, so W walks that chain again after I
-walked it, and I + W exceeds the fused backward. That is what a stage running
-the two passes as two ``autograd.grad`` calls pays; a runtime that keeps the
-intermediate gradients of I for W would pay less.
+taken before the forward (a layer that starts with an in-place op rebases
+the input tensor's history, so the edge, not the tensor, points at the
+boundary), and the layer's forward. Then, on the profiler's clock, I (the
+input gradient, with the gradients of the layer's vectors, which the same
+nodes compute) and W (the matrices' gradients, from where their branches
+join the activation path).
 
 Zero cases, not timed: the first layer has I = 0 (its input is data, with no
 gradient to compute); a layer without trainable parameters has W = 0; a
@@ -43,6 +32,8 @@ from typing import Any, Protocol
 
 import torch
 from torch.autograd.graph import get_gradient_edge
+
+from ..models.split_backward import SplitBackward
 
 __all__ = ["time_split_run", "SPLIT_FIELDS"]
 
@@ -74,15 +65,15 @@ def time_split_run(runner: _Runner, clock: _Clock) -> tuple[float, float]:
         return 0.0, 0.0
     grad = runner.output_grad(out)
     params = [p for p in runner.layer.parameters() if p.requires_grad]
+    split = SplitBackward(out, edge, params)
     clock.sync()
     start = clock.mark()
-    if edge is not None:
-        torch.autograd.grad(out, [edge], grad, retain_graph=True, allow_unused=True)
+    split.backward_input(grad)
     middle = clock.mark()
-    if params:  # a parameter this layer does not use (none in the zoo) gets no gradient rather than an error
-        torch.autograd.grad(out, params, grad, allow_unused=True)
+    split.backward_weight()
     end = clock.mark()
+    for p in params:  # the timing runs leave no gradients behind
+        p.grad = None
     input_ms = clock.ms(start, middle) if edge is not None else 0.0
     weight_ms = clock.ms(middle, end) if params else 0.0
-    del out
     return input_ms, weight_ms

@@ -19,7 +19,7 @@ the forward with the same RNG state, then back-propagates.
 Split backward (zero-bubble schedules): :meth:`Stage.backward_input` (I)
 returns the input gradient and keeps the graph, :meth:`Stage.backward_weight`
 (W) adds the weight gradients later and frees it
-(:mod:`~workbench.runtime.split_backward`).
+(:mod:`~workbench.models.split_backward`).
 
 Stage inputs: a received activation enters the block through
 :func:`workbench.models.boundary.stage_input`, a zero-copy non-leaf alias
@@ -40,8 +40,10 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from torch.autograd.graph import get_gradient_edge
+
 from ..models.boundary import InputGrad, stage_input
-from .split_backward import SplitBackward
+from ..models.split_backward import SplitBackward
 
 __all__ = ["Stage", "autocast_context", "output_shapes"]
 
@@ -61,7 +63,7 @@ class _Saved:
     target: torch.Tensor | None = None  # kept for the replay of a last stage
     rng_state: torch.Tensor | None = None
     cuda_rng_state: torch.Tensor | None = None
-    input_node: Any = None  # the input's autograd node, where a split backward's I stops
+    input_node: Any = None  # the input's gradient edge, where a split backward's I stops
     split: SplitBackward | None = None  # between a split backward's I and its W
 
 
@@ -112,7 +114,7 @@ class Stage:
         else:
             if self._needs_input_grad(inputs):
                 inputs, saved.input_grad = stage_input(inputs)  # zero-copy, in-place safe (module docstring)
-                saved.input_node = inputs.grad_fn
+                saved.input_node = get_gradient_edge(inputs)
             out = self._run(inputs, target)
             saved.output = out
         self._saved[microbatch] = saved
@@ -169,7 +171,7 @@ class Stage:
             inputs = saved.inputs
             if self._needs_input_grad(inputs):
                 inputs, saved.input_grad = stage_input(inputs)
-                saved.input_node = inputs.grad_fn
+                saved.input_node = get_gradient_edge(inputs)
             return self._run(inputs, saved.target)
 
     def _needs_input_grad(self, inputs: torch.Tensor) -> bool:

@@ -169,9 +169,10 @@ class StageCosts:
 
 
 def _split(layer: LayerCost, backward_ms: float) -> tuple[float, float]:
-    """A layer's backward time ``backward_ms`` (at the micro-batch) split as the profile split its backward."""
+    """A layer's I and W at the micro-batch: the profile's, scaled as its fused backward was to ``backward_ms``
+    (a measured split keeps what splitting costs beyond the fused backward; an unmeasured one sums to it)."""
     i, w = layer.split_backward_ms
-    total = i + w
-    if total <= 0:
-        return backward_ms, 0.0
-    return backward_ms * i / total, backward_ms * w / total
+    if layer.backward_ms <= 0:
+        return (backward_ms, 0.0) if i + w <= 0 else (i, w)
+    factor = backward_ms / layer.backward_ms
+    return i * factor, w * factor

@@ -34,9 +34,11 @@ from collections import defaultdict, deque
 from typing import Any, Sequence
 
 import torch
-from torch.autograd.graph import GradientEdge, Node
+from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 
 __all__ = ["SplitBackward"]
+
+# One implementation for the runtime's stages and for the profiler, which times I and W as the stages run them.
 
 
 def _node(tensor: torch.Tensor) -> Node | None:
@@ -82,17 +84,20 @@ class SplitBackward:
     """The two halves of one micro-batch's backward through a stage.
 
     ``output`` is what the stage's forward returned (the scaled loss on the
-    last stage), ``input_node`` the autograd node of its input (None when
-    the input needs no gradient), ``params`` the parameters to differentiate.
+    last stage), ``input_edge`` the gradient edge of its input, taken before
+    the forward (``get_gradient_edge``; None when the input needs no
+    gradient), ``params`` the parameters to differentiate.
     """
 
-    def __init__(self, output: torch.Tensor, input_node: Node | None, params: Sequence[torch.Parameter]) -> None:
+    def __init__(self, output: torch.Tensor, input_edge: GradientEdge | None,
+                 params: Sequence[torch.nn.Parameter]) -> None:
         self.output = output
         trainable = [p for p in params if p.requires_grad]
         # with an input gradient to compute, vectors come along with it (module docstring); the rest wait for W
-        self.eager = [p for p in trainable if p.dim() <= 1] if input_node is not None else []
+        self.eager = [p for p in trainable if p.dim() <= 1] if input_edge is not None else []
         self.params = [p for p in trainable if not any(p is e for e in self.eager)]
-        self.input_node = input_node
+        self.input_edge = input_edge
+        self.input_node = input_edge.node if input_edge is not None else None
         self.grad_output: torch.Tensor | None = None
         self._joins: list[tuple[Node, list[torch.nn.Parameter]]] = []
         self._recorded: dict[Node, tuple] = {}
@@ -111,7 +116,7 @@ class SplitBackward:
             hooks.append(join.register_prehook(self._recorder(join)))
         try:
             grad_input, *vectors = torch.autograd.grad(
-                self.output, [_input_edge(self.input_node), *(_param_edge(p) for p in self.eager)],
+                self.output, [self.input_edge, *(_param_edge(p) for p in self.eager)],
                 grad_outputs=self._grad(), retain_graph=True, allow_unused=True)
             self._accumulate(self.eager, vectors)
             return grad_input
@@ -177,9 +182,5 @@ class SplitBackward:
                     param.grad.add_(grad)
 
 
-def _input_edge(node: Node) -> GradientEdge:
-    return GradientEdge(node, 0)
-
-
 def _param_edge(param: torch.nn.Parameter) -> GradientEdge:
-    return GradientEdge(_node(param), 0)
+    return get_gradient_edge(param)
