@@ -40,6 +40,9 @@ FP32_RUNS = [
     ("pp2-1f1b-m4", MLP, "dense"),
     ("pp2-interleaved-v2-m4", MLP, "dense"),
     ("torchpp2-1f1b-m4", MLP, "dense"),  # torch.distributed.pipelining
+    ("pp2-zbh1-m4", MLP, "dense"),  # zero bubble: split backward, I before W
+    ("pp2-zbv-m4", MLP, "dense"),  # two chunks per rank in a V
+    ("pp2-zbauto-m4", MLP, "dense"),  # built from the stages' measured CUDA costs
     ("gropipe-1x2-1f1b-m4-d0", MLP, "dense"),
     ("gropipe-2x2-1f1b-m4-d1", MLP, "dense"),  # 4 ranks; the reference applies the same one-step-stale update
     ("async-1x2-m4", MLP, "stashing"),
