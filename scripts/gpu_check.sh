@@ -16,7 +16,7 @@
 # the tier's test files with the time left, and let scripts/gpu_summary.py write
 # OUT_DIR/gpu_check.{json,md}. Exit 1 when the tier or the benchmark failed.
 # Knobs: GPU_CHECK_BUDGET_S (whole run, 585), GPU_CHECK_BENCH_S (300),
-# GPU_CHECK_NO_INSTALL=1 (never `make install`), GPU_CHECK_PYTHON (try that Python
+# GPU_CHECK_BENCH_ARGS (more arguments for bench_gpu.py, e.g. "--skip gpt2"), GPU_CHECK_NO_INSTALL=1 (never `make install`), GPU_CHECK_PYTHON (try that Python
 # first), GPU_CHECK_REHEARSAL=1 (the same steps on a CPU: bench --smoke and the tier's
 # CPU rehearsal; it checks this script, not the GPU).
 set -uo pipefail
@@ -212,6 +212,8 @@ limit=$((limit - 90 < BENCH_MAX ? limit - 90 : BENCH_MAX))
 if [ "$limit" -gt 30 ]; then
     if [ "$REHEARSAL" = 1 ]; then bench_args=(--smoke); results=bench/results/gpu-smoke.json
     else bench_args=(); results=bench/results/gpu.json; fi
+    # shellcheck disable=SC2206  # one argument per word
+    bench_args+=(${GPU_CHECK_BENCH_ARGS:-})
     touch "$OUT/.bench-start"
     log "bench: bench/bench_gpu.py ${bench_args[*]} (limit ${limit}s, log bench.log)"
     timed bench "$limit" "$OUT/bench.log" "$PY" bench/bench_gpu.py "${bench_args[@]}"

@@ -142,3 +142,18 @@ def test_shutting_the_kernel_down_leaves_no_process(tmp_path):
     manager.shutdown_kernel(now=True)
     assert_no_processes(job.run_id, timeout=20)
 
+
+
+def test_logs_split_by_rank_where_torchrun_has_no_prefix_template(tmp_path, monkeypatch):
+    """torch 2.11's torchrun lacks --log-line-prefix-template: its own [default<r>]: prefix still splits the logs."""
+    from workbench.jobs.backends import local
+
+    monkeypatch.setattr(local, "prefix_template_supported", lambda: False)
+    job = launch(worker_spec(tmp_path, steps=20, step_s=0.01, fail_rank=1, fail_step=2, name="plain-prefix"))
+    assert "--log-line-prefix-template" not in (job.run_dir / "command.txt").read_text()
+    assert job.wait(timeout=90).state == "FAILED"
+    console = (job.run_dir / "logs" / "node0" / "console.log").read_text()
+    assert "[default1]:" in console and not any(line.startswith("[rank") for line in console.splitlines())
+    assert any("injected failure" in line for line in job.logs(rank=1))
+    assert not any("injected failure" in line for line in job.logs(rank=0))
+    assert_no_processes(job.run_id)

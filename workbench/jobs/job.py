@@ -29,6 +29,7 @@ from typing import Any, Iterator
 
 from ..core.rundir import CONFIG_FILE, COMMAND_FILE, LAUNCH_FILE, LOGS_DIR, TERMINAL_STATES, status_path
 from .backends import ProcessState, get_backend
+from .backends.local import FALLBACK_PREFIX
 from .monitor_model import EVAL_FIELDS, METRIC_FIELDS, RunState
 from .process import kill_processes, process_alive, run_processes
 from .spec import LaunchSpec, check_launchable, config_dict, resolve_run_root
@@ -251,8 +252,10 @@ class Job:
     def _keep(line: str, rank: int | None) -> str | None:
         if rank is None:
             return line
-        prefix = f"[rank{rank}]:"
-        return line[len(prefix):] if line.startswith(prefix) else None
+        for prefix in (f"[rank{rank}]:", FALLBACK_PREFIX.format(rank=rank)):
+            if line.startswith(prefix):
+                return line[len(prefix):]
+        return None
 
     def logs(self, rank: int | None = None, tail: int | None = 200, follow: bool = False):
         """Console lines (of one global ``rank`` if given): the last ``tail`` as a list, or with

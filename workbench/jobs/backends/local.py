@@ -5,7 +5,9 @@ the spec, so the notebook's environment is the job's), with c10d rendezvous
 on ``localhost:0`` so the OS picks a free port and two jobs never collide;
 c10d (rather than ``--standalone``) keeps ``--max-restarts`` meaningful and
 gives the rendezvous the run id. Console lines carry a ``[rank<r>]:`` prefix
-so logs can be split by global rank, and per-rank files go to ``--log-dir``.
+so logs can be split by global rank (a torchrun without
+``--log-line-prefix-template`` writes its own ``[default<local rank>]:``,
+the same rank on one node), and per-rank files go to ``--log-dir``.
 Each torchrun runs under :mod:`workbench.jobs.guard`, started in a new
 session (the kernel's *Interrupt* does not reach it) with a parent-death
 signal (a dying kernel takes the run along); cancel kills the whole tree,
@@ -17,6 +19,7 @@ with the multi-node backend, which starts one such agent per node.
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import subprocess
@@ -33,6 +36,16 @@ __all__ = ["LocalBackend", "torchrun_argv", "worker_env", "start_agents", "poll_
            "RANK_PREFIX"]
 
 RANK_PREFIX = "[rank${rank}]:"
+# torchrun's own prefix where it has no --log-line-prefix-template (torch < 2.12): the LOCAL rank
+FALLBACK_PREFIX = "[default{rank}]:"
+
+
+@functools.lru_cache(maxsize=None)
+def prefix_template_supported() -> bool:
+    """Whether this torch's torchrun takes ``--log-line-prefix-template`` (2.11's does not)."""
+    from torch.distributed.run import get_args_parser
+
+    return any("--log-line-prefix-template" in action.option_strings for action in get_args_parser()._actions)
 _INHERITED_DROP = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
                    "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE")
 
@@ -50,8 +63,10 @@ def torchrun_argv(spec: LaunchSpec, run_dir: Path, run_id: str, *, endpoint: str
             "--max-restarts", str(spec.max_restarts), "--monitor-interval", "0.5"]
     if local_addr:
         argv += ["--local-addr", local_addr]
-    argv += ["--log-dir", str(log_dir), "--tee", "3", "--log-line-prefix-template", RANK_PREFIX,
-             "-m", spec.entry, "--config", str(Path(run_dir) / CONFIG_FILE)]
+    argv += ["--log-dir", str(log_dir), "--tee", "3"]
+    if prefix_template_supported():
+        argv += ["--log-line-prefix-template", RANK_PREFIX]
+    argv += ["-m", spec.entry, "--config", str(Path(run_dir) / CONFIG_FILE)]
     return argv
 
 
