@@ -85,8 +85,10 @@ def autocast_dtype_for(precision: str, device: torch.device) -> torch.dtype | No
     return None
 
 
-def resolve_partition(config: RunConfig, model, example_input: torch.Tensor) -> Partition:
-    """The stage -> layers map for the config: uniform, explicit text, or AMPA on a fresh profile."""
+def resolve_partition(config: RunConfig, model, example_input: torch.Tensor, device: str | None = None
+                      ) -> Partition:
+    """The stage -> layers map for the config: uniform, explicit text, or AMPA on a fresh profile (on
+    ``device``, default the example's)."""
     plan = config.plan
     num_layers = len(model)
     stages = plan.num_virtual_stages
@@ -95,38 +97,41 @@ def resolve_partition(config: RunConfig, model, example_input: torch.Tensor) -> 
     if plan.partition == "uniform":
         return Partition.uniform(num_layers, stages)
     if plan.partition == "ampa":
-        return ampa_partition(config, model, example_input)
+        return ampa_partition(config, model, example_input, device)
     return Partition.parse(plan.partition, num_layers)  # its stage count was checked with the plan
 
 
-def ampa_partition(config: RunConfig, model, example_input: torch.Tensor) -> Partition:
-    """Profile a copy of the model at the micro-batch size, then balance with AMPA."""
+def ampa_partition(config: RunConfig, model, example_input: torch.Tensor, device: str | None = None) -> Partition:
+    """Profile a copy of the model at the micro-batch size on ``device`` (default the example's), then balance
+    with AMPA."""
     from ..planning.ampa import ampa
     from ..scheduling.registry import stage_memory
     from ..profiling import profile
 
     microbatch = example_input.shape[0]
-    costs = profile(copy.deepcopy(model), microbatch, device=str(example_input.device), progress=False)
+    costs = profile(copy.deepcopy(model), microbatch, device=device or str(example_input.device), progress=False)
     plan = config.plan
     result = ampa(costs, plan.num_virtual_stages, num_microbatches=plan.microbatches, schedule=stage_memory(plan),
                   batch_size=microbatch * plan.microbatches, optimizer=config.optimizer.name)
     return result.partition
 
 
-def _shared_partition(config: RunConfig, model, example_input: torch.Tensor) -> Partition:
+def _shared_partition(config: RunConfig, model, example_input: torch.Tensor, device: str) -> Partition:
     """Resolve on rank 0 and broadcast, so a measured (AMPA) partition is the same on every rank."""
-    box = [str(resolve_partition(config, model, example_input))] if dist.get_rank() == 0 else [None]
+    box = [str(resolve_partition(config, model, example_input, device))] if dist.get_rank() == 0 else [None]
     dist.broadcast_object_list(box, src=0)
     return Partition.parse(box[0], len(model))
 
 
-def measured_stage_costs(config: RunConfig, model, example_input: torch.Tensor, partition: Partition):
-    """The stages' costs at the micro-batch size, from a profile of a copy of the model on this rank's device."""
+def measured_stage_costs(config: RunConfig, model, example_input: torch.Tensor, partition: Partition,
+                         device: str | None = None):
+    """The stages' costs at the micro-batch size, from a profile of a copy of the model on ``device`` (the
+    rank's; default the example's)."""
     from ..profiling import profile
     from ..scheduling.stagecosts import StageCosts
 
     microbatch = example_input.shape[0]
-    costs = profile(copy.deepcopy(model), microbatch, device=str(example_input.device), progress=False)
+    costs = profile(copy.deepcopy(model), microbatch, device=device or str(example_input.device), progress=False)
     return StageCosts.from_model(costs, partition, microbatch, optimizer=_optimizer_kind(config))
 
 
@@ -135,11 +140,11 @@ def _optimizer_kind(config: RunConfig) -> str:
     return "adam" if opt.name == "adam" else ("sgd-momentum" if opt.momentum else "sgd")
 
 
-def _shared_stage_costs(config: RunConfig, model, example_input: torch.Tensor, partition: Partition):
+def _shared_stage_costs(config: RunConfig, model, example_input: torch.Tensor, partition: Partition, device: str):
     """For kinds whose schedule is built from the stages' costs: measured on rank 0, the same on every rank."""
     if not config.plan.pipeline.uses_costs:
         return None
-    box = [measured_stage_costs(config, model, example_input, partition)] if dist.get_rank() == 0 else [None]
+    box = [measured_stage_costs(config, model, example_input, partition, device)] if dist.get_rank() == 0 else [None]
     dist.broadcast_object_list(box, src=0)
     return box[0]
 
@@ -182,8 +187,8 @@ def train(config: RunConfig, run_dir: Path, writer: EventWriter, *, cores: list[
     torch.manual_seed(config.seed + 1)
     batches_from_start = global_batches(config, model, 0)
     example = split_rounds(next(batches_from_start), config, 0)[0].inputs[0]
-    partition = _shared_partition(config, model, example)
-    stage_costs = _shared_stage_costs(config, model, example, partition)
+    partition = _shared_partition(config, model, example, str(device))
+    stage_costs = _shared_stage_costs(config, model, example, partition, str(device))
     ctx = RunContext(config=config, rank=rank, world_size=world_size, device=device,
                      autocast_dtype=autocast_dtype_for(config.precision, device), model=model,
                      partition=partition, example_input=example, record_events=config.events.stage_events,

@@ -213,19 +213,51 @@ def output_shapes(modules: list[nn.Module], example: torch.Tensor, device: torch
                   autocast_dtype: torch.dtype | None) -> list[tuple[tuple[int, ...], torch.dtype]]:
     """Shape and dtype of each block's output for one micro-batch.
 
-    Runs once, without grad and in eval mode so normalisation statistics and
-    the RNG stream stay untouched.
+    Runs once on ``device`` (under its autocast, so the dtypes are the run's),
+    without grad and in eval mode so normalisation statistics and the RNG
+    stream stay untouched. A block held elsewhere (the whole model is built on
+    the host; each rank keeps only its own stages on the device) visits the
+    device for its pass and goes back, so one block at a time takes device
+    memory.
     """
     shapes: list[tuple[tuple[int, ...], torch.dtype]] = []
     modes = [m.training for m in modules]
+    device = torch.device(device)
     x: Any = example.to(device)
     try:
         with torch.no_grad(), autocast_context(device, autocast_dtype):
             for module in modules:
-                module.eval()
-                x = module(x)
+                home = _home_device(module)
+                visiting = home is not None and not _same_device(home, device)
+                if visiting:
+                    module.to(device)
+                try:
+                    module.eval()
+                    x = module(x)
+                finally:
+                    if visiting:
+                        module.to(home)
                 shapes.append((tuple(x.shape), x.dtype))
     finally:
         for module, mode in zip(modules, modes):
             module.train(mode)
     return shapes
+
+
+def _home_device(module: nn.Module) -> torch.device | None:
+    """Where a module's parameters (else buffers) are; None for a module that holds no tensor."""
+    for tensor in module.parameters():
+        return tensor.device
+    for tensor in module.buffers():
+        return tensor.device
+    return None
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """``cuda`` and ``cuda:<current>`` name one device."""
+    if a.type != b.type:
+        return False
+    if a.type == "cuda":
+        current = torch.cuda.current_device()
+        return (a.index if a.index is not None else current) == (b.index if b.index is not None else current)
+    return True
