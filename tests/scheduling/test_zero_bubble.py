@@ -91,6 +91,26 @@ def test_the_automatic_schedule_is_never_slower_than_zb_h1_and_keeps_its_memory_
             "iteration_ms"] + 1e-9
 
 
+def test_by_default_the_automatic_schedule_never_loses_to_zb_h1_even_where_later_stages_hold_more():
+    """A last stage whose micro-batch keeps more (an LM head's logits) makes ZB-H1 peak above 1F1B there."""
+    rng = random.Random(11)
+    for _ in range(10):
+        p = rng.randint(2, 4)
+        m = rng.randint(p, 3 * p)
+        act = tuple(rng.randint(1, 6) * 10 ** 6 for _ in range(p))
+        f = tuple(rng.uniform(0.5, 2.0) for _ in range(p))
+        i = tuple(rng.uniform(0.5, 2.0) for _ in range(p))
+        w = tuple(rng.uniform(0.2, 2.0) for _ in range(p))
+        costs = StageCosts(forward_ms=f, backward_ms=tuple(a + b for a, b in zip(i, w)), send_bytes=(0,) * p,
+                           param_bytes=(0,) * p, grad_bytes=(0,) * p, optimizer_bytes=(0,) * p,
+                           activation_bytes=act, input_grad_ms=i, weight_grad_ms=w)
+        auto = simulate(zb_auto(p, m, costs), costs)
+        assert auto.metrics["iteration_ms"] <= simulate(zb_h1(p, m), costs).metrics["iteration_ms"] + 1e-9
+        h1_peak = max(row["activations"] for row in simulate(zb_h1(p, m), costs).memory)
+        one_f_one_b_peak = max(min(p - s, m) * act[s] for s in range(p))
+        assert max(row["activations"] for row in auto.memory) <= max(h1_peak, one_f_one_b_peak)
+
+
 def test_a_memory_limit_no_schedule_meets_is_refused_naming_the_field():
     costs = StageCosts.uniform(2, activation_bytes=4 * 10 ** 6)
     with pytest.raises(ValueError, match="'pipeline.memory_limit_mb' = 1 is invalid: one micro-batch"):

@@ -255,7 +255,8 @@ def zb_auto(num_stages: int, num_microbatches: int, stage_costs: StageCosts | No
     """The fastest split-backward schedule found for these stages' real times under ``memory_limit_mb``.
 
     The limit bounds each rank's saved activations (``memory_limit_mb``
-    MB; 0: what 1F1B keeps on the first stage). Candidates: the list
+    MB; 0: the most any rank keeps under 1F1B or ZB-H1, so the default
+    schedule is never slower than ZB-H1). Candidates: the list
     schedule with its default priority and with W first among ties, and
     ZB-H1 and ZB-H2 when they fit; each is simulated with the stages' costs
     and the shortest iteration is kept. Without costs every stage costs one
@@ -268,7 +269,10 @@ def zb_auto(num_stages: int, num_microbatches: int, stage_costs: StageCosts | No
         raise ValueError(f"zb-auto: stage_costs has {costs.num_stages} stages, the plan has {num_stages}")
     act = [float(max(b, 1)) for b in costs.activation_bytes]
     one_f_one_b = max(min(num_stages - s, num_microbatches) * act[s] for s in range(num_stages))
-    limit = memory_limit_mb * 1e6 if memory_limit_mb else one_f_one_b
+    # 0: 1F1B's memory, or ZB-H1's where a later stage holds more per micro-batch and its delayed W
+    # keeps one more there, so the default never loses to ZB-H1
+    limit = memory_limit_mb * 1e6 if memory_limit_mb else max(
+        one_f_one_b, _peak_activation(zb_h1(num_stages, num_microbatches), act))
     if memory_limit_mb and limit + _EPS < max(act):
         raise ValueError(f"plan field 'pipeline.memory_limit_mb' = {memory_limit_mb:g} is invalid: one "
                          f"micro-batch of the largest stage keeps {max(act) / 1e6:.3f} MB of activations, so no "
