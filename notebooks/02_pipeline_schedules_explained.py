@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # Pipeline schedules, explained: GPipe, 1F1B, interleaved, asynchronous
+# # Pipeline schedules, explained: GPipe, 1F1B, interleaved, asynchronous, zero bubble
 #
 # A pipeline cuts a model into $S$ stages on $S$ devices and streams $M$
 # micro-batches through them. While the first micro-batch travels forward, the
@@ -27,8 +27,10 @@
 #
 # This lesson builds the four classic schedules from the same generators the
 # runtime executes, times them with the simulator, checks the simulated bubble
-# against the textbook formula, and ends with exercises. Nothing here needs
-# torch: schedules are plain data.
+# against the textbook formula, then splits the backward in two for the
+# zero-bubble schedules (simulated from a real profile and run on two ranks),
+# and ends with exercises. Up to section 6 nothing needs torch: schedules are
+# plain data.
 
 # %% tags=["parameters"]
 # Parameters: the pipeline we study. The lesson is small enough to run as is;
@@ -178,7 +180,160 @@ for name, result, formula, schedule in rows:
           f"{max(in_flight_microbatches(schedule)):>15}")
 
 # %% [markdown]
-# ## 6. Play with it
+# ## 6. Zero bubble: split the backward in two
+#
+# A stage's backward does two jobs. The **input gradient** (I) is what the
+# previous stage waits for; the **weight gradient** (W) is needed only by the
+# optimizer step at the end of the iteration. Run as two passes, W becomes
+# filler: a stage can postpone it into the slots where it would otherwise
+# wait. The schedules built on that split:
+#
+# * **ZB-H1** keeps 1F1B's memory (at most $S$ micro-batches alive) and pushes
+#   W into the drain: the bubble falls from $(S-1)(F+I+W)$ to $(S-1)(F+I-W)$.
+# * **ZB-H2** lets stage 0 warm up with up to $2S-1$ forwards so W can fill
+#   the fill phase too: no idle time between a rank's first and last pass, for
+#   about twice the activations.
+# * **ZB-V** gives each rank two chunks in a V (rank 0 holds the first and the
+#   last chunk), so the backward starts on the rank where the forward ended:
+#   no steady-state bubble, at 1F1B's memory.
+# * **zb-auto** builds the schedule from the stages' measured F, I and W under
+#   a per-rank memory limit (`zbauto-mem<MB>` in a plan name); it keeps a
+#   hand-made schedule when none of its own candidates beats it.
+#
+# Each kind is a plan name, and the schedule registry turns it into the
+# actions the runtime executes. First the textbook case, $F = I = W$ = 1 ms
+# (a V-shaped kind's chunk is half a stage, so every rank has the same work).
+# "Bubble" is a rank's idle time in one flushed iteration; "steady" is the
+# idle time between its first and last pass, what is left when iterations
+# run back to back.
+
+# %%
+from workbench import ParallelPlan
+from workbench.scheduling.registry import schedule_for
+
+zb_kinds = ("1f1b", "zbh1", "zbh2", "zbv")
+
+
+def zb_uniform(kind: str):
+    """Simulated on F = I = W = 1 ms: (result, bubble ms, steady bubble ms of the worst rank, peak micro-batches)."""
+    plan = ParallelPlan.parse(f"pp{S}-{kind}-m{M}")
+    c = plan.chunks
+    unit = StageCosts.uniform(plan.num_virtual_stages, forward_ms=1.0 / c, input_grad_ms=1.0 / c,
+                              weight_grad_ms=1.0 / c, activation_bytes=2 // c)  # a stage's micro-batch: 2 bytes
+    result = simulate(schedule_for(plan), unit)
+    bubble = result.metrics["makespan_ms"] - M * 3.0  # a rank computes M x (F + I + W)
+    steady = max(result.metrics["steady_bubble_ms"])
+    peak = max(row["activations"] for row in result.memory) / 2
+    return result, bubble, steady, peak
+
+
+zb_results = {kind: zb_uniform(kind) for kind in zb_kinds}
+zb_formulas = {"1f1b": ("(S-1)(F+I+W)", (S - 1) * 3.0, S), "zbh1": ("(S-1)(F+I-W)", (S - 1) * 1.0, S),
+               "zbh2": ("0 steady", 0.0, 2 * S - 1), "zbv": ("0 steady", 0.0, S)}
+print(f"S={S}, M={M}, F = I = W = 1 ms")
+print(f"{'kind':<6}{'bubble ms':>11}{'steady ms':>11}{'formula':>15}{'= ms':>6}{'peak':>6}{'formula':>9}")
+for kind, (result, bubble, steady, peak) in zb_results.items():
+    text, value, peak_formula = zb_formulas[kind]
+    print(f"{kind:<6}{bubble:>11.2f}{steady:>11.2f}{text:>15}{value:>6.1f}{peak:>6.1f}{peak_formula:>9}")
+for kind, (text, value, peak_formula) in zb_formulas.items():
+    _, bubble, steady, peak = zb_results[kind]
+    assert abs((steady if "steady" in text else bubble) - value) < 1e-9 and peak == peak_formula, kind
+timeline_figure(zb_results["zbh1"][0].timeline, title=f"ZB-H1, {S} stages x {M} micro-batches: "
+                "W (light green) fills the drain")
+
+# %% [markdown]
+# On the timeline, I (teal) travels back through the stages as the full
+# backward did, and each W (light green) runs where its stage would have
+# waited. Now a real model: a small GPT-2, profiled layer by layer at the
+# micro-batch size of the runs below (I and W measured separately), cut into
+# two stages (four chunks for ZB-V), simulated from that profile, then run
+# for real on two ranks. On a CPU, splitting the backward is not free: the
+# two passes re-walk parts of the graph that one fused backward walks once.
+# The profile measures that price, and the simulation pays it.
+
+# %%
+import os
+import statistics
+
+import torch
+
+from workbench.core.config import RunConfig
+from workbench.core.partition import Partition
+from workbench.jobs import LaunchSpec, launch
+from workbench.profiling import profile
+from workbench.runtime.batches import run_model
+
+torch.set_num_threads(1)  # each rank runs one thread; profile like one
+smoke = os.environ.get("WORKBENCH_SMOKE") == "1"
+run_root = os.path.join(
+    next(d for d in (os.getcwd(), os.path.dirname(os.getcwd())) if os.path.isdir(os.path.join(d, "launch"))), "runs")
+zb_m = 4
+zb_base = {"model": "gpt2-tiny", "data": {"kind": "bytes-lm", "seq_len": 64}, "global_batch": 32,
+           "steps": 6 if smoke else 20, "seed": 0, "optimizer": {"name": "sgd", "lr": 0.05},
+           "model_overrides": {"n_layer": 6, "n_embd": 128, "n_head": 4, "seq_len": 64,
+                               "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}}
+zb_model = run_model(RunConfig.from_dict({**zb_base, "plan": f"pp2-1f1b-m{zb_m}"}))
+zb_micro = zb_base["global_batch"] // zb_m
+zb_profile = profile(zb_model, batch=zb_micro, progress=False)
+fused = sum(layer.backward_ms for layer in zb_profile.layers)
+split = sum(layer.input_grad_ms + layer.weight_grad_ms for layer in zb_profile.layers)
+print(f"{zb_profile.num_layers} layers at micro-batch {zb_micro}: forward {sum(l.forward_ms for l in zb_profile.layers):.2f} ms, "
+      f"backward {fused:.2f} ms, I + W {split:.2f} ms ({split / fused:.2f} x the fused backward)")
+
+zb_plans = {kind: ParallelPlan.parse(f"pp2-{kind}-m{zb_m}") for kind in (*zb_kinds, "zbauto")}
+zb_simulated = {}
+for kind, plan in zb_plans.items():
+    partition = Partition.uniform(zb_profile.num_layers, plan.num_virtual_stages)
+    stage_costs = StageCosts.from_model(zb_profile, partition, zb_micro, optimizer="sgd")
+    zb_simulated[kind] = simulate(schedule_for(plan, stage_costs=stage_costs), stage_costs).metrics["iteration_ms"]
+for kind, ms in zb_simulated.items():
+    print(f"{kind:<7} simulated iteration {ms:7.2f} ms ({zb_simulated['1f1b'] / ms:.3f} x 1F1B's speed)")
+assert zb_simulated["zbauto"] <= zb_simulated["zbh1"] + 1e-9  # the automatic schedule never loses to ZB-H1
+
+# %% [markdown]
+# The same five plans, launched for real: two `torchrun` ranks each, the
+# same samples, one step time per step (the slower rank's), median over the
+# steps after the first two.
+
+# %%
+zb_jobs = {}
+for kind, plan in zb_plans.items():
+    zb_jobs[kind] = launch(LaunchSpec(config={**zb_base, "plan": plan.name, "name": f"zb-{kind}"}, run_root=run_root))
+    state = zb_jobs[kind].wait(timeout=300).state
+    assert state == "SUCCEEDED", (kind, zb_jobs[kind].status().text())
+zb_measured, zb_losses = {}, {}
+for kind, job in zb_jobs.items():
+    frame = job.metrics()
+    per_step = frame.groupby("step")["step_ms"].max()
+    zb_measured[kind] = statistics.median(per_step[per_step.index >= 2])
+    zb_losses[kind] = frame[frame["rank"] == frame["rank"].max()].sort_values("step")["loss"].tolist()
+print(f"{'kind':<7}{'measured ms':>12}{'simulated ms':>14}{'sim / meas':>11}{'vs 1F1B':>9}")
+for kind in zb_plans:
+    print(f"{kind:<7}{zb_measured[kind]:>12.2f}{zb_simulated[kind]:>14.2f}{zb_simulated[kind] / zb_measured[kind]:>11.2f}"
+          f"{zb_measured['1f1b'] / zb_measured[kind]:>9.3f}")
+# splitting the backward changes when gradients are computed, not what they are: the same losses
+for kind, losses in zb_losses.items():
+    assert len(losses) == len(zb_losses["1f1b"]) and all(
+        abs(a - b) <= 1e-4 * abs(b) for a, b in zip(losses, zb_losses["1f1b"])), kind
+
+# %%
+from IPython.display import Markdown, display
+
+zb_best = min(zb_measured, key=zb_measured.get)
+h1_measured = zb_measured["1f1b"] / zb_measured["zbh1"]
+h1_simulated = zb_simulated["1f1b"] / zb_simulated["zbh1"]
+errors = {kind: abs(zb_simulated[kind] / zb_measured[kind] - 1) for kind in zb_plans}
+display(Markdown(
+    f"On this machine the split backward costs **{split / fused:.2f} x** the fused one in the profile. "
+    f"ZB-H1 ran at **{h1_measured:.2f} x** 1F1B's speed (the simulation from the profile said {h1_simulated:.2f} x): "
+    + ("the bubble it saves outweighs what the split costs. " if h1_measured > 1 else
+       "what the split costs outweighs the bubble it saves at this size. ")
+    + f"The fastest plan measured was **{zb_best}** ({zb_measured[zb_best]:.1f} ms per step). "
+    f"The simulation was within {100 * max(errors.values()):.0f}% of every measured step "
+    f"(worst: {max(errors, key=errors.get)}). Every plan trained on the same losses as 1F1B to within 1e-4."))
+
+# %% [markdown]
+# ## 7. Play with it
 #
 # The schedule explorer puts every knob of this lesson on a control: the
 # schedule, stages, micro-batches, chunks, the backward/forward cost ratio
