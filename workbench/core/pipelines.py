@@ -397,7 +397,8 @@ class DualPipeV(_VShape):
 @dataclass(frozen=True)
 class ZBAuto(OnePipeline):
     """The automatic zero-bubble schedule: built from the stages' real F, I, W and message times under a
-    per-rank activation memory limit (``memory_limit_mb``; 0: 1F1B's in-flight count on every stage)."""
+    per-rank activation memory limit (``memory_limit_mb``; 0: the most any rank keeps under 1F1B or ZB-H1,
+    so by default it is never slower than ZB-H1)."""
 
     memory_limit_mb: float = 0.0
     kind: ClassVar[str] = "zb-auto"
@@ -409,7 +410,7 @@ class ZBAuto(OnePipeline):
         limit = self.memory_limit_mb
         if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not math.isfinite(limit) or limit < 0:
             raise plan_error("pipeline.memory_limit_mb", limit, "expected a number of MB >= 0 (0: the memory 1F1B "
-                             "keeps in flight)")
+                             "or ZB-H1 keeps in flight)")
 
     def tokens(self) -> list[str]:
         return [f"mem{self.memory_limit_mb:g}"] if self.memory_limit_mb else []
