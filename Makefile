@@ -12,11 +12,12 @@ STAMP := $(VENV)/.installed-$(HASH)
 PYTEST_ARGS ?=
 OUT ?= bench/gpu/latest
 
-.PHONY: install lab test test-gpu gpu-check gpu-wheels bench clean help
+.PHONY: install lab test test-quick test-gpu gpu-check gpu-wheels bench clean help
 
 help:
 	@echo "make lab    - set up .venv and start JupyterLab on 127.0.0.1 with the tour notebook"
 	@echo "make test   - set up .venv and run the whole test suite"
+	@echo "make test-quick - the tests that launch no run and open no browser (the edit loop)"
 	@echo "make test-gpu - set up .venv and run the tests marked gpu (needs CUDA; fails without it)"
 	@echo "make gpu-check [OUT=dir] - the gpu tier and bench/bench_gpu.py on this GPU, summary in OUT"
 	@echo "               (default bench/gpu/latest; uses the first Python whose torch sees CUDA, never reinstalls torch)"
@@ -38,6 +39,10 @@ lab: install
 test: install
 	bash scripts/ensure_chromium.sh
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The edit loop's tier: the tests that launch no run and open no browser (the whole suite is make test).
+test-quick: install
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not multiproc and not notebook and not browser and not gpu and not slow" $(PYTEST_ARGS)
 
 # The GPU tier: every test marked gpu (tests/gpu and any other). `make test` skips them without CUDA.
 test-gpu: install

@@ -30,6 +30,7 @@ def today():
     return golden()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(GOLDEN))
 def test_every_ranked_plan_keeps_its_prediction(case, today):
     expected, got = GOLDEN[case], today[case]

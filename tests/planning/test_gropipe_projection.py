@@ -34,6 +34,7 @@ def gain(costs, collective_link=None) -> float:
     return result["dp8"].estimate.iteration_ms / best.estimate.iteration_ms - 1
 
 
+@pytest.mark.slow
 def test_vgg_gains_more_from_gropipe_than_resnet(projected):
     vgg, resnet = projected["vgg16"], projected["resnet50"]
     # VGG's convolutions are all 3x3 stride 1, run by Winograd on the V100; ResNet-50's only in part

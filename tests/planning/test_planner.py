@@ -164,6 +164,7 @@ def test_bad_arguments_fail_before_any_work():
         plan("vgg16", "8xV100-PCIe", 64)
 
 
+@pytest.mark.slow
 def test_strategy_names_in_plans_parse_back():
     result = plan(COSTS, "2x8xH100-IB", 64, top=20)
     assert len(result.plans) == 20 and [p.rank for p in result.plans] == list(range(1, 21))

@@ -64,6 +64,7 @@ def test_models_lists_zoo(capsys):
     assert rows["resnet18"] == 11_689_512 and "gpt2-tiny" in rows
 
 
+@pytest.mark.slow
 def test_profile_with_micro_batch_passes_prints_and_writes_them(tmp_path, capsys):
     out = tmp_path / "costs.json"
     assert main(["profile", "mlp", "--batch", "4", "--repeats", "1", "--microbatch-passes", "--out", str(out)]) == 0

@@ -148,6 +148,7 @@ def inplace_chain():
                                          name="inplace-chain")
 
 
+@pytest.mark.slow
 def test_micro_batch_passes_are_measured_on_request_and_cached_apart(tmp_path):
     plain = profile(inplace_chain(), linear_batch(), repeats=1, progress=False, cache_dir=tmp_path)
     assert "microbatch_factors" not in plain.meta

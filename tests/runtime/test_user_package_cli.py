@@ -112,6 +112,7 @@ REFUSALS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("field,change,message", REFUSALS, ids=[f"{r[0]}-{i}" for i, r in enumerate(REFUSALS)])
 def test_bad_configs_are_refused_before_launch(project, field, change, message):
     text = TOML.replace("[model_args]\nwidth = 48\n", "")
