@@ -73,3 +73,17 @@ def test_profile_with_micro_batch_passes_prints_and_writes_them(tmp_path, capsys
     printed = capsys.readouterr().out
     assert "micro-batch passes against the profile's share: 1: " in printed and "(hot / cache flushed" in printed
     assert f"{factors['cold'][0]:.2f}" in printed
+
+
+def test_profile_takes_model_args_as_plan_does(capsys):
+    """The variant a user plans (`plan ... --model-arg image_size=64`) is the variant they can profile."""
+    sizes = {}
+    for size in (32, 64):
+        assert main(["profile", "vgg-tiny", "--batch", "2", "--repeats", "1", "--json",
+                     "--model-arg", f"image_size={size}"]) == 0
+        sizes[size] = json.loads(capsys.readouterr().out)["layers"][0]["activation_bytes"]
+    assert sizes[64] == 4 * sizes[32]  # a conv's output grows with the image's area
+    assert main(["profile", "vgg-tiny", "--model-arg", "image_size"]) == 2
+    assert "--model-arg takes KEY=VALUE" in capsys.readouterr().err
+    assert main(["profile", "no-such-model", "--model-arg", "image_size=64"]) == 2
+    assert "--model-arg applies to a zoo model" in capsys.readouterr().err

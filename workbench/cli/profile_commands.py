@@ -61,7 +61,16 @@ def _profile(args: argparse.Namespace) -> Result:
 
     if args.batch < 1:
         raise ValueError(f"--batch must be >= 1, got {args.batch}")
-    costs = profile(args.model, args.batch, device=args.device, warmup=args.warmup, repeats=args.repeats,
+    model = args.model
+    if args.model_arg:
+        from ..models.zoo import build_model, list_models
+        from .plan_commands import _parse_model_args
+
+        if model not in list_models():
+            raise ValueError(f"--model-arg applies to a zoo model; {model!r} is not one (zoo models: "
+                             f"{', '.join(list_models())})")
+        model = build_model(model, **_parse_model_args(args.model_arg))
+    costs = profile(model, args.batch, device=args.device, warmup=args.warmup, repeats=args.repeats,
                     cache=not args.no_cache, progress=not args.json, optimizer=args.optimizer,
                     microbatch_passes=args.microbatch_passes)
     if args.project:
@@ -114,6 +123,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p = sub.add_parser("profile", parents=[common], help="measure a zoo model layer by layer")
     p.add_argument("model", help="zoo model name (see `workbench models`)")
     p.add_argument("--batch", type=int, default=8, help="batch size of the synthetic batch")
+    p.add_argument("--model-arg", metavar="KEY=VALUE", action="append",
+                   help="a zoo model's config override, e.g. image_size=64 or n_layer=4 (repeat it), as `plan` "
+                        "takes it")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--repeats", type=int, default=3, help="timed repetitions per layer")
     p.add_argument("--warmup", type=int, default=1, help="untimed repetitions per layer")
