@@ -160,6 +160,9 @@ def test_planner_fine_grained_json_keeps_its_shape_and_lists_layers(tmp_path):
     assert uniform, "the best uniform plan stays in the list"
     assert data["per_layer"]["best"]["uniform"]["name"] in [s["name"] for s in data["strategies"]]
     assert any("per-layer model" in note for note in data["notes"])
+    compared = [note for note in data["notes"] if note.startswith("per-layer model:")]
+    assert compared and not any("best best" in note for note in compared)
+    assert any("uniform plan (one strategy for every layer" in note for note in compared)  # says what uniform means
 
 
 def test_cli_fine_grained_json_and_search_line(tmp_path, capsys):

@@ -65,7 +65,8 @@ __all__ = ["StagePlan", "HybridPlan", "HybridResult", "search_hybrid", "cost_pla
 
 TEMPLATES = ("per-layer", "uniform", "dp", "fsdp", "3d")
 TEMPLATE_SPLITS = 4  # the fastest template pipelines whose partitions the per-layer search also tries
-TEMPLATE_TEXT = {"per-layer": "per-layer mix (dynamic programming)", "uniform": "best uniform plan",
+TEMPLATE_TEXT = {"per-layer": "per-layer mix (dynamic programming)",
+                 "uniform": "uniform plan (one strategy for every layer; layers its TP cannot split keep its DP kind)",
                   "dp": "pure DP (DDP)", "fsdp": "pure FSDP (ZeRO-3)", "3d": "Megatron-style 3D (PP x TP x DDP)"}
 
 
