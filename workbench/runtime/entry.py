@@ -106,14 +106,21 @@ def ampa_partition(config: RunConfig, model, example_input: torch.Tensor, device
     with AMPA."""
     from ..planning.ampa import ampa
     from ..scheduling.registry import stage_memory
-    from ..profiling import profile
 
     microbatch = example_input.shape[0]
-    costs = profile(copy.deepcopy(model), microbatch, device=device or str(example_input.device), progress=False)
+    costs = _profile_copy(model, example_input, device)
     plan = config.plan
     result = ampa(costs, plan.num_virtual_stages, num_microbatches=plan.microbatches, schedule=stage_memory(plan),
                   batch_size=microbatch * plan.microbatches, optimizer=config.optimizer.name)
     return result.partition
+
+
+def _profile_copy(model, example_input: torch.Tensor, device: str | None):
+    """A profile of a copy of the model at the example's micro-batch size, on ``device`` (default the example's)."""
+    from ..profiling import profile
+
+    return profile(copy.deepcopy(model), example_input.shape[0], device=device or str(example_input.device),
+                   progress=False)
 
 
 def _shared_partition(config: RunConfig, model, example_input: torch.Tensor, device: str) -> Partition:
@@ -127,11 +134,10 @@ def measured_stage_costs(config: RunConfig, model, example_input: torch.Tensor, 
                          device: str | None = None):
     """The stages' costs at the micro-batch size, from a profile of a copy of the model on ``device`` (the
     rank's; default the example's)."""
-    from ..profiling import profile
     from ..scheduling.stagecosts import StageCosts
 
     microbatch = example_input.shape[0]
-    costs = profile(copy.deepcopy(model), microbatch, device=device or str(example_input.device), progress=False)
+    costs = _profile_copy(model, example_input, device)
     return StageCosts.from_model(costs, partition, microbatch, optimizer=_optimizer_kind(config))
 
 

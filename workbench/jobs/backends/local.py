@@ -36,8 +36,10 @@ __all__ = ["LocalBackend", "torchrun_argv", "worker_env", "start_agents", "poll_
            "RANK_PREFIX"]
 
 RANK_PREFIX = "[rank${rank}]:"
-# torchrun's own prefix where it has no --log-line-prefix-template (torch < 2.12): the LOCAL rank
+# torchrun's own prefix where it has no --log-line-prefix-template (torch 2.11): the LOCAL rank
 FALLBACK_PREFIX = "[default{rank}]:"
+_INHERITED_DROP = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                   "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE")
 
 
 @functools.lru_cache(maxsize=None)
@@ -46,8 +48,6 @@ def prefix_template_supported() -> bool:
     from torch.distributed.run import get_args_parser
 
     return any("--log-line-prefix-template" in action.option_strings for action in get_args_parser()._actions)
-_INHERITED_DROP = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-                   "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE")
 
 
 def node_log_dir(run_dir: Path, node: int) -> Path:
