@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import torch
-import torchvision
 from torch import nn
 
 from .sequence import InputSpec, LayerSequence
@@ -37,6 +36,8 @@ def _image_spec(config: dict) -> InputSpec:
 
 
 def build_resnet(depth: int, config: dict) -> nn.Module:
+    import torchvision  # on first use: importing it costs every rank seconds at start
+
     builders = {18: torchvision.models.resnet18, 50: torchvision.models.resnet50, 101: torchvision.models.resnet101}
     model = builders[depth](weights=None, num_classes=config["num_classes"])
     if config["in_channels"] != 3:
@@ -54,6 +55,8 @@ def resnet_sequence(model: nn.Module, name: str, config: dict) -> LayerSequence:
 
 
 def build_vgg(depth: int, config: dict) -> nn.Module:
+    import torchvision
+
     builders = {11: torchvision.models.vgg11, 16: torchvision.models.vgg16, 19: torchvision.models.vgg19}
     model = builders[depth](weights=None, num_classes=config["num_classes"])
     if config["in_channels"] != 3:
