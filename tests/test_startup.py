@@ -4,6 +4,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # each test starts an interpreter
+
 HEAVY = ("torchvision", "transformers", "torch._dynamo", "torch.distributed.fsdp", "torch.distributed.tensor",
          "torch.distributed.pipelining", "plotly", "ipywidgets")
 
