@@ -46,3 +46,30 @@ def test_every_subcommand_takes_json():
 def test_info_json(capsys):
     assert main(["info", "--json"]) == 0
     assert "packages" in json.loads(capsys.readouterr().out)
+
+
+def _subcommands():
+    parser = build_parser()
+    action = next(a for a in parser._actions if isinstance(a, __import__("argparse")._SubParsersAction))
+    return action.choices
+
+
+def test_every_command_that_builds_a_model_takes_model_args_and_names_strategies_as_plans():
+    commands = _subcommands()
+    takes_model = {name for name, p in commands.items() if any(a.dest == "model" and not a.option_strings
+                                                                for a in p._actions)}
+    assert {"profile", "plan"} <= takes_model
+    for name in sorted(takes_model):
+        assert "--model-arg" in commands[name]._option_string_actions, f"workbench {name} lacks --model-arg"
+    for name, p in commands.items():  # one vocabulary: a strategy is a plan name (--plan, --strategies)
+        assert not {"--strategy", "--schedule-kind", "--groups"} & set(p._option_string_actions), name
+    assert "--plan" in commands["simulate"]._option_string_actions
+
+
+def test_model_args_parse_json_values_and_refuse_a_missing_value():
+    from workbench.cli.model_args import parse_model_args
+
+    assert parse_model_args(["n_layer=4", "tie_word_embeddings=false", "act=gelu"]) == {
+        "n_layer": 4, "tie_word_embeddings": False, "act": "gelu"}
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_model_args(["n_layer"])

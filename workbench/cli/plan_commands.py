@@ -14,24 +14,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .model_args import add_model_arg, parse_model_args
 from .result import Result
-
-
-def _parse_model_args(items: list[str] | None) -> dict:
-    """``["n_layer=4", "tie_word_embeddings=false"]`` -> ``{"n_layer": 4, "tie_word_embeddings": False}``."""
-    import json
-
-    overrides = {}
-    for item in items or []:
-        key, sep, text = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--model-arg takes KEY=VALUE (e.g. n_layer=4), got {item!r}")
-        try:
-            value = json.loads(text)
-        except ValueError:
-            value = text  # a bare word is a string
-        overrides[key.strip()] = value
-    return overrides
 
 
 def _run_configs(run_dirs: list[str] | None):
@@ -68,7 +52,7 @@ def _model_costs(model: str, cluster, profile_batch: int, model_args: list[str] 
     from ..profiling import profile
     from ..profiling.projection import project
 
-    overrides, seq_len, notes = _parse_model_args(model_args), None, []
+    overrides, seq_len, notes = parse_model_args(model_args), None, []
     run = _run_model(run_dirs, model)
     if run is not None:
         run_overrides, seq_len, run_dir = run
@@ -216,9 +200,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                         "of a GPU's memory and throughput and talks to the others through host memory (default 1)")
     p.add_argument("--strategies", help="evaluate only these comma-separated names, e.g. dp4,gropipe-2x2-1f1b-m4-d1")
     p.add_argument("--profile-batch", type=int, default=8, help="batch a zoo model is profiled at (default 8)")
-    p.add_argument("--model-arg", metavar="KEY=VALUE", action="append",
-                   help="a zoo model's config override, e.g. n_layer=4 (repeat it; default: the overrides of the "
-                        "first --calibrate run of the same model)")
+    add_model_arg(p, "the overrides of the first --calibrate run of the same model")
     p.add_argument("--pp", metavar="DEGREES",
                    help="consider only these comma-separated pipeline degrees, e.g. 2 (1 is no pipeline; default: "
                         "every degree that divides the devices)")

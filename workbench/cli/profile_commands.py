@@ -18,6 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .model_args import add_model_arg, parse_model_args
 from .result import Result
 
 MB = 1024 ** 2
@@ -64,12 +65,11 @@ def _profile(args: argparse.Namespace) -> Result:
     model = args.model
     if args.model_arg:
         from ..models.zoo import build_model, list_models
-        from .plan_commands import _parse_model_args
 
         if model not in list_models():
             raise ValueError(f"--model-arg applies to a zoo model; {model!r} is not one (zoo models: "
                              f"{', '.join(list_models())})")
-        model = build_model(model, **_parse_model_args(args.model_arg))
+        model = build_model(model, **parse_model_args(args.model_arg))
     costs = profile(model, args.batch, device=args.device, warmup=args.warmup, repeats=args.repeats,
                     cache=not args.no_cache, progress=not args.json, optimizer=args.optimizer,
                     microbatch_passes=args.microbatch_passes)
@@ -123,9 +123,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p = sub.add_parser("profile", parents=[common], help="measure a zoo model layer by layer")
     p.add_argument("model", help="zoo model name (see `workbench models`)")
     p.add_argument("--batch", type=int, default=8, help="batch size of the synthetic batch")
-    p.add_argument("--model-arg", metavar="KEY=VALUE", action="append",
-                   help="a zoo model's config override, e.g. image_size=64 or n_layer=4 (repeat it), as `plan` "
-                        "takes it")
+    add_model_arg(p)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--repeats", type=int, default=3, help="timed repetitions per layer")
     p.add_argument("--warmup", type=int, default=1, help="untimed repetitions per layer")
