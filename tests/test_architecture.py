@@ -1,4 +1,4 @@
-"""The architecture contract of DESIGN.md, enforced.
+"""The architecture contract of docs/architecture.md (its "Arrows"), enforced.
 
 1. The torch-free rooms (core, scheduling, planning, jobs, viz) import without
    torch: a fresh interpreter imports every module in them and checks that
