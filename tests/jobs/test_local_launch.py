@@ -148,7 +148,7 @@ def test_logs_split_by_rank_where_torchrun_has_no_prefix_template(tmp_path, monk
     """torch 2.11's torchrun lacks --log-line-prefix-template: its own [default<r>]: prefix still splits the logs."""
     from workbench.jobs.backends import local
 
-    monkeypatch.setattr(local, "prefix_template_supported", lambda: False)
+    monkeypatch.setattr(local, "prefix_template_supported", lambda python: False)
     job = launch(worker_spec(tmp_path, steps=20, step_s=0.01, fail_rank=1, fail_step=2, name="plain-prefix"))
     assert "--log-line-prefix-template" not in (job.run_dir / "command.txt").read_text()
     assert job.wait(timeout=90).state == "FAILED"
@@ -157,3 +157,16 @@ def test_logs_split_by_rank_where_torchrun_has_no_prefix_template(tmp_path, monk
     assert any("injected failure" in line for line in job.logs(rank=1))
     assert not any("injected failure" in line for line in job.logs(rank=0))
     assert_no_processes(job.run_id)
+
+
+def test_torchrun_options_are_read_from_the_ranks_torch_without_importing_torch():
+    """The launcher asks the ranks' interpreter where its torch lives and reads its torchrun's options there."""
+    from workbench.jobs.backends import local
+
+    local.prefix_template_supported.cache_clear()
+    assert local.prefix_template_supported(sys.executable) is True  # torch 2.14's torchrun has the option
+    assert local.prefix_template_supported("/nonexistent/python") is False
+    probe = ("import sys; from workbench.jobs.backends import local; "
+             "local.prefix_template_supported(sys.executable); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

@@ -43,11 +43,20 @@ _INHERITED_DROP = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SI
 
 
 @functools.lru_cache(maxsize=None)
-def prefix_template_supported() -> bool:
-    """Whether this torch's torchrun takes ``--log-line-prefix-template`` (2.11's does not)."""
-    from torch.distributed.run import get_args_parser
+def prefix_template_supported(python: str) -> bool:
+    """Whether the torchrun of ``python``'s torch takes ``--log-line-prefix-template`` (2.11's does not).
 
-    return any("--log-line-prefix-template" in action.option_strings for action in get_args_parser()._actions)
+    Read from that torch's ``distributed/run.py`` source, located without
+    importing torch: the launching process (a notebook kernel) stays torch-free,
+    and the ranks' interpreter may have another torch than this one.
+    """
+    locate = "import importlib.util as u; s = u.find_spec('torch'); print(s.submodule_search_locations[0] if s else '')"
+    try:
+        found = subprocess.run([python, "-c", locate], capture_output=True, text=True, timeout=60).stdout.strip()
+        source = (Path(found) / "distributed" / "run.py").read_text() if found else ""
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return '"--log-line-prefix-template"' in source
 
 
 def node_log_dir(run_dir: Path, node: int) -> Path:
@@ -64,7 +73,7 @@ def torchrun_argv(spec: LaunchSpec, run_dir: Path, run_id: str, *, endpoint: str
     if local_addr:
         argv += ["--local-addr", local_addr]
     argv += ["--log-dir", str(log_dir), "--tee", "3"]
-    if prefix_template_supported():
+    if prefix_template_supported(python or spec.python):
         argv += ["--log-line-prefix-template", RANK_PREFIX]
     argv += ["-m", spec.entry, "--config", str(Path(run_dir) / CONFIG_FILE)]
     return argv
