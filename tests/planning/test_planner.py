@@ -319,3 +319,16 @@ def test_cli_builds_a_zoo_model_with_model_args(tmp_path, monkeypatch, capsys):
     path = COSTS.save(tmp_path / "costs.json")
     assert main(["plan", str(path), "--cluster", "local-cpu", "--batch", "8", "--model-arg", "n_layer=3"]) == 2
     assert "--model-arg applies to a zoo model" in capsys.readouterr().err
+
+
+
+@pytest.mark.parametrize(("name", "words"), [("pp8-gpipe-m1", "(gpipe, 1 micro-batch)"),
+                                             ("pp8-1f1b-m8", "(1f1b, 8 micro-batches)")])
+def test_a_memory_refusal_names_the_schedule_kind_and_counts_micro_batches_in_english(name, words):
+    from workbench.planning.ampa import ampa
+    from workbench.scheduling.registry import stage_memory
+
+    p = ParallelPlan.parse(name)
+    with pytest.raises(ValueError, match="fits the memory cap") as refused:
+        ampa(COSTS, p.pp, num_microbatches=p.microbatches, schedule=stage_memory(p), memory_cap_bytes=1000)
+    assert words in str(refused.value)

@@ -144,7 +144,7 @@ class Projection:
         if len(self.memory.in_flight) != num_stages:
             raise ValueError(f"the schedule's memory covers {len(self.memory.in_flight)} stages, expected {num_stages}")
         self.costs, self.num_stages, self.num_microbatches = costs, num_stages, num_microbatches
-        self.schedule = schedule if isinstance(schedule, str) else "planned"
+        self.schedule = schedule if isinstance(schedule, str) else (schedule.kind or "planned")
         self.microbatch_size = batch // num_microbatches
         scale = self.microbatch_size / costs.batch_size
         self.forward, self.backward = layer_times_ms(costs, self.microbatch_size,
@@ -276,7 +276,8 @@ def _memory_failure(proj: Projection, cap: int) -> ValueError:
     need = result.stage_memory_bytes[worst]
     return ValueError(
         f"no partition of {proj.costs.num_layers} layers into {proj.num_stages} stages fits the memory cap of "
-        f"{cap / GIB:.3f} GiB ({proj.schedule}, {proj.num_microbatches} micro-batches): even the most "
+        f"{cap / GIB:.3f} GiB ({proj.schedule}, {proj.num_microbatches} micro-batch"
+        f"{'' if proj.num_microbatches == 1 else 'es'}): even the most "
         f"memory-balanced partition {result.partition} needs {need / GIB:.3f} GiB on stage {worst}, "
         f"{(need - cap) / GIB:.3f} GiB over the cap")
 

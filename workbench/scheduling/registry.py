@@ -21,7 +21,7 @@ write, and the stages' costs for kinds built from real times (``zb-auto``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Callable
 
@@ -93,6 +93,7 @@ class StageMemory:
 
     in_flight: tuple[int, ...]
     extra_versions: tuple[int, ...]
+    kind: str = field(default="", compare=False)  # the pipeline kind whose schedule kept it ("" when none)
 
 
 def stage_memory(plan: Any, stage_costs: StageCosts | None = None) -> StageMemory:
@@ -100,10 +101,12 @@ def stage_memory(plan: Any, stage_costs: StageCosts | None = None) -> StageMemor
     if isinstance(plan.pipeline, NoPipeline):
         return StageMemory((1,) * plan.num_virtual_stages, (0,) * plan.num_virtual_stages)
     if stage_costs is None:
-        return _memory(plan.pipeline, plan.pp, plan.dp, plan.microbatches)
-    iterations = _steady_iterations(plan.pipeline, plan.pp, plan.microbatches)
-    return _walk_memory(schedule_for(plan, num_iterations=iterations, stage_costs=stage_costs),
-                        plan.num_virtual_stages)
+        memory = _memory(plan.pipeline, plan.pp, plan.dp, plan.microbatches)
+    else:
+        iterations = _steady_iterations(plan.pipeline, plan.pp, plan.microbatches)
+        memory = _walk_memory(schedule_for(plan, num_iterations=iterations, stage_costs=stage_costs),
+                              plan.num_virtual_stages)
+    return replace(memory, kind=plan.pipeline.kind)
 
 
 def _steady_iterations(spec: PipelineSpec, stages: int, microbatches: int) -> int:
