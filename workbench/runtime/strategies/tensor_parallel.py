@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ..groups import build_groups
+from ..preflight import GPT2_SIZES, check_tensor_parallel_model
 from .base import RunContext, Strategy, make_optimizer
 from .tensor2d.comm import CommCounter, all_reduce
 from .tensor2d.train import (TensorParallelConfig, average_gradients, build_parallel_model, data_parallel_axis,
@@ -32,17 +33,11 @@ from .tensor2d.train import (TensorParallelConfig, average_gradients, build_para
 
 __all__ = ["TensorParallel2D", "TensorParallel1D", "tensor_parallel_config"]
 
-GPT2_SIZES = ("n_embd", "n_head", "n_layer", "vocab_size", "n_positions")
-
-
 def tensor_parallel_config(ctx: RunContext, mode: str) -> TensorParallelConfig:
     """The tensor-parallel config for this run: sizes from the built GPT-2, layout from groups and tp."""
     config = ctx.config
     sizes = getattr(ctx.model, "config", None) or {}
-    missing = [k for k in GPT2_SIZES if k not in sizes]
-    if missing:
-        raise ValueError(f"config field 'model' = {config.model!r} is invalid for plan {config.plan.name!r}: "
-                         f"tensor parallelism needs a GPT-2 model such as 'gpt2-tiny' (lacks {missing})")
+    check_tensor_parallel_model(config, sizes)  # refused before launch too (preflight)
     q = config.plan.q if mode == "2d" else config.plan.tp
     seq_len = int(ctx.example_input.shape[-1])
     return TensorParallelConfig(mode=mode, q=q, dp=config.plan.dp, batch_size=config.global_batch, seq_len=seq_len,
