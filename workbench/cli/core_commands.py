@@ -20,8 +20,8 @@ def _info(args: argparse.Namespace) -> Result:
         except PackageNotFoundError:
             versions[pkg] = None
     data = {"python": platform.python_version(), "platform": sys.platform, "packages": versions}
-    text = "\n".join([f"python      {data['python']} ({data['platform']})"]
-                     + [f"{k:<12}{v or 'not installed'}" for k, v in versions.items()])
+    text = "\n".join([f"{'python':<13} {data['python']} ({data['platform']})"]
+                     + [f"{k:<13} {v or 'not installed'}" for k, v in versions.items()])
     return Result(text, data)
 
 

@@ -180,7 +180,9 @@ class Estimate:
     """One strategy's predicted iteration and memory, with the breakdown of the busiest rank.
 
     ``compute_ms + bubble_ms + exposed_comm_ms == iteration_ms``; ``method``
-    is ``"simulated"`` or ``"projected"`` (the closed form).
+    says how it was costed: ``"simulated"`` (the timed schedule), ``"projected"``
+    (the closed form of a pipeline), ``"closed form"`` (data or tensor
+    parallelism, no schedule to simulate) or ``"per-layer DP"`` (a per-layer plan).
     """
 
     strategy: ParallelPlan
