@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
@@ -25,15 +26,19 @@ def make_config(run_dir: Path, **fields) -> RunConfig:
     return config
 
 
-def torchrun(run_dir: Path, nproc: int, timeout: float = 150.0, dist_backend: str | None = None
+def torchrun(run_dir: Path | Sequence[Path], nproc: int, timeout: float = 150.0, dist_backend: str | None = None
              ) -> subprocess.CompletedProcess:
-    """The entry under torchrun; ``dist_backend`` forces the ranks' collective backend (e.g. ``staged``)."""
+    """The entry under torchrun; several run directories make one sweep (the runs one after another in the same
+    processes); ``dist_backend`` forces the ranks' collective backend (e.g. ``staged``)."""
+    dirs = [run_dir] if isinstance(run_dir, (str, Path)) else list(run_dir)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "workbench.runtime.entry", "--config", str(run_dir / "config.json")]
+           "-m", "workbench.runtime.entry"]
+    for folder in dirs:
+        cmd += ["--config", str(Path(folder) / "config.json")]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     if dist_backend is not None:
         env[DIST_BACKEND_ENV] = dist_backend
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout + 60.0 * (len(dirs) - 1))
 
 
 def run_ok(run_dir: Path, nproc: int, dist_backend: str | None = None, **fields) -> RunConfig:
@@ -41,6 +46,36 @@ def run_ok(run_dir: Path, nproc: int, dist_backend: str | None = None, **fields)
     proc = torchrun(run_dir, nproc, dist_backend=dist_backend)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return config
+
+
+class Sweep:
+    """The runs a test module checks, trained in as few torchrun launches as their process counts allow.
+
+    ``runs`` maps a key to ``(nproc, fields)`` (``fields`` as :func:`make_config` takes them). The first test
+    that asks for a key launches every run of that process count in one torchrun, a sweep (the entry trains
+    them one after another in the same processes, each in its own run directory); later tests reuse the
+    result. Each run is exactly the run its test would have launched alone.
+    """
+
+    def __init__(self, root: Path, runs: dict[str, tuple[int, dict]], dist_backend: str | None = None) -> None:
+        self.root, self.runs, self.dist_backend = Path(root), dict(runs), dist_backend
+        self._launched: dict[int, subprocess.CompletedProcess] = {}
+        self._configs: dict[str, RunConfig] = {}
+
+    def dir(self, key: str) -> Path:
+        return self.root / key
+
+    def run(self, key: str) -> RunConfig:
+        """``key``'s config once its run has succeeded (its sweep launched if it was not yet)."""
+        nproc = self.runs[key][0]
+        if nproc not in self._launched:
+            keys = [k for k, (n, _) in self.runs.items() if n == nproc]
+            for k in keys:
+                self._configs[k] = make_config(self.dir(k), **self.runs[k][1])
+            self._launched[nproc] = torchrun([self.dir(k) for k in keys], nproc, dist_backend=self.dist_backend)
+        proc = self._launched[nproc]
+        assert proc.returncode == 0, f"the sweep of {nproc}-rank runs failed:\n{proc.stderr[-3000:]}"
+        return self._configs[key]
 
 
 def plan_id(name: str) -> str:

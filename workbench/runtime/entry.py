@@ -11,6 +11,12 @@ heartbeats, checkpoints, end, or an error with its traceback) and
 complete checkpoint in the run directory, bit for bit: weights, optimizer,
 strategy state, RNG and data position.
 
+Several ``--config`` run one after another in the same processes (a
+sweep): one process group, each run its own directory and its own model,
+seed and strategy. The runs must agree on world size, device and
+placement; a failed run stops the sweep, and the runs after it record
+that they did not run.
+
 A rank that raises writes its error event and exits non-zero; torchrun
 then stops the other ranks, and any rank blocked in a collective with the
 failed one times out after ``collective_timeout_s``.
@@ -269,38 +275,71 @@ def train(config: RunConfig, run_dir: Path, writer: EventWriter, *, cores: list[
     writer.write("end", step=config.steps, status="SUCCEEDED")
 
 
+def _check_sweep(configs: list[RunConfig]) -> None:
+    """Runs that share processes must agree on what the processes are: world size, device, placement."""
+    first = configs[0]
+    for config in configs[1:]:
+        for field in ("world_size", "device", "placement", "collective_timeout_s"):
+            if getattr(config, field) != getattr(first, field):
+                raise ValueError(f"runs in one sweep share their processes, so they must agree on {field}: "
+                                 f"{first.plan.name!r} has {getattr(first, field)!r}, {config.plan.name!r} "
+                                 f"{getattr(config, field)!r}; launch them apart")
+        if config.resume:
+            raise ValueError(f"config field 'resume' of {config.plan.name!r}: a run in a sweep cannot resume "
+                             "(a restart would run the whole sweep again); launch it on its own")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="workbench.runtime.entry", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="path to the run's config.json")
+    parser.add_argument("--config", required=True, action="append",
+                        help="path to the run's config.json; repeat it to train several runs one after another "
+                             "in the same processes (a sweep: each run its own directory, no restart in between)")
     args = parser.parse_args(argv)
-    config = RunConfig.from_json(args.config)
-    run_dir = Path(config.run_dir or Path(args.config).parent)
+    paths = list(args.config)
+    configs = [RunConfig.from_json(path) for path in paths]
+    run_dirs = [Path(config.run_dir or Path(path).parent) for config, path in zip(configs, paths)]
     # under a placement, this process runs the mesh rank the planner put on its device: every later use of
     # RANK (process group, events, strategies) sees the mesh rank; LOCAL_RANK still picks the device
     process = int(os.environ.get("RANK", 0))
-    rank = config.mesh_rank(process)
+    rank = configs[0].mesh_rank(process)
     os.environ["RANK"], os.environ[PROCESS_RANK_ENV] = str(rank), str(process)
-    writer = EventWriter(run_dir, rank)
-    try:
-        world_size = int(os.environ.get("WORLD_SIZE", 1))
-        if world_size != config.world_size:
-            raise ValueError(f"plan {config.plan.name!r} on mesh {config.plan.mesh} needs {config.world_size} "
-                             f"processes, torchrun started {world_size}; launch with --nproc-per-node "
-                             f"{config.world_size}")
-        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 1)))
-        device = pick_device(config.device)
-        cores = pin_cpu_rank(device)
-        backend = init_distributed(device, timeout_s=config.collective_timeout_s, requested_device=config.device)
-        check_backend_for_plan(backend, device, config.plan)
-        train(config, run_dir, writer, cores=cores)
-    except BaseException as exc:  # noqa: BLE001 - every failure must reach the run directory
-        writer.error(exc)
+    for index, (config, run_dir) in enumerate(zip(configs, run_dirs)):
+        writer = EventWriter(run_dir, rank)
+        try:
+            if index == 0:
+                _check_sweep(configs)
+                _start_process_group(config)
+            check_backend_for_plan(_PROCESS["backend"], pick_device(config.device), config.plan)
+            train(config, run_dir, writer, cores=_PROCESS["cores"])
+        except BaseException as exc:  # noqa: BLE001 - every failure must reach the run directory
+            writer.error(exc)
+            writer.close()
+            for later in run_dirs[index + 1:]:  # the sweep stops here: its later runs say why they did not run
+                skipped = EventWriter(later, rank)
+                skipped.error(RuntimeError(f"not run: the run before it in the same processes ({run_dir}) failed"))
+                skipped.close()
+            print(f"rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            os._exit(1)  # skip process-group teardown that could block on a dead peer
         writer.close()
-        print(f"rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        os._exit(1)  # skip process-group teardown that could block on a dead peer
-    writer.close()
     dist.destroy_process_group()
     return 0
+
+
+_PROCESS: dict = {}  # what the first run of the process set up: "cores" (pinned, or None) and "backend"
+
+
+def _start_process_group(config: RunConfig) -> None:
+    """Once per process: threads, core pinning and the default process group, for the first run's settings."""
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    if world_size != config.world_size:
+        raise ValueError(f"plan {config.plan.name!r} on mesh {config.plan.mesh} needs {config.world_size} "
+                         f"processes, torchrun started {world_size}; launch with --nproc-per-node "
+                         f"{config.world_size}")
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 1)))
+    device = pick_device(config.device)
+    _PROCESS["cores"] = pin_cpu_rank(device)
+    _PROCESS["backend"] = init_distributed(device, timeout_s=config.collective_timeout_s,
+                                           requested_device=config.device)
 
 
 if __name__ == "__main__":
