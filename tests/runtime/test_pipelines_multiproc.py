@@ -1,6 +1,6 @@
 """Scheduled pipelines, the torch.distributed.pipelining baseline and DDP under real torchrun (gloo) equal the single-process reference.
 
-One launch per strategy and size: after 5 steps every parameter equals the
+One run per strategy and size (launched as one sweep per process count): after 5 steps every parameter equals the
 dense reference trained on the same global batches and micro-batches, the
 per-step losses match, and the measured events are the executed schedule's
 actions in each rank's order.
@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from runtime_launch import dumped_params, run_ok, step_losses
+from runtime_launch import Sweep, dumped_params, step_losses
 from workbench.core.ir import Op
 from workbench.core.plan import ParallelPlan
 from workbench.runtime.events import check_events_follow_schedule, load_measured_timeline, read_events
@@ -51,36 +51,50 @@ def assert_events_follow_schedule(run_dir, config):
             check_events_follow_schedule(timeline, executed, iteration=step * config.grad_accum + r)
 
 
-@pytest.mark.parametrize(("plan", "extra"), [
+PIPELINES = [
     ("pp2-gpipe-m2", {"grad_accum": 2}),
     ("torchpp2-1f1b-m4", {"optimizer": {"name": "adam", "lr": 0.01}}),
     ("pp4-gpipe-m4", {"optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9}}),
     ("pp4-1f1b-m4", {}),
     ("pp2-interleaved-v2-m4", {}),
     ("pp4-interleaved-v2-m4", {"model_overrides": {"depth": 7}}),
-])
-def test_pipeline_equals_reference(tmp_path, plan, extra):
+]
+RUNS = {plan: (ParallelPlan.parse(plan).pp, {"plan": plan, **extra}) for plan, extra in PIPELINES}
+RUNS["gropipe-2x2-gpipe-m4-d0"] = (4, {"plan": "gropipe-2x2-gpipe-m4-d0",
+                                       "optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9}})
+RUNS["dp2-m2"] = (2, {"plan": "dp2-m2", "grad_accum": 2})
+RUNS["dp2-m2-rc"] = (2, {"plan": "dp2-m2-rc", "grad_accum": 2})
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    return Sweep(tmp_path_factory.mktemp("pipelines"), RUNS)
+
+
+@pytest.mark.parametrize("plan", [plan for plan, _ in PIPELINES])
+def test_pipeline_equals_reference(sweep, plan):
     stages = ParallelPlan.parse(plan).pp
-    config = run_ok(tmp_path, stages, plan=plan, **extra)
+    config, run_dir = sweep.run(plan), sweep.dir(plan)
     assert config.world_size == stages
-    assert_matches_reference(tmp_path, config, list(range(stages)))
+    assert_matches_reference(run_dir, config, list(range(stages)))
     if config.plan.family != "torch":  # torch's schedule records no per-action events
-        assert_events_follow_schedule(tmp_path, config)
+        assert_events_follow_schedule(run_dir, config)
 
 
-def test_gropipe_delay0_equals_reference(tmp_path):
-    config = run_ok(tmp_path, 4, plan="gropipe-2x2-gpipe-m4-d0", optimizer={"name": "sgd", "lr": 0.1, "momentum": 0.9})
-    assert_matches_reference(tmp_path, config, [0, 1])
-    torch.testing.assert_close(dumped_params(tmp_path, [2, 3]), dumped_params(tmp_path, [0, 1]), rtol=0, atol=0)
-    assert_events_follow_schedule(tmp_path, config)
+def test_gropipe_delay0_equals_reference(sweep):
+    config, run_dir = sweep.run("gropipe-2x2-gpipe-m4-d0"), sweep.dir("gropipe-2x2-gpipe-m4-d0")
+    assert_matches_reference(run_dir, config, [0, 1])
+    torch.testing.assert_close(dumped_params(run_dir, [2, 3]), dumped_params(run_dir, [0, 1]), rtol=0, atol=0)
+    assert_events_follow_schedule(run_dir, config)
 
 
 @pytest.mark.parametrize("recompute", [False, True])
-def test_ddp_equals_reference(tmp_path, recompute):
-    config = run_ok(tmp_path, 2, plan="dp2-m2-rc" if recompute else "dp2-m2", grad_accum=2)
+def test_ddp_equals_reference(sweep, recompute):
+    key = "dp2-m2-rc" if recompute else "dp2-m2"
+    config, run_dir = sweep.run(key), sweep.dir(key)
     assert config.plan.recompute is recompute
     reference = reference_train(config)
-    torch.testing.assert_close(step_losses(tmp_path), reference.losses, rtol=1e-6, atol=1e-6)
-    params = dumped_params(tmp_path, [0])
+    torch.testing.assert_close(step_losses(run_dir), reference.losses, rtol=1e-6, atol=1e-6)
+    params = dumped_params(run_dir, [0])
     for name, value in reference.params.items():
         torch.testing.assert_close(params[name], value, rtol=0, atol=1e-5, msg=f"parameter {name}")
