@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime_launch import run_ok
+from runtime_launch import Sweep
 from test_pipelines_multiproc import assert_events_follow_schedule, assert_matches_reference
 from workbench.core.plan import ParallelPlan
 from workbench.runtime.events import read_events
@@ -41,26 +41,36 @@ RUNS = [
 TORCH_RUNS = ["torchpp2-zbv-m4", "torchpp2-dualpipev-m4", "torchpp2-interleaved-zb-m4"]
 
 
-@pytest.mark.timeout(180)
+LAUNCHES = {plan: (ParallelPlan.parse(plan).world_size, {"plan": plan, **extra}) for plan, extra in RUNS}
+LAUNCHES.update({plan: (2, {"plan": plan, **SGD}) for plan in TORCH_RUNS})
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """The module's runs, one sweep per process count (2 and 4 ranks)."""
+    return Sweep(tmp_path_factory.mktemp("zero_bubble"), LAUNCHES)
+
+
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize(("plan", "extra"), RUNS, ids=[r[0] for r in RUNS])
-def test_zero_bubble_run_equals_the_reference(tmp_path, plan, extra):
+def test_zero_bubble_run_equals_the_reference(sweep, plan, extra):
     ranks = ParallelPlan.parse(plan).world_size
-    config = run_ok(tmp_path, ranks, plan=plan, **extra)
+    config, run_dir = sweep.run(plan), sweep.dir(plan)
     assert config.plan.split_backward
     stages = config.plan.pp  # pipeline ranks of the first group (GroPipe's groups hold identical replicas)
-    assert_matches_reference(tmp_path, config, list(range(stages)))
-    assert_events_follow_schedule(tmp_path, config)
+    assert_matches_reference(run_dir, config, list(range(stages)))
+    assert_events_follow_schedule(run_dir, config)
     if config.plan.pipeline.uses_costs:  # built from the stages as rank 0 profiled them, the same on every rank
-        costs = [next(e for e in read_events(tmp_path, r) if e["kind"] == "start")["stage_costs"] for r in range(ranks)]
+        costs = [next(e for e in read_events(run_dir, r) if e["kind"] == "start")["stage_costs"] for r in range(ranks)]
         assert all(c == costs[0] for c in costs) and len(costs[0]["forward_ms"]) == config.plan.num_virtual_stages
         # measured I and W (the first stage's input needs no gradient, so its I costs nothing)
         assert costs[0]["input_grad_ms"][0] == 0 and min(costs[0]["input_grad_ms"][1:]) > 0
         assert min(costs[0]["weight_grad_ms"]) > 0
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("plan", TORCH_RUNS)
-def test_torch_zero_bubble_baseline_equals_the_reference(tmp_path, plan):
-    config = run_ok(tmp_path, 2, plan=plan, **SGD)
+def test_torch_zero_bubble_baseline_equals_the_reference(sweep, plan):
+    config, run_dir = sweep.run(plan), sweep.dir(plan)
     assert config.plan.num_virtual_stages == 4  # two stages per rank, as the workbench's kind of that name
-    assert_matches_reference(tmp_path, config, [0, 1])
+    assert_matches_reference(run_dir, config, [0, 1])
