@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime_launch import dumped_params, plan_id, run_ok, stashing_reference, step_losses
+from runtime_launch import Sweep, dumped_params, plan_id, stashing_reference, step_losses
 from workbench.runtime.events import read_events
 from workbench.runtime.reference import reference_train
 
@@ -45,18 +45,25 @@ def expected_params(config, kind: str) -> tuple[dict[str, torch.Tensor], list[fl
     return reference.params, reference.losses
 
 
-@pytest.mark.timeout(180)
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """The module's runs on the staged backend, one sweep per process count (2 and 4 ranks)."""
+    return Sweep(tmp_path_factory.mktemp("staged"), {plan: (ranks, {"plan": plan, **fields})
+                                                    for plan, ranks, fields, _ in RUNS}, dist_backend="staged")
+
+
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize(("plan", "ranks", "fields", "kind"), RUNS, ids=[plan_id(r[0]) for r in RUNS])
-def test_staged_run_equals_its_reference(tmp_path, plan, ranks, fields, kind):
-    config = run_ok(tmp_path, ranks, dist_backend="staged", plan=plan, **fields)
+def test_staged_run_equals_its_reference(sweep, plan, ranks, fields, kind):
+    config, run_dir = sweep.run(plan), sweep.dir(plan)
     assert config.world_size == ranks
     for rank in range(ranks):
-        start = next(e for e in read_events(tmp_path, rank) if e["kind"] == "start")
+        start = next(e for e in read_events(run_dir, rank) if e["kind"] == "start")
         assert (start["backend"], start["device"]) == ("staged", "cpu"), rank
     params, losses = expected_params(config, kind)
     if losses is not None:
-        torch.testing.assert_close(step_losses(tmp_path), losses, rtol=0, atol=1e-5)
-    dumped = dumped_params(tmp_path, list(range(ranks)))
+        torch.testing.assert_close(step_losses(run_dir), losses, rtol=0, atol=1e-5)
+    dumped = dumped_params(run_dir, list(range(ranks)))
     assert sorted(dumped) == sorted(params)
     for name, value in params.items():
         torch.testing.assert_close(dumped[name], value, rtol=0, atol=1e-5, msg=f"parameter {name}")
