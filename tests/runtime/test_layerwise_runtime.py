@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime_launch import dumped_params, run_ok, step_losses
+from runtime_launch import Sweep, dumped_params, step_losses
 from workbench.core.config import RunConfig
 from workbench.core.plan import ParallelPlan
 from workbench.core.rundir import make_event
@@ -39,34 +39,42 @@ def realized_layers(run_dir, rank):
     return {layer["index"]: (layer["dp"], layer["tp_degree"], layer["recompute"]) for layer in start["layers"]}
 
 
+# embeddings: DDP over 4 ranks; block 0: FSDP x 2-way TP, recomputed; block 1: DDP x strided 2-way TP; head: zero2
+MIXED = "tp1d-2-dp2-m2-L[0=ddp;1=fsdp.tp1d2.rc;2=ddp.tp1d2.strided.rc;3=zero2]"
+# stage 0 (ranks 0, 1): embeddings DDP, block 0 2-way TP, block 1 FSDP;
+# stage 1 (ranks 2, 3): block 2 zero2 recomputed, block 3 FSDP x 2-way TP, head DDP
+PIPELINED = "pp2-1f1b-m4-tp1d2-L[0=ddp;1=ddp.tp1d2;2=fsdp;3=zero2.rc;4=fsdp.tp1d2;5=ddp]"
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """Both 4-rank runs in one sweep."""
+    deeper = {**GPT2, "model_overrides": {**GPT2["model_overrides"], "n_layer": 4}}
+    return Sweep(tmp_path_factory.mktemp("layerwise"), {"mixed": (4, {"plan": MIXED, **GPT2}),
+                                                       "pipelined": (4, {"plan": PIPELINED, **deeper})})
+
+
 @pytest.mark.multiproc
 @pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_mixed_layers_with_recomputation_equal_reference(tmp_path):
-    # embeddings: DDP over 4 ranks; block 0: FSDP x 2-way TP, recomputed; block 1: DDP x strided 2-way TP;
-    # head: zero2 over 4 ranks
-    plan = "tp1d-2-dp2-m2-L[0=ddp;1=fsdp.tp1d2.rc;2=ddp.tp1d2.strided.rc;3=zero2]"
-    config = run_ok(tmp_path, 4, plan=plan, **GPT2)
-    assert not ParallelPlan.parse(plan).is_uniform
-    assert_equals_reference(tmp_path, config)
+@pytest.mark.timeout(300)
+def test_mixed_layers_with_recomputation_equal_reference(sweep):
+    config, run_dir = sweep.run("mixed"), sweep.dir("mixed")
+    assert not ParallelPlan.parse(MIXED).is_uniform
+    assert_equals_reference(run_dir, config)
     for rank in range(4):
-        assert realized_layers(tmp_path, rank) == {0: ("replicate", 1, False), 1: ("fsdp", 2, True),
-                                                   2: ("replicate", 2, True), 3: ("zero2", 1, False)}
+        assert realized_layers(run_dir, rank) == {0: ("replicate", 1, False), 1: ("fsdp", 2, True),
+                                                  2: ("replicate", 2, True), 3: ("zero2", 1, False)}
 
 
 @pytest.mark.multiproc
 @pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_mixed_layers_in_a_two_stage_pipeline_equal_reference(tmp_path):
-    # stage 0 (ranks 0, 1): embeddings DDP, block 0 2-way TP, block 1 FSDP;
-    # stage 1 (ranks 2, 3): block 2 zero2 recomputed, block 3 FSDP x 2-way TP, head DDP
-    plan = "pp2-1f1b-m4-tp1d2-L[0=ddp;1=ddp.tp1d2;2=fsdp;3=zero2.rc;4=fsdp.tp1d2;5=ddp]"
-    overrides = {**GPT2["model_overrides"], "n_layer": 4}
-    config = run_ok(tmp_path, 4, plan=plan, **{**GPT2, "model_overrides": overrides})
-    assert_equals_reference(tmp_path, config)
-    assert realized_layers(tmp_path, 1) == {0: ("replicate", 1, False), 1: ("replicate", 2, False),
-                                            2: ("fsdp", 1, False)}
-    assert realized_layers(tmp_path, 2) == {3: ("zero2", 1, True), 4: ("fsdp", 2, False), 5: ("replicate", 1, False)}
+@pytest.mark.timeout(300)
+def test_mixed_layers_in_a_two_stage_pipeline_equal_reference(sweep):
+    config, run_dir = sweep.run("pipelined"), sweep.dir("pipelined")
+    assert_equals_reference(run_dir, config)
+    assert realized_layers(run_dir, 1) == {0: ("replicate", 1, False), 1: ("replicate", 2, False),
+                                           2: ("fsdp", 1, False)}
+    assert realized_layers(run_dir, 2) == {3: ("zero2", 1, True), 4: ("fsdp", 2, False), 5: ("replicate", 1, False)}
 
 
 def test_the_status_shows_each_rank_s_layers_as_run():
