@@ -22,7 +22,7 @@ import pytest
 import torch
 from torch import nn
 
-from runtime_launch import make_config, run_ok, torchrun
+from runtime_launch import Sweep, make_config, torchrun
 from workbench.core.config import RunConfig
 from workbench.runtime.batches import run_model, validation_batches
 from workbench.runtime.evaluation import evaluate_model, load_dense_state
@@ -142,16 +142,36 @@ def test_job_learns_writes_eval_events_tensorboard_and_time_to_target(tmp_path, 
     assert list(job.evals()["step"]) == [4, 8, 10]
 
 
+PIPELINES = [("pp2-1f1b-m4", 2), ("gropipe-2x2-1f1b-m4-d1", 4), ("async-1x2-m4-if1", 2)]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """The module's straight runs, one sweep per process count; the ranks import ``eval_models`` from here."""
+    here = str(Path(__file__).parent)
+    patch = pytest.MonkeyPatch()
+    patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
+    patch.syspath_prepend(here)
+    runs = {plan: (nproc, {"plan": plan, "steps": 5, "eval_every": 3, "tensorboard": False, **DIGITS})
+            for plan, nproc in PIPELINES}
+    runs["in-flight"] = (2, {"plan": "async-1x2-m4", "steps": 5, "eval_every": 2, "tensorboard": False, **DIGITS})
+    runs["batchnorm"] = (2, {"model": "eval_models:conv_bn", "plan": "pp2-1f1b-m4", "steps": 4, "eval_every": 4,
+                             "tensorboard": False, **DIGITS})
+    yield Sweep(tmp_path_factory.mktemp("evaluation"), runs)
+    patch.undo()
+
+
 @pytest.mark.multiproc
 @pytest.mark.slow
-@pytest.mark.parametrize("plan,nproc", [("pp2-1f1b-m4", 2), ("gropipe-2x2-1f1b-m4-d1", 4), ("async-1x2-m4-if1", 2)])
-def test_pipelines_evaluate_what_the_reference_evaluates(tmp_path, plan, nproc):
-    config = run_ok(tmp_path, nproc, plan=plan, steps=5, eval_every=3, tensorboard=False, **DIGITS)
-    got = evals(tmp_path)
+@pytest.mark.parametrize("plan,nproc", PIPELINES)
+def test_pipelines_evaluate_what_the_reference_evaluates(sweep, plan, nproc):
+    config, run_dir = sweep.run(plan), sweep.dir(plan)
+    assert config.world_size == nproc
+    got = evals(run_dir)
     assert [e["step"] for e in got] == [3, 5]
     for event in got:
         assert_same_evaluation(event, reference_eval(config, event["step"]))
-    assert not (tmp_path / "tensorboard").exists()
+    assert not (run_dir / "tensorboard").exists()
 
 
 @pytest.mark.multiproc
@@ -179,30 +199,26 @@ def test_resumed_run_evaluates_the_resumed_weights_and_keeps_its_clock(tmp_path)
 
 @pytest.mark.multiproc
 @pytest.mark.slow
-def test_async_pipeline_with_micro_batches_in_flight_evaluates_its_final_weights(tmp_path):
+def test_async_pipeline_with_micro_batches_in_flight_evaluates_its_final_weights(sweep):
     # several micro-batches cross each step boundary: the evaluation's gather must not meet the stream's traffic
-    config = run_ok(tmp_path, 2, plan="async-1x2-m4", steps=5, eval_every=2, tensorboard=False, **DIGITS)
-    got = evals(tmp_path)
+    config, run_dir = sweep.run("in-flight"), sweep.dir("in-flight")
+    got = evals(run_dir)
     assert [e["step"] for e in got] == [2, 4, 5]
     model = run_model(config)
     final = {}
     for rank in range(2):
-        final.update(torch.load(tmp_path / "params" / f"rank{rank}.pt", weights_only=True))
+        final.update(torch.load(run_dir / "params" / f"rank{rank}.pt", weights_only=True))
     load_dense_state(model, {**final, **dict(model.named_buffers())})
     assert_same_evaluation(got[-1], evaluate_model(model, validation_batches(config, model)))
 
 
 @pytest.mark.multiproc
 @pytest.mark.slow
-def test_batchnorm_running_statistics_reach_the_evaluation(tmp_path, monkeypatch):
-    here = str(Path(__file__).parent)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
-    monkeypatch.syspath_prepend(here)
-    config = run_ok(tmp_path, 2, model="eval_models:conv_bn", plan="pp2-1f1b-m4", steps=4, eval_every=4,
-                    tensorboard=False, **DIGITS)
+def test_batchnorm_running_statistics_reach_the_evaluation(sweep):
+    config, run_dir = sweep.run("batchnorm"), sweep.dir("batchnorm")
     reference = reference_train(config)
     assert any(name.endswith("running_mean") for name in reference.buffers)
-    got = evals(tmp_path)
+    got = evals(run_dir)
     assert_same_evaluation(got[-1], reference_eval(config, 4))
     stale = run_model(config)  # the trained weights with the initial statistics evaluate differently
     load_dense_state(stale, {**reference.params, **dict(stale.named_buffers())})
