@@ -32,7 +32,7 @@ import statistics
 
 import pytest
 
-from runtime_launch import run_ok, step_losses
+from runtime_launch import Sweep, step_losses
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
@@ -51,25 +51,35 @@ def final_loss(run_dir) -> float:
     return final if math.isfinite(final) else math.inf
 
 
-def test_async_reaches_the_synchronous_loss_after_the_same_samples(tmp_path):
-    task = {**TASK, "steps": 200, "optimizer": {"name": "sgd", "lr": 0.05}}
+LEARN = {**TASK, "steps": 200, "optimizer": {"name": "sgd", "lr": 0.05}}
+HOT = {**TASK, "steps": 150, "optimizer": {"name": "sgd", "lr": 0.4}}
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """The module's four 4-rank runs in one sweep."""
+    return Sweep(tmp_path_factory.mktemp("async_convergence"), {
+        "sync": (4, {**LEARN, "plan": "pp4-1f1b-m4"}), "async": (4, {**LEARN, "plan": async_plan(4)}),
+        "stashed": (4, {**HOT, "plan": async_plan(1)}), "unstashed": (4, {**HOT, "plan": async_plan(1, "nostash")})})
+
+
+def test_async_reaches_the_synchronous_loss_after_the_same_samples(sweep):
     finals = {}
-    for name, plan in (("sync", "pp4-1f1b-m4"), ("async", async_plan(4))):
-        run_ok(tmp_path / name, 4, **task, plan=plan)
-        finals[name] = final_loss(tmp_path / name)
-    first = step_losses(tmp_path / "sync")[0]
+    for name in ("sync", "async"):
+        sweep.run(name)
+        finals[name] = final_loss(sweep.dir(name))
+    first = step_losses(sweep.dir("sync"))[0]
     assert finals["sync"] < 0.3 * first, finals  # the task is learned
     assert abs(finals["async"] - finals["sync"]) <= 0.05 * finals["sync"], finals
 
 
-def test_without_stashing_the_backward_on_newer_weights_diverges(tmp_path):
-    task = {**TASK, "steps": 150, "optimizer": {"name": "sgd", "lr": 0.4}}
+def test_without_stashing_the_backward_on_newer_weights_diverges(sweep):
     finals = {}
-    for name, plan in (("stashed", async_plan(1)), ("unstashed", async_plan(1, "nostash"))):
-        config = run_ok(tmp_path / name, 4, **task, plan=plan)
+    for name in ("stashed", "unstashed"):
+        config = sweep.run(name)
         assert config.plan.pipeline.stash is (name == "stashed") and config.plan.pipeline.inflight == 4
-        finals[name] = final_loss(tmp_path / name)
-    first = step_losses(tmp_path / "stashed")[0]
+        finals[name] = final_loss(sweep.dir(name))
+    first = step_losses(sweep.dir("stashed"))[0]
     assert finals["stashed"] < 0.3 * first, finals  # stashing learns at this learning rate and staleness
     assert finals["unstashed"] >= 2 * finals["stashed"], finals
     assert finals["unstashed"] > first, finals  # not merely slower: the unstashed run diverged

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime_launch import dumped_params, run_ok, stashing_reference, step_losses
+from runtime_launch import Sweep, dumped_params, stashing_reference, step_losses
 from workbench.runtime.checkpoint import checkpoint_dir
 from workbench.runtime.events import load_measured_timeline
 from workbench.runtime.reference import reference_train
@@ -20,9 +20,20 @@ from workbench.runtime.reference import reference_train
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
 
-def test_one_in_flight_equals_synchronous_after_every_step(tmp_path):
-    config = run_ok(tmp_path, 4, plan="async-1x4-m4-if1", steps=3, checkpoint_every=1,
-                    optimizer={"name": "sgd", "lr": 0.1, "momentum": 0.9})
+SGD = {"name": "sgd", "lr": 0.1, "momentum": 0.9}
+STASHING = {"stash": "async-1x4-m4-if4", "2bw": "async-1x4-m4-2bw-if4"}
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """The module's three 4-rank runs in one sweep."""
+    runs = {"if1": (4, {"plan": "async-1x4-m4-if1", "steps": 3, "checkpoint_every": 1, "optimizer": SGD})}
+    runs.update({key: (4, {"plan": plan, "steps": 4, "optimizer": SGD}) for key, plan in STASHING.items()})
+    return Sweep(tmp_path_factory.mktemp("async_sync"), runs)
+
+
+def test_one_in_flight_equals_synchronous_after_every_step(sweep):
+    config, tmp_path = sweep.run("if1"), sweep.dir("if1")
     reference = reference_train(config)
     torch.testing.assert_close(step_losses(tmp_path), reference.losses, rtol=1e-6, atol=1e-6)
     for step in range(1, config.steps + 1):
@@ -38,9 +49,9 @@ def test_one_in_flight_equals_synchronous_after_every_step(tmp_path):
     assert all(e.version == e.iteration for e in forwards)  # always the newest weights: one version per iteration
 
 
-@pytest.mark.parametrize("plan", ["async-1x4-m4-if4", "async-1x4-m4-2bw-if4"], ids=["stash", "2bw"])
-def test_async_equals_the_weight_stashing_rule_applied_by_hand(tmp_path, plan):
-    config = run_ok(tmp_path, 4, plan=plan, steps=4, optimizer={"name": "sgd", "lr": 0.1, "momentum": 0.9})
+@pytest.mark.parametrize("key", sorted(STASHING))
+def test_async_equals_the_weight_stashing_rule_applied_by_hand(sweep, key):
+    config, tmp_path = sweep.run(key), sweep.dir(key)
     expected = stashing_reference(config)
     params = dumped_params(tmp_path, [0, 1, 2, 3])
     assert sorted(params) == sorted(expected)

@@ -18,7 +18,7 @@ from collections import defaultdict
 import pytest
 import torch
 
-from runtime_launch import dumped_params, run_ok
+from runtime_launch import Sweep, dumped_params
 from workbench.runtime.events import load_measured_timeline
 from workbench.scheduling.generators import async_1f1b
 
@@ -50,10 +50,22 @@ def versions_in_flight(schedule, rank):
     return most
 
 
+SGD = {"name": "sgd", "lr": 0.1, "momentum": 0.9}
+RUNS = {"stash": (4, ASYNC), "vertical-sync": (4, {**ASYNC, "plan": "async-1x4-m4-vsync-if4"}),
+        "2bw": (4, {**ASYNC, "plan": "async-1x4-m4-2bw-if4"}),
+        "nostash": (4, {**ASYNC, "plan": "async-1x4-m4-nostash-if4"}),
+        "groups": (4, {"plan": "async-2x2-m2", "steps": 4, "global_batch": 16, "optimizer": SGD})}
+
+
 @pytest.fixture(scope="module")
-def stashed(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("async-stash")
-    return run_dir, run_ok(run_dir, 4, **ASYNC)
+def sweep(tmp_path_factory):
+    """The module's five 4-rank runs in one sweep."""
+    return Sweep(tmp_path_factory.mktemp("async_versions"), RUNS)
+
+
+@pytest.fixture(scope="module")
+def stashed(sweep):
+    return sweep.dir("stash"), sweep.run("stash")
 
 
 def test_every_backward_reads_its_forwards_version_on_every_stage(stashed):
@@ -81,10 +93,10 @@ def test_versions_kept_match_the_microbatches_in_flight(stashed):
     assert json.loads((run_dir / "memory" / "rank0.json").read_text())["versions"] == 2
 
 
-@pytest.mark.parametrize("plan", ["async-1x4-m4-vsync-if4", "async-1x4-m4-2bw-if4"], ids=["vertical-sync", "2bw"])
-def test_one_version_per_microbatch_on_all_stages(tmp_path, plan):
-    config = run_ok(tmp_path, 4, **{**ASYNC, "plan": plan})
-    versions = versions_by_microbatch(tmp_path)
+@pytest.mark.parametrize("key", ["vertical-sync", "2bw"])
+def test_one_version_per_microbatch_on_all_stages(sweep, key):
+    config = sweep.run(key)
+    versions = versions_by_microbatch(sweep.dir(key))
     assert all(v["B"] == v["F"] for v in versions.values())
     per_microbatch: dict[tuple, set] = defaultdict(set)
     for (rank, stage, iteration, mb), v in versions.items():
@@ -98,19 +110,18 @@ def test_one_version_per_microbatch_on_all_stages(tmp_path, plan):
         assert any(stage0[k] < stage0[(k[0], config.plan.microbatches - 1)] for k in stage0)
 
 
-def test_without_stashing_backward_reads_newer_weights(tmp_path):
-    config = run_ok(tmp_path, 4, **{**ASYNC, "plan": "async-1x4-m4-nostash-if4"})
+def test_without_stashing_backward_reads_newer_weights(sweep):
+    config = sweep.run("nostash")
     assert not config.plan.pipeline.stash
-    versions = versions_by_microbatch(tmp_path)
+    versions = versions_by_microbatch(sweep.dir("nostash"))
     stale = [k for k, v in versions.items() if v["B"] != v["F"]]
     assert stale and all(versions[k]["B"] > versions[k]["F"] for k in stale)
     assert {k[1] for k in stale} == {0, 1, 2}  # the last stage runs each backward right after its forward
 
 
-def test_async_pipelines_in_groups_stay_identical(tmp_path):
-    config = run_ok(tmp_path, 4, plan="async-2x2-m2", steps=4, global_batch=16,
-                    optimizer={"name": "sgd", "lr": 0.1, "momentum": 0.9})
-    versions = versions_by_microbatch(tmp_path)
+def test_async_pipelines_in_groups_stay_identical(sweep):
+    config, run_dir = sweep.run("groups"), sweep.dir("groups")
+    versions = versions_by_microbatch(run_dir)
     assert len(versions) == 2 * config.steps * config.plan.microbatches * config.plan.pp
     assert all(v["B"] == v["F"] for v in versions.values())
-    torch.testing.assert_close(dumped_params(tmp_path, [2, 3]), dumped_params(tmp_path, [0, 1]), rtol=0, atol=0)
+    torch.testing.assert_close(dumped_params(run_dir, [2, 3]), dumped_params(run_dir, [0, 1]), rtol=0, atol=0)
