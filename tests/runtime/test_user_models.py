@@ -24,7 +24,7 @@ from torch import nn
 
 from fixtures import user_models
 from fixtures.user_models import MODULE, PreActBlock
-from runtime_launch import dumped_params, run_ok, stashing_reference, step_losses
+from runtime_launch import Sweep, dumped_params, stashing_reference, step_losses
 from workbench.core.partition import Partition
 from workbench.models.boundary import stage_input
 from workbench.models.sequence import InputSpec, LayerSequence
@@ -191,10 +191,29 @@ def _assert_in_place_first_on_a_stage(config) -> None:
     assert any(_starts_in_place(seq, i) for i in firsts), (partition, firsts)
 
 
-@pytest.fixture()
-def workers_import_fixtures(monkeypatch):
-    """torchrun workers (launched with this process's environment) import ``fixtures.user_models``."""
-    monkeypatch.setenv("PYTHONPATH", user_models.worker_env_pythonpath())
+ONE_F_ONE_B = [
+    ("squeezenet", "pp2-1f1b-m4@0-0|1-17"),  # stage 1 starts with features' ReLU(inplace=True)
+    ("tiny_resnet", "pp2-1f1b-m4"),  # uniform: stage 1 starts with block3 (x += shift; ReLU in place)
+    ("tiny_resnet", "pp2-1f1b-m4-rc"),  # the recomputing stage replays block3 on its original input
+]
+ONE_F_ONE_B_IDS = ["squeezenet", "tiny-resnet", "tiny-resnet-recompute"]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """The module's runs, one sweep per process count; the workers import ``fixtures.user_models``."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("PYTHONPATH", user_models.worker_env_pythonpath())
+    common = {"data": DATA, "global_batch": 8, "optimizer": SGD}
+    runs = {key: (2, {"model": f"{MODULE}:{factory}", "plan": plan, "steps": 2, **common})
+            for key, (factory, plan) in zip(ONE_F_ONE_B_IDS, ONE_F_ONE_B)}
+    # stage 1 starts with features' ReLU(inplace=True)
+    runs["gropipe"] = (4, {"model": f"{MODULE}:squeezenet", "plan": "gropipe-2x2-1f1b-m2-d1@0-0|1-17", "steps": 3,
+                           **common})
+    # stage 1 starts with conv1's ReLU(inplace=True)
+    runs["async"] = (2, {"model": f"{MODULE}:shufflenet", "plan": "async-1x2-m4-if2@0-1|2-24", "steps": 3, **common})
+    yield Sweep(tmp_path_factory.mktemp("user_models"), runs)
+    patch.undo()
 
 
 def _assert_equals_reference(run_dir, config, ranks, *, delay=None):
@@ -207,36 +226,27 @@ def _assert_equals_reference(run_dir, config, ranks, *, delay=None):
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize(("factory", "plan"), [
-    ("squeezenet", "pp2-1f1b-m4@0-0|1-17"),  # stage 1 starts with features' ReLU(inplace=True)
-    ("tiny_resnet", "pp2-1f1b-m4"),  # uniform: stage 1 starts with block3 (x += shift; ReLU in place)
-    ("tiny_resnet", "pp2-1f1b-m4-rc"),  # the recomputing stage replays block3 on its original input
-], ids=["squeezenet", "tiny-resnet", "tiny-resnet-recompute"])
-def test_1f1b_equals_reference(tmp_path, workers_import_fixtures, factory, plan):
-    config = run_ok(tmp_path, 2, model=f"{MODULE}:{factory}", data=DATA, plan=plan, global_batch=8, steps=2,
-                    optimizer=SGD)
+@pytest.mark.parametrize("key", ONE_F_ONE_B_IDS)
+def test_1f1b_equals_reference(sweep, key):
+    config = sweep.run(key)
     _assert_in_place_first_on_a_stage(config)
-    _assert_equals_reference(tmp_path, config, [0, 1])
+    _assert_equals_reference(sweep.dir(key), config, [0, 1])
 
 
 @pytest.mark.multiproc
-def test_gropipe_delay1_equals_reference(tmp_path, workers_import_fixtures):
-    # stage 1 starts with features' ReLU(inplace=True)
-    config = run_ok(tmp_path, 4, model=f"{MODULE}:squeezenet", data=DATA, plan="gropipe-2x2-1f1b-m2-d1@0-0|1-17",
-                    global_batch=8, steps=3, optimizer=SGD)
+def test_gropipe_delay1_equals_reference(sweep):
+    config = sweep.run("gropipe")
     assert (config.plan.family, config.plan.dp, config.plan.pp) == ("gropipe", 2, 2)
     _assert_in_place_first_on_a_stage(config)
-    _assert_equals_reference(tmp_path, config, [0, 1], delay=1)
+    _assert_equals_reference(sweep.dir("gropipe"), config, [0, 1], delay=1)
 
 
 @pytest.mark.multiproc
-def test_async_pipeline_equals_the_stashing_rule(tmp_path, workers_import_fixtures):
-    # stage 1 starts with conv1's ReLU(inplace=True)
-    config = run_ok(tmp_path, 2, model=f"{MODULE}:shufflenet", data=DATA, plan="async-1x2-m4-if2@0-1|2-24",
-                    global_batch=8, steps=3, optimizer=SGD)
+def test_async_pipeline_equals_the_stashing_rule(sweep):
+    config = sweep.run("async")
     _assert_in_place_first_on_a_stage(config)
     expected = stashing_reference(config)
-    params = dumped_params(tmp_path, [0, 1])
+    params = dumped_params(sweep.dir("async"), [0, 1])
     assert sorted(params) == sorted(expected)
     for name, value in expected.items():
         torch.testing.assert_close(params[name], value, rtol=0, atol=1e-5, msg=f"parameter {name}")
