@@ -17,23 +17,9 @@ import torch
 
 from ..core.config import RunConfig
 from ..core.partition import Partition
+from .uniform_tp import GPT2_SIZES, check_tensor_parallel_model
 
 __all__ = ["check_run", "GPT2_SIZES", "check_tensor_parallel_model"]
-
-GPT2_SIZES = ("n_embd", "n_head", "n_layer", "vocab_size", "n_positions")  # what uniform tensor parallelism shards
-
-
-def check_tensor_parallel_model(config: RunConfig, sizes) -> None:
-    """A uniform tensor-parallel plan (``tp1d-*``, ``tp2d-*``) shards a GPT-2: refuse a model without its sizes."""
-    from ..core.config import runs_layer_by_layer
-
-    if config.plan.tp_kind == "none" or runs_layer_by_layer(config.plan):
-        return
-    missing = [k for k in GPT2_SIZES if k not in (sizes or {})]
-    if missing:
-        raise ValueError(f"config field 'model' = {config.model!r} is invalid for plan {config.plan.name!r}: "
-                         f"uniform tensor parallelism needs a GPT-2 model such as 'gpt2-tiny' (lacks {missing}); "
-                         "other models take tensor parallelism per layer ([[plan.layers]] with tp = '1d')")
 
 
 def _first_samples(config: RunConfig, model, count: int = 2) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..groups import build_groups
-from ..preflight import GPT2_SIZES, check_tensor_parallel_model
+from ..uniform_tp import GPT2_SIZES, check_tensor_parallel_model
 from .base import RunContext, Strategy, make_optimizer
 from .tensor2d.comm import CommCounter, all_reduce
 from .tensor2d.train import (TensorParallelConfig, average_gradients, build_parallel_model, data_parallel_axis,
