@@ -30,7 +30,9 @@ from typing import Any, Iterator
 from ..core.rundir import CONFIG_FILE, COMMAND_FILE, LAUNCH_FILE, LOGS_DIR, TERMINAL_STATES, status_path
 from .backends import ProcessState, get_backend
 from .backends.local import FALLBACK_PREFIX
+from .figures import summary_figure
 from .monitor_model import EVAL_FIELDS, METRIC_FIELDS, RunState
+from .prediction import predict_run
 from .process import kill_processes, process_alive, run_processes
 from .spec import LaunchSpec, check_launchable, config_dict, resolve_run_root
 from .status import JobStatus, RankStatus
@@ -90,6 +92,7 @@ class Job:
         self._state = RunState(stall_after_s=float(self.spec_data.get("stall_after_s", 30.0)))
         self._lock = threading.RLock()
         self._watcher: threading.Thread | None = None
+        self.prediction_note = ""  # why the latest predicted_timeline() gave None ("" when it gave a timeline)
 
     # -- identity --------------------------------------------------------------------------
     @property
@@ -334,48 +337,22 @@ class Job:
         Compute comes from the run's own stage events; sends and gradient
         all-reduces are timed on the links of the ``cluster`` preset (default:
         this machine's gloo loopback, whose ranks share the machine's cores;
-        None: free communication). ``None`` when
-        the strategy is not a scheduled pipeline or no full iteration has been
-        measured yet (see ``scheduling.from_config``).
+        None: free communication). ``None`` when the strategy is not a
+        scheduled pipeline, no full iteration has been measured yet, or the
+        simulator cannot predict the run (see ``scheduling.from_config``);
+        :attr:`prediction_note` then says which, and :meth:`summary_figure`
+        and the monitor show it.
         """
-        from ..core.config import RunConfig
-        from ..planning.clusters import collective_link, core_sharing, get_cluster
-        from ..scheduling.from_config import predict_from_measured
-
-        try:
-            config = RunConfig.from_dict(json.loads((Path(self.run_dir) / CONFIG_FILE).read_text()))
-        except (OSError, ValueError):
-            return None
-        if not config.plan.is_scheduled:
-            return None
-        measured = self.timeline() if measured is None else measured
-        if measured is None or not len(measured):
-            return None
-        spec = get_cluster(cluster) if cluster is not None else None
-        if spec is not None and spec.world_size < config.world_size:
-            raise ValueError(f"cluster preset {cluster!r} has {spec.world_size} devices but the run uses "
-                             f"{config.world_size}; pass a larger preset or cluster=None")
-        link = collective_link(cluster) if cluster is not None else None
-        try:
-            return predict_from_measured(config, measured, cluster=spec, collective_link=link,
-                                         sharing=core_sharing(spec)).timeline
-        except ValueError:
-            return None
+        prediction = predict_run(self.run_dir, measured, measure=self.timeline, cluster=cluster)
+        self.prediction_note = prediction.note
+        return prediction.timeline
 
     def summary_figure(self, simulated=None):
         """A static plotly figure of the run so far (for reports and headless runs).
 
         Without ``simulated`` the prediction is :meth:`predicted_timeline`.
         """
-        from ..viz.job_figures import job_summary_figure
-
-        with self._lock:
-            state = self.refresh()
-            measured = state.timeline()
-        if simulated is None:
-            simulated = self.predicted_timeline(measured)
-        return job_summary_figure(state_figure_data(state), measured=measured, simulated=simulated,
-                                  title=f"{self.run_id}: {self.status().state}")
+        return summary_figure(self, simulated)
 
 
 def _eval_fields(state: RunState) -> dict[str, Any]:
@@ -385,20 +362,6 @@ def _eval_fields(state: RunState) -> dict[str, Any]:
     if state.adaptations:  # an adapting async pipeline's decisions (also from the events, as the evaluations)
         fields["adaptations"] = tuple(dict(a) for a in state.adaptations)
     return fields
-
-
-def state_figure_data(state: RunState) -> dict[str, Any]:
-    """Plain numpy/dict data of a run state for the figure functions."""
-    return {
-        "metrics": {rank: {name: cols.column(name).copy() for name in ("t", "step", "loss", "samples_per_s",
-                                                                         "restart")}
-                    for rank, cols in sorted(state.metrics.items())},
-        "rows": state.summary_rows(),
-        "checkpoints": list(state.checkpoints),
-        "evals": state.eval_series() if len(state.evals) else {},
-        "targets": {"accuracy": state.targets.target_accuracy, "perplexity": state.targets.target_perplexity},
-        "time_to_target": state.time_to_target(),
-    }
 
 
 def launch(spec: LaunchSpec, backend: str = "local", *, check_entry: bool = True) -> Job:

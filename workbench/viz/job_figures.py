@@ -127,40 +127,52 @@ def _runs(measured: Timeline | None, simulated: Timeline | None) -> tuple[list[T
     return [t for t, _ in pairs], [name for _, name in pairs]
 
 
-def timeline_figure_pair(measured: Timeline | None, simulated: Timeline | None = None) -> go.Figure:
-    """The measured iteration's timeline with the simulated one overlaid (lanes per rank, rank 0 on top)."""
+def timeline_figure_pair(measured: Timeline | None, simulated: Timeline | None = None, *,
+                         note: str = "") -> go.Figure:
+    """The measured iteration's timeline with the simulated one overlaid (lanes per rank, rank 0 on top).
+
+    ``note``: why there is no prediction, shown in the title beside a measured iteration drawn alone."""
     timelines, names = _runs(measured, simulated)
     iteration = measured.meta.get("iteration") if measured is not None else None
     if iteration is None:
         title = "timeline (no stage events yet)"
+    elif "simulated" in names:
+        title = f"timeline: measured iteration {iteration} (pale), predicted (solid)"
     else:
-        title = f"timeline: measured iteration {iteration}" + (" (pale), predicted (solid)" if "simulated" in names
-                                                                else "")
+        title = f"timeline: measured iteration {iteration}" + (f" (no prediction: {note})" if note else "")
     return timeline_figure(timelines or [Timeline(())], names=names or ["measured"], title=title)
 
 
-def monitor_timeline_figure(measured: Timeline | None, simulated: Timeline | None = None) -> go.Figure:
+def monitor_timeline_figure(measured: Timeline | None, simulated: Timeline | None = None, *,
+                            note: str = "") -> go.Figure:
     """:func:`timeline_figure_pair` with a trace for every run and op category, present or not.
 
     Every reading has the same traces in the same order, so a live view
     changes from one iteration to the next by data alone
     (``viz.timeline.update_timeline_slots``).
     """
-    fig = timeline_slots(timeline_figure_pair(measured, simulated), TIMELINE_RUNS)
+    fig = timeline_slots(timeline_figure_pair(measured, simulated, note=note), TIMELINE_RUNS)
     # a live view's title changes with the iteration: the legend goes beside the lanes, out of its way
     return fig.update_layout(legend={"orientation": "v", "x": 1.01, "xanchor": "left", "y": 1.0, "yanchor": "top"})
 
 
 def job_summary_figure(data: Mapping[str, Any], *, measured: Timeline | None = None,
-                       simulated: Timeline | None = None, title: str = "", max_points: int = 2000) -> go.Figure:
+                       simulated: Timeline | None = None, title: str = "", max_points: int = 2000,
+                       note: str = "") -> go.Figure:
     """A static summary: loss and throughput per rank (top), iteration timeline (middle) and, for a run that
-    evaluates (``data["evals"]``), validation metric and loss against wall time with the target (bottom)."""
+    evaluates (``data["evals"]``), validation metric and loss against wall time with the target (bottom).
+
+    ``note``: why there is no prediction, shown in the timeline's title when a measured iteration is drawn
+    alone."""
     metrics = data.get("metrics", {})
     evals = data.get("evals") or {}
     rows = 3 if evals else 2
     specs = [[{}, {}], [{"colspan": 2}, None]] + ([[{"colspan": 2, "secondary_y": True}, None]] if evals else [])
+    timeline_title = "timeline (ms)"
+    if note and (simulated is None or not len(simulated)) and measured is not None and len(measured):
+        timeline_title += f" (no prediction: {note})"
     fig = make_subplots(rows=rows, cols=2, specs=specs, vertical_spacing=0.15 if rows == 2 else 0.1,
-                        subplot_titles=("loss", "samples / s", "timeline (ms)") + (("validation",) if evals else ()))
+                        subplot_titles=("loss", "samples / s", timeline_title) + (("validation",) if evals else ()))
     if evals:
         targets = data.get("targets") or {}
         metric = eval_metric(evals, targets)

@@ -246,8 +246,13 @@ class JobMonitor:
         if key == self._timeline_key:
             return
         self._timeline_key = key
-        simulated = self.simulated if self.simulated is not None else self.job.predicted_timeline(measured)
-        update_timeline_slots(self.timeline_fig, monitor_timeline_figure(measured, simulated))
+        note = ""
+        if self.simulated is not None:
+            simulated = self.simulated
+        else:
+            simulated = self.job.predicted_timeline(measured)
+            note = getattr(self.job, "prediction_note", "")  # why there is no prediction, in the title
+        update_timeline_slots(self.timeline_fig, monitor_timeline_figure(measured, simulated, note=note))
 
     def _update_table(self, status) -> None:
         head = (f"<b>{html.escape(status.run_id)}</b> <span style='color:{STATE_COLORS.get(status.state, '#000')}'>"
