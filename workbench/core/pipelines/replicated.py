@@ -1,0 +1,179 @@
+"""The kinds that run several pipeline replicas themselves: GroPipe's groups and the asynchronous pipeline."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from .base import (PIPELINE_KINDS, PipelineSpec, _check_bool, _check_choice, _check_int, inner_kinds, plan_error,
+                   register_kind)
+
+__all__ = ["GroPipe", "AsyncPipeline"]
+
+
+@register_kind
+@dataclass(frozen=True)
+class GroPipe(PipelineSpec):
+    """GroPipe: a pipeline per group (``inner`` schedule), a per-stage all-reduce across groups, ``delay``
+    0 (applied this iteration) or 1 (applied next iteration, hidden behind its forwards)."""
+
+    inner: str = "1f1b"
+    delay: int = 0
+    kind: ClassVar[str] = "gropipe"
+    token: ClassVar[str] = "gropipe"
+    family: ClassVar[str] = "gropipe"
+    runtime: ClassVar[str] = "grouped"
+    replicated: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        _check_choice("pipeline.inner", self.inner, inner_kinds())
+        _check_choice("pipeline.delay", self.delay, (0, 1))
+
+    @property
+    def delayed_update(self) -> bool:
+        return self.delay > 0
+
+    @property
+    def inner_spec(self) -> PipelineSpec:
+        return PIPELINE_KINDS[self.inner]()
+
+    def uniform_bubble(self, stages: int, microbatches: int, backward: float = 2.0,
+                       iterations: int = 1) -> tuple[float, str] | None:
+        return self.inner_spec.uniform_bubble(stages, microbatches, backward, iterations)
+
+    @property
+    def split_backward(self) -> bool:  # type: ignore[override]
+        return self.inner_spec.split_backward
+
+    def head(self, plan: Any) -> str:
+        return f"gropipe-{plan.dp}x{plan.pp}-{PIPELINE_KINDS[self.inner].token}-m{plan.microbatches}-d{self.delay}"
+
+    @classmethod
+    def head_pattern(cls) -> str:
+        words = "|".join(re.escape(PIPELINE_KINDS[k].token) for k in inner_kinds())
+        return rf"gropipe-(?P<dp>\d+)x(?P<pp>\d+)-(?P<inner>{words})-m(?P<m>\d+)-d(?P<delay>\d+)"
+
+    @classmethod
+    def from_head(cls, groups: dict[str, str]) -> tuple[dict[str, int], int, dict[str, Any]]:
+        mesh, m, options = super().from_head(groups)
+        options["inner"] = next(k for k in inner_kinds() if PIPELINE_KINDS[k].token == groups["inner"])
+        return mesh, m, options
+
+    @classmethod
+    def search_variants(cls, *, stages: int, microbatches: int, replicas: int) -> list[PipelineSpec]:
+        if replicas < 2:
+            return []
+        return [cls(inner=inner, delay=delay) for inner in ("gpipe", "1f1b") for delay in (0, 1)]
+
+
+@register_kind
+@dataclass(frozen=True)
+class AsyncPipeline(PipelineSpec):
+    """PipeDream-style asynchronous 1F1B with no flush between iterations.
+
+    ``mode`` ``stash`` keeps the weight version each in-flight micro-batch
+    used (``stash = false`` shows the unstashed, inconsistent variant);
+    ``2bw`` keeps two versions and coalesces gradients. ``inflight`` is
+    micro-batches in flight per stage, or ``auto`` (profiled, under
+    ``memory_cap_mb``; 0 = no cap). ``adapt_every`` > 0 re-decides the
+    in-flight depths and the stash mode after that many steps from the
+    stage times and memory the run measured (the stream drains there; the
+    interval doubles while decisions change nothing); 0 keeps the launch's
+    choice.
+    """
+
+    mode: str = "stash"
+    stash: bool = True
+    vertical_sync: bool = False
+    inflight: str | int | tuple[int, ...] = "auto"
+    memory_cap_mb: float = 0.0
+    adapt_every: int = 0
+    kind: ClassVar[str] = "async"
+    token: ClassVar[str] = "async"
+    family: ClassVar[str] = "async"
+    runtime: ClassVar[str] = "async"
+    replicated: ClassVar[bool] = True
+    min_stages: ClassVar[int] = 2
+    streams_iterations: ClassVar[bool] = True
+    accumulates: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        _check_choice("pipeline.mode", self.mode, ("stash", "2bw"))
+        _check_bool("pipeline.stash", self.stash)
+        _check_bool("pipeline.vertical_sync", self.vertical_sync)
+        if isinstance(self.inflight, list):
+            object.__setattr__(self, "inflight", tuple(self.inflight))
+        depths = self.inflight if isinstance(self.inflight, tuple) else (self.inflight,)
+        if self.inflight != "auto" and (not depths or any(isinstance(d, bool) or not isinstance(d, int) or d < 1
+                                                          for d in depths)):
+            raise plan_error("pipeline.inflight", self.inflight, "expected 'auto', an int >= 1 (micro-batches in "
+                             "flight on every stage) or one such int per stage")
+        if isinstance(self.memory_cap_mb, bool) or not isinstance(self.memory_cap_mb, (int, float)) \
+                or self.memory_cap_mb < 0:
+            raise plan_error("pipeline.memory_cap_mb", self.memory_cap_mb, "expected a number >= 0 (0: no cap)")
+        _check_int("pipeline.adapt_every", self.adapt_every, 0)
+        self._check_modes()
+
+    def _check_modes(self) -> None:
+        if self.adapt_every and (not self.stash or self.vertical_sync):
+            raise plan_error("pipeline.adapt_every", self.adapt_every, "the run-time adaptation chooses between "
+                             "modes 'stash' and '2bw'; it needs stash = true and no vertical sync")
+        if self.mode == "2bw" and not self.stash:
+            raise plan_error("pipeline.stash", self.stash, "mode '2bw' keeps two weight versions; set stash = true "
+                             "(stash = false is the unstashed variant of mode 'stash')")
+        if self.vertical_sync and not self.stash:
+            raise plan_error("pipeline.vertical_sync", self.vertical_sync, "vertical sync runs later stages on "
+                             "older stashed versions; it needs stash = true")
+        if self.mode == "2bw" and self.vertical_sync:
+            raise plan_error("pipeline.vertical_sync", self.vertical_sync, "mode '2bw' already uses one version "
+                             "per iteration on every stage; vertical_sync applies to mode 'stash'")
+
+    def check(self, plan: Any) -> None:
+        super().check(plan)
+        if self.mode == "2bw" and plan.microbatches < plan.pp:
+            raise plan_error("microbatches", plan.microbatches, f"mode '2bw' coalesces gradients over at least "
+                             f"the pipeline depth: use microbatches >= pp ({plan.pp})")
+
+    def head(self, plan: Any) -> str:
+        return f"async-{plan.dp}x{plan.pp}-m{plan.microbatches}"
+
+    def tokens(self) -> list[str]:
+        out = (["2bw"] if self.mode == "2bw" else []) + ([] if self.stash else ["nostash"])
+        out += ["vsync"] if self.vertical_sync else []
+        if self.inflight != "auto":
+            depths = self.inflight if isinstance(self.inflight, tuple) else (self.inflight,)
+            out.append("if" + ".".join(map(str, depths)))
+        out += [f"cap{self.memory_cap_mb:g}"] if self.memory_cap_mb else []
+        return out + ([f"adapt{self.adapt_every}"] if self.adapt_every else [])
+
+    @classmethod
+    def head_pattern(cls) -> str:
+        return r"async-(?P<dp>\d+)x(?P<pp>\d+)-m(?P<m>\d+)"
+
+    def uniform_bubble(self, stages: int, microbatches: int, backward: float = 2.0,
+                       iterations: int = 1) -> tuple[float, str]:
+        # no flush between iterations: one fill and one drain for all of them
+        p, m, n = stages, microbatches, iterations
+        return (p - 1) / (n * m + p - 1), f"(p-1)/(n·m+p-1) = {p - 1}/({n}·{m}+{p - 1})"
+
+    @classmethod
+    def take_token(cls, token: str, options: dict[str, Any]) -> bool:
+        words = {"2bw": {"mode": "2bw"}, "nostash": {"stash": False}, "vsync": {"vertical_sync": True}}
+        if token in words:
+            options.update(words[token])
+        elif re.fullmatch(r"if\d+(\.\d+)*", token):
+            depths = tuple(int(d) for d in token[2:].split("."))
+            options["inflight"] = depths[0] if "." not in token else depths
+        elif re.fullmatch(r"adapt\d+", token):
+            options["adapt_every"] = int(token[5:])
+        elif re.fullmatch(r"cap\d+(\.\d+)?", token):
+            value = float(token[3:])
+            options["memory_cap_mb"] = int(value) if value.is_integer() else value
+        else:
+            return False
+        return True
+
+    @classmethod
+    def search_variants(cls, *, stages: int, microbatches: int, replicas: int) -> list[PipelineSpec]:
+        return [cls()] if stages >= 2 else []
