@@ -1,0 +1,359 @@
+"""Per-layer costs on one pipeline stage: the stage as the search sees it, each layer under each strategy,
+and the moves between layouts.
+
+Cost model, per layer and strategy, on each device of the stage, for one
+iteration of ``num_microbatches`` micro-batches (see :func:`layer_cost`):
+
+* compute: the profile scaled to the group's share of the micro-batch and
+  divided by the TP degree; recomputation re-runs the forward in backward;
+* tensor parallelism, on the critical path: 1D runs Megatron's f / g, one
+  all-reduce of the layer's output per pair of linears in each pass (an
+  all-gather + reduce-scatter under sequence parallelism moves the same
+  bytes); 2D broadcasts every linear's activation and weight blocks along
+  grid rows and columns (SUMMA), twice as much in backward;
+* data parallelism: DDP all-reduces gradients once per iteration (no sync on
+  the other micro-batches), behind the last backward, a layer paying the
+  fixed cost of the stage's 25 MiB buckets in proportion to its gradients;
+  ZeRO-2 reduce-scatters
+  gradients every micro-batch behind its backward, then all-gathers the
+  updated parameters after the step (exposed); FSDP all-gathers parameters
+  in every forward and backward and reduce-scatters gradients. Overlapped
+  communication and compute both run ``overlap_slowdown`` (γ) times slower:
+  together they take γ·min + |difference| (Galvatron's formula), never more
+  than one after the other;
+* memory: parameters, gradients and optimizer state divided by the TP
+  degree and then as the DP kind shards them; saved activations for the
+  micro-batches in flight divided by the TP degree, or with recomputation
+  only the layer's input (whole on every rank of a 1D group);
+* transitions: where consecutive layers' layouts differ (TP kind, degree or
+  the consecutive flag), each rank fetches the part of the boundary tensor
+  it lacks, forward and again for the gradient backward, on the link to the
+  nearest rank holding it (:func:`transition_ms`); the layer-by-layer
+  runtime does it with collectives over the stage (an all-gather forward
+  where the rows were split, an all-reduce of the gradient backward where
+  they are split again), each paying the cluster's per-step call cost;
+* collective calls on ranks that time-share cores (``collective_call_ms``
+  per step of a collective): every step waits for its peer to be scheduled
+  when the group has more ranks than there are cores; a group that fits on
+  the cores waits once, for its last member to arrive, and then runs its
+  steps back to back (:func:`paying_steps`).
+
+Left out, as Galvatron leaves them out: the optimizer step, the transient
+full copy of one layer's parameters that FSDP gathers, the backward-time
+peak of a recomputed layer, and compute time-sharing on CPU ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Callable, Sequence
+
+from ..core.costs import ClusterSpec, LayerCost, LinkSpec, ModelCosts
+from ..scheduling.stagecosts import OPTIMIZER_STATE_FACTORS, optimizer_bytes
+from .clusters import shared_cores
+from .layer_strategies import LayerKind, LayerStrategy, layer_kinds
+
+__all__ = ["StageSpec", "LayerChoiceCost", "layer_cost", "transition_ms", "paying_steps", "MIB", "DDP_BUCKET_BYTES"]
+
+MIB = 2**20
+DDP_BUCKET_BYTES = 25 * MIB  # torch DDP's default bucket
+
+
+def _error(name: str, value: object, valid: str) -> ValueError:
+    return ValueError(f"layerwise field {name!r} = {value!r} is invalid: {valid}")
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise _error(name, value, f"expected an int >= {minimum}")
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One pipeline stage as the search sees it.
+
+    ``layers``: the stage's ``(first, last)`` layer indices of ``costs``
+    (inclusive). ``microbatch_size``: samples per micro-batch through the
+    stage, split over its data-parallel ranks. ``in_flight``: micro-batches
+    whose activations the stage holds at once (1F1B: stages - stage index;
+    GPipe: all). ``first_rank``: where the stage's ``devices`` ranks start
+    in the cluster, which decides the links its groups cross; ``ranks``
+    instead lists the cluster rank of each of the stage's local ranks (a
+    plan's mesh puts data parallelism outermost, so a stage's ranks may be
+    strided). Groups of layers (:meth:`LayerStrategy.tp_ranks`) are made of
+    local ranks. ``kinds``: per
+    layer :class:`LayerKind`, a function of the layer, or None to guess
+    from the names. ``collective_link``: the link collectives reach when it
+    differs from point-to-point (as the planner's presets name it).
+    """
+
+    costs: ModelCosts
+    cluster: ClusterSpec
+    devices: int
+    microbatch_size: int
+    layers: tuple[int, int] | None = None
+    num_microbatches: int = 1
+    in_flight: int = 1
+    first_rank: int = 0
+    ranks: tuple[int, ...] | None = None
+    optimizer: str = "adam"
+    collective_link: LinkSpec | None = None
+    kinds: Sequence[LayerKind] | Callable[[LayerCost], LayerKind] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.costs, ModelCosts):
+            raise _error("costs", type(self.costs).__name__, "expected a ModelCosts profile")
+        if not isinstance(self.cluster, ClusterSpec):
+            raise _error("cluster", type(self.cluster).__name__, "expected a ClusterSpec")
+        _check_int("devices", self.devices, 1)
+        if self.devices & (self.devices - 1):
+            raise _error("devices", self.devices, "a power of two (the strategy trees split devices evenly)")
+        for name in ("microbatch_size", "num_microbatches", "in_flight"):
+            _check_int(name, getattr(self, name), 1)
+        _check_int("first_rank", self.first_rank, 0)
+        if self.ranks is not None:
+            ranks = tuple(self.ranks) if isinstance(self.ranks, (tuple, list)) else ()
+            if len(ranks) != self.devices or len(set(ranks)) != len(ranks) or not all(
+                    isinstance(r, int) and not isinstance(r, bool) and 0 <= r < self.cluster.world_size for r in ranks):
+                raise _error("ranks", self.ranks, f"{self.devices} distinct ranks of the cluster's "
+                             f"{self.cluster.world_size}, or None for first_rank onwards")
+            object.__setattr__(self, "ranks", ranks)
+        elif self.first_rank + self.devices > self.cluster.world_size:
+            raise _error("first_rank", self.first_rank, f"the stage's {self.devices} ranks must lie inside the "
+                         f"cluster's {self.cluster.world_size}")
+        if self.microbatch_size % self.devices:
+            raise _error("microbatch_size", self.microbatch_size, f"a multiple of the stage's {self.devices} devices, "
+                         "so every data-parallel degree gets whole samples")
+        if self.optimizer not in OPTIMIZER_STATE_FACTORS:
+            raise _error("optimizer", self.optimizer, f"one of {sorted(OPTIMIZER_STATE_FACTORS)}")
+        last = self.costs.num_layers - 1
+        layers = (0, last) if self.layers is None else self.layers
+        whole = isinstance(layers, (tuple, list)) and len(layers) == 2 \
+            and all(isinstance(i, int) and not isinstance(i, bool) for i in layers)
+        if not (whole and 0 <= layers[0] <= layers[1] <= last):
+            raise _error("layers", self.layers, f"(first, last) with 0 <= first <= last <= {last}")
+        object.__setattr__(self, "layers", tuple(layers))
+        object.__setattr__(self, "_kinds", tuple(layer_kinds(self.layer_costs, self.kinds)))
+        object.__setattr__(self, "_nodes", tuple(self.cluster.node_of(r) for r in self.global_ranks))
+        object.__setattr__(self, "_links", {})
+        object.__setattr__(self, "_grad_bytes", sum(l.grad_bytes for l in self.layer_costs))
+        object.__setattr__(self, "_cores", shared_cores(self.cluster))
+
+    @property
+    def layer_costs(self) -> tuple[LayerCost, ...]:
+        first, last = self.layers
+        return self.costs.layers[first:last + 1]
+
+    def kind(self, index: int) -> LayerKind:
+        """The kind of the stage's ``index``-th layer (0 = its first)."""
+        return self._kinds[index]  # type: ignore[attr-defined]
+
+    def input_bytes(self, index: int) -> int:
+        """Bytes of the stage's ``index``-th layer's input at the profile's batch (the previous layer's output)."""
+        absolute = self.layers[0] + index
+        return self.costs.input_bytes if absolute == 0 else self.costs.layers[absolute - 1].activation_bytes
+
+    @property
+    def global_ranks(self) -> tuple[int, ...]:
+        """The cluster rank of each of the stage's local ranks."""
+        return self.ranks if self.ranks is not None else tuple(range(self.first_rank, self.first_rank + self.devices))
+
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        """The node of each of the stage's local ranks."""
+        return self._nodes  # type: ignore[attr-defined]
+
+    def group_link(self, groups: list[list[int]]) -> LinkSpec:
+        """The link the slowest of these groups' collectives crosses (groups of the stage's local ranks)."""
+        if self.collective_link is not None:
+            return self.collective_link
+        nodes, cluster = self.nodes, self.cluster
+        spans = [len({nodes[r] for r in g}) > 1 for g in groups]
+        return (cluster.inter_node or cluster.intra_node) if any(spans) else cluster.intra_node
+
+    def strategy_link(self, strategy: LayerStrategy, group: str) -> LinkSpec:
+        """The link of ``strategy``'s ``"tp"`` or ``"dp"`` groups on this stage (cached per layout)."""
+        key = (strategy.tp_degree, strategy.consecutive, group)
+        links = self._links  # type: ignore[attr-defined]
+        if key not in links:
+            links[key] = self.group_link(strategy.tp_ranks() if group == "tp" else strategy.dp_ranks())
+        return links[key]
+
+
+@dataclass(frozen=True)
+class LayerChoiceCost:
+    """One layer under one strategy: iteration time on each device of the stage and its memory."""
+
+    compute_ms: float
+    tp_comm_ms: float
+    dp_comm_ms: float  # what data-parallel communication adds beyond compute, after overlap
+    state_bytes: int
+    activation_bytes: int
+
+    @property
+    def time_ms(self) -> float:
+        return self.compute_ms + self.tp_comm_ms + self.dp_comm_ms
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.state_bytes + self.activation_bytes
+
+
+def _overlapped(compute: float, comm: float, slowdown: float) -> float:
+    """Compute and communication at once, each slowed by ``slowdown`` while both run; never worse than serial."""
+    return min(compute + comm, slowdown * min(compute, comm) + abs(compute - comm))
+
+
+def paying_steps(spec: StageSpec, n: int, steps: int) -> int:
+    """How many of a collective's ``steps`` among ``n`` ranks pay the cluster's per-step call cost.
+
+    All of them where ``n`` exceeds the cores the node's ranks time-share
+    (each step waits for its peer to be scheduled); one where the group fits
+    on the cores (it waits for its last member, then runs its steps back to
+    back); all of them on devices of their own, whose ``collective_call_ms``
+    is the per-step cost as measured.
+    """
+    cores = spec._cores  # type: ignore[attr-defined]
+    return min(steps, 1) if cores is not None and n <= cores else steps
+
+
+def _gather_ms(spec: StageSpec, link: LinkSpec, nbytes: float, n: int) -> float:
+    """Ring all-gather (or reduce-scatter) of a tensor of ``nbytes`` over ``n`` ranks: n - 1 steps."""
+    if n == 1 or nbytes <= 0:
+        return 0.0
+    steps = n - 1
+    return steps * link.latency_us * 1e-3 + paying_steps(spec, n, steps) * spec.cluster.collective_call_ms \
+        + steps / n * nbytes / (link.bandwidth_gbs * 1e9) * 1e3
+
+
+def _allreduce_call_ms(spec: StageSpec, n: int) -> float:
+    return paying_steps(spec, n, 2 * (n - 1)) * spec.cluster.collective_call_ms if n > 1 else 0.0
+
+
+def _allreduce_ms(spec: StageSpec, link: LinkSpec, nbytes: float, n: int) -> float:
+    return link.allreduce_ms(nbytes, n) + _allreduce_call_ms(spec, n) if nbytes > 0 else 0.0
+
+
+def _bucketed_allreduce_ms(spec: StageSpec, link: LinkSpec, nbytes: float, n: int, index: int) -> float:
+    """DDP's gradient all-reduce of the stage's ``index``-th layer: its bytes, and its share of the per-step
+    latency and call cost of the stage's buckets (DDP packs the layers' gradients into 25 MiB buckets, one
+    collective each): the layer's part of the stage's gradients times the number of buckets they fill."""
+    if nbytes <= 0 or n == 1:
+        return 0.0
+    steps = 2 * (n - 1)
+    latency = steps * link.latency_us * 1e-3
+    fixed = latency + _allreduce_call_ms(spec, n)
+    total = spec._grad_bytes or 1  # type: ignore[attr-defined]
+    share = spec.layer_costs[index].grad_bytes / total * math.ceil(total / DDP_BUCKET_BYTES)
+    return link.allreduce_ms(nbytes, n) - latency + share * fixed
+
+
+def layer_cost(spec: StageSpec, index: int, strategy: LayerStrategy) -> LayerChoiceCost:
+    """The cost model of the module docstring for the stage's ``index``-th layer (0 = its first)."""
+    if strategy.devices != spec.devices:
+        raise _error("strategy.devices", strategy.devices, f"the stage's {spec.devices} devices")
+    layer, kind = spec.layer_costs[index], spec.kind(index)
+    t, d, m = strategy.tp_degree, strategy.dp_degree, spec.num_microbatches
+    if strategy.tp != "none" and strategy.tp not in kind.tp_kinds:
+        raise _error("strategy.tp", strategy.tp, f"layer {layer.name!r} ({kind.name}) admits "
+                     f"{', '.join(kind.tp_kinds) or 'no tensor parallelism'}")
+    share = spec.microbatch_size / d / spec.costs.batch_size  # the TP group's samples against the profile's batch
+    forward = layer.forward_ms * share / t
+    backward = layer.backward_ms * share / t + (forward if strategy.recompute else 0.0)
+    output = layer.activation_bytes * share
+    tp_ms = 0.0
+    if t > 1:
+        link = spec.strategy_link(strategy, "tp")
+        passes = 3 if strategy.recompute else 2  # forward, backward (and the forward again)
+        if strategy.tp == "1d":
+            tp_ms = passes * math.ceil(kind.linears / 2) * _allreduce_ms(spec, link, output, t)
+        else:
+            q = math.isqrt(t)
+            forward_bytes = (q - 1) / t * (kind.linears * output + layer.param_bytes)
+            forward_ms = forward_bytes / (link.bandwidth_gbs * 1e9) * 1e3 + 2 * kind.linears * (
+                (q - 1) * link.latency_us * 1e-3 + paying_steps(spec, q, q - 1) * spec.cluster.collective_call_ms)
+            tp_ms = (passes + 1) * forward_ms  # backward moves twice the forward's blocks
+    params, grads = layer.param_bytes / t, layer.grad_bytes / t
+    states = optimizer_bytes(layer, spec.optimizer) / t
+    solo = m * (forward + backward)
+    if d == 1:
+        busy = solo
+    else:
+        link, gamma = spec.strategy_link(strategy, "dp"), spec.cluster.overlap_slowdown
+        if strategy.dp == "replicate":
+            reduce = _bucketed_allreduce_ms(spec, link, grads, d, index)
+            busy = m * forward + (m - 1) * backward + _overlapped(backward, reduce, gamma)
+        elif strategy.dp == "zero2":
+            scatter = _gather_ms(spec, link, grads, d)
+            busy = m * (forward + _overlapped(backward, scatter, gamma)) + _gather_ms(spec, link, params, d)
+        else:
+            gather, scatter = _gather_ms(spec, link, params, d), _gather_ms(spec, link, grads, d)
+            busy = m * (_overlapped(forward, gather, gamma) + _overlapped(backward, gather + scatter, gamma))
+    sharded = {"replicate": params + grads + states, "zero2": params + (grads + states) / d,
+               "fsdp": (params + grads + states) / d}[strategy.dp]
+    if strategy.recompute:
+        kept = spec.input_bytes(index) * share / (t if strategy.tp == "2d" else 1)
+    else:
+        kept = (layer.saved_bytes or layer.activation_bytes) * share / t
+    return LayerChoiceCost(solo, m * tp_ms, busy - solo, math.ceil(sharded), math.ceil(kept * spec.in_flight))
+
+
+@lru_cache(maxsize=4096)
+def _holdings(layout: tuple[str, int, bool], devices: int) -> tuple[frozenset[int], ...]:
+    """Which units of a boundary tensor each rank holds: the micro-batch cut into ``devices`` sample slices,
+    each cut into ``devices`` hidden pieces (unit = slice x devices + piece). Data-parallel index i (rank //
+    t when consecutive, rank mod d when strided) owns the i-th of d equal runs of samples. 1D / no TP: every
+    rank of a group holds its samples whole; 2D: grid rank (a, b) holds their row block a, hidden block b."""
+    tp, t, consecutive = layout
+    d, n = devices // t, devices
+    out = []
+    for r in range(n):
+        group, pos = (r // t, r % t) if consecutive else (r % d, r // d)
+        slices = range(group * t, (group + 1) * t)  # a group owns n / d = t slices
+        pieces = range(n)
+        if tp == "2d":
+            q = math.isqrt(t)
+            row, col = divmod(pos, q)
+            slices = range(group * t + row * q, group * t + (row + 1) * q)
+            pieces = range(col * (n // q), (col + 1) * (n // q))
+        out.append(frozenset(s * n + p for s in slices for p in pieces))
+    return tuple(out)
+
+
+@lru_cache(maxsize=4096)
+def _fetch_units(have: tuple[str, int, bool], need: tuple[str, int, bool], devices: int,
+                 node: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """Per rank: units it must fetch to go from layout ``have`` to ``need``, as (from its node, from others)."""
+    held, wanted = _holdings(have, devices), _holdings(need, devices)
+    on_node: dict[int, frozenset[int]] = {}
+    for r in range(devices):
+        on_node[node[r]] = on_node.get(node[r], frozenset()) | held[r]
+    out = []
+    for r in range(devices):
+        missing = wanted[r] - held[r]
+        near = len(missing & on_node[node[r]])
+        out.append((near, len(missing) - near))
+    return tuple(out)
+
+
+def transition_ms(spec: StageSpec, index: int, before: LayerStrategy, after: LayerStrategy) -> float:
+    """Redistribution of the boundary tensor into the stage's ``index``-th layer, forward and backward, per
+    iteration: the slowest rank's fetches over point-to-point links (0 when the layouts match)."""
+    if index == 0 or before.layout == after.layout:
+        return 0.0
+    n, cluster = spec.devices, spec.cluster
+    unit = spec.layer_costs[index - 1].activation_bytes * spec.microbatch_size / spec.costs.batch_size / (n * n)
+    far_link = cluster.inter_node or cluster.intra_node
+    total = 0.0
+    for have, need in ((before.layout, after.layout), (after.layout, before.layout)):  # activation, then gradient
+        fetches = _fetch_units(have, need, n, spec.nodes)
+        total += max(cluster.intra_node.transfer_ms(near * unit) + far_link.transfer_ms(far * unit)
+                     for near, far in fetches)
+    # the runtime's calls: an all-gather over the stage where the rows were split (before), an all-reduce of
+    # the gradient where they are split again (after); a 1D layout of degree n holds every row on every rank
+    split = [layout[1] < n for layout in (before.layout, after.layout)]
+    total += split[0] * paying_steps(spec, n, n - 1) * cluster.collective_call_ms
+    total += split[1] * _allreduce_call_ms(spec, n)
+    return spec.num_microbatches * total
