@@ -1,0 +1,181 @@
+"""One fine-grained hybrid search's state: stage searches cached across partitions, and a stage split turned
+into a timed plan.
+
+A stage's ranks follow the plan's mesh (data parallelism outermost), its
+assignment is the per-layer programme's (:func:`~.layerwise.search_stage`)
+or a template's one strategy; a split becomes a
+:class:`~workbench.core.plan.ParallelPlan` and its iteration time (slowest
+stage, fill and drain, boundary transfers). Pure Python.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from ..core.costs import ClusterSpec, LinkSpec, ModelCosts
+from ..core.plan import NoPipeline, OneFOneB, ParallelPlan
+from ..core.topology import Topology
+from .hybrid_plans import TEMPLATES, HybridPlan, StagePlan, _template_names
+from .layer_strategies import LayerKind, LayerStrategy, stage_strategies
+from .layerwise import NoFit, StageAssignment, StageSpec, assignment_cost, search_stage
+
+class _Search:
+    """The state of one :func:`search_hybrid` call: the stage searches are cached across partitions."""
+
+    def __init__(self, costs: ModelCosts, cluster: ClusterSpec, global_batch: int, world: int, budget: float,
+                 pool_options: dict[str, Any], optimizer: str, collective_link: LinkSpec | None,
+                 kinds: list[LayerKind]):
+        self.costs, self.cluster, self.global_batch, self.world, self.budget = costs, cluster, global_batch, world, budget
+        self.pool_options, self.optimizer, self.link, self.kinds = pool_options, optimizer, collective_link, kinds
+        self.pools: dict[tuple[int, int | None], tuple[LayerStrategy, ...]] = {}
+        self.cache: dict[tuple, StageAssignment | str] = {}
+        self.searched = 0
+        self.misses: dict[str, tuple[float, str]] = {}
+        # the mesh's tensor-parallel size when it decides placement (several nodes), else None (see search_hybrid)
+        self.mesh_tp: int | None = None
+
+    def pool(self, devices: int) -> tuple[LayerStrategy, ...]:
+        key = (devices, self.mesh_tp)
+        if key not in self.pools:
+            full = stage_strategies(devices, **self.pool_options)
+            self.pools[key] = full if self.mesh_tp is None else tuple(s for s in full if s.tp_degree <= self.mesh_tp)
+        return self.pools[key]
+
+    def ranks(self, pp: int, stage: int) -> tuple[int, ...] | None:
+        """The cluster ranks of stage ``stage``'s local ranks under the plan's mesh (dp, pp, tp: data parallelism
+        outermost), or None when every placement crosses the same links."""
+        t = self.mesh_tp
+        if t is None:
+            return None
+        n = self.world // pp
+        return tuple(d * pp * t + stage * t + j for d in range(n // t) for j in range(t))
+
+    def spec(self, pp: int, m: int, stage: int, first: int, last: int) -> StageSpec:
+        n = self.world // pp
+        return StageSpec(self.costs, self.cluster, devices=n, microbatch_size=self.global_batch // m,
+                         layers=(first, last), num_microbatches=m, in_flight=min(pp - stage, m),
+                         first_rank=stage * n, ranks=self.ranks(pp, stage), optimizer=self.optimizer,
+                         collective_link=self.link, kinds=self.kinds[first:last + 1])
+
+    def stage(self, template: str, strategy: LayerStrategy | None, pp: int, m: int, stage: int, first: int,
+              last: int) -> StageAssignment | str:
+        """The best assignment of one stage (or why none fits), cached."""
+        key = (template, strategy, self.mesh_tp, pp, m, stage, first, last)
+        if key in self.cache:
+            return self.cache[key]
+        spec = self.spec(pp, m, stage, first, last)
+        self.searched += 1
+        need: float | None = None
+        if strategy is None:
+            try:
+                found: StageAssignment | str = search_stage(spec, self.pool(spec.devices), self.budget)
+            except NoFit as exc:
+                found, need = str(exc), exc.needed_bytes
+        else:
+            fixed = [_as_template(strategy, spec.kind(i)) for i in range(last - first + 1)]
+            found = assignment_cost(spec, fixed)
+            if found.memory_bytes > self.budget:
+                need = found.memory_bytes
+                found = f"stage {stage} (layers {first}-{last}) needs {need / 2**30:.3f} GiB per device"
+        if need is not None:
+            for name in ([template] if strategy is None else _template_names(strategy, pp, TEMPLATES)):
+                self._miss(name, need, found, pp, m)
+        self.cache[key] = found
+        return found
+
+    def _miss(self, template: str, need: float, reason: str, pp: int, m: int) -> None:
+        """Keep, per template, the failure that needs the least memory."""
+        if template not in self.misses or need < self.misses[template][0]:
+            self.misses[template] = (need, f"pipeline degree {pp}, {m} micro-batches: {reason}")
+
+
+def _as_template(strategy: LayerStrategy, kind: LayerKind) -> LayerStrategy:
+    """The template's strategy for a layer of ``kind``: without tensor parallelism where the kind has none."""
+    if strategy.tp == "none" or strategy.tp in kind.tp_kinds:
+        return strategy
+    return LayerStrategy(1, strategy.dp, "none", True, strategy.recompute, strategy.devices)
+
+
+def _microbatch_options(pp: int, global_batch: int, devices: int, given: Sequence[int] | None) -> list[int]:
+    options = given if given is not None else ([1] if pp == 1 else [pp, 2 * pp, 4 * pp])
+    return sorted({m for m in options if global_batch % m == 0 and (global_batch // m) % devices == 0})
+
+
+def _pp_options(world: int, num_layers: int, given: Sequence[int] | None) -> list[int]:
+    options = given if given is not None else [1 << e for e in range(world.bit_length()) if (1 << e) <= world]
+    return [p for p in options if world % p == 0 and (world // p) & (world // p - 1) == 0 and p <= num_layers]
+
+
+def _to_plan(assignments: list[StageAssignment], bounds: list[tuple[int, int]], pp: int, m: int, world: int,
+             mesh_tp: int | None) -> ParallelPlan:
+    """The ParallelPlan of a search result: mesh dp x pp x tp (tp the largest degree, or the mesh's when it
+    decided placement); a pipeline is 1F1B over stages of one tensor-parallel unit each."""
+    strategies = [s for a in assignments for s in a.strategies]
+    layers = tuple(s.to_layer_plan() for s in strategies)
+    tp_kinds = {l.tp for l in layers if l.tp != "none"}
+    if len(tp_kinds) > 1:
+        raise ValueError("a plan's layers use one tensor-parallel kind (1D or 2D), not both")
+    n = world // pp
+    # a pipeline's stage is one tensor-parallel unit of n ranks when placement is free (one node): layers use
+    # part of it for TP and the rest as their data-parallel group, and the pipeline is a plain 1F1B one
+    t = mesh_tp or (n if pp > 1 and not tp_kinds else max(l.tp_degree for l in layers))
+    if tp_kinds == {"2d"}:
+        q = math.isqrt(t)
+        if q * q != t:
+            raise ValueError(f"2D layers need a square tensor-parallel mesh; {t} is not one")
+        mesh = Topology((("dp", n // t), ("pp", pp), ("tp_row", q), ("tp_col", q)))
+    else:
+        mesh = Topology((("dp", n // t), ("pp", pp), ("tp", t)))
+    if pp == 1:
+        pipeline: Any = NoPipeline()
+    else:
+        pipeline = OneFOneB()  # n == t: the stage is one tensor-parallel unit (search_hybrid places it so)
+    partition = "uniform" if pp == 1 else "|".join(f"{a}-{b}" for a, b in bounds)
+    if len(set(layers)) == 1:
+        layers = layers[:1]
+    return ParallelPlan(mesh=mesh, pipeline=pipeline, microbatches=m, partition=partition, layers=layers)
+
+
+def _p2p_ms(search: _Search, bounds: list[tuple[int, int]], pp: int, m: int) -> float:
+    """Fill and drain cross every boundary once forward and once backward: the slowest boundary's transfer of one
+    micro-batch's activation (each rank of the stage sends its share, in parallel) on the link between stages."""
+    if pp == 1:
+        return 0.0
+    n = search.world // pp
+    costs, total = search.costs, 0.0
+    for k, (_, last) in enumerate(bounds[:-1]):
+        nbytes = costs.layers[last].activation_bytes * (search.global_batch / m) / costs.batch_size / n
+        here, there = search.ranks(pp, k), search.ranks(pp, k + 1)
+        link = search.cluster.link(here[0] if here else k * n, there[0] if there else (k + 1) * n)
+        total += 2 * link.transfer_ms(nbytes)
+    return total
+
+
+def _evaluate(search: _Search, template: str, strategy: LayerStrategy | None, pp: int, m: int,
+              bounds: list[tuple[int, int]]) -> HybridPlan | None:
+    assignments = []
+    for k, (a, b) in enumerate(bounds):
+        found = search.stage(template, strategy, pp, m, k, a, b)
+        if isinstance(found, str):
+            return None
+        assignments.append(found)
+    try:
+        plan = _to_plan(assignments, bounds, pp, m, search.world, search.mesh_tp)
+    except ValueError:  # layers mixing 1D and 2D tensor parallelism: no mesh holds them
+        return None
+    return _timed(search, plan, bounds, assignments, template, strategy)
+
+
+def _timed(search: _Search, plan: ParallelPlan, bounds: list[tuple[int, int]], assignments: list[StageAssignment],
+           template: str, strategy: LayerStrategy | None) -> HybridPlan:
+    """The plan with its iteration: slowest stage, fill and drain, boundary transfers (module docstring)."""
+    pp, m, n = plan.pp, plan.microbatches, search.world // plan.pp
+    stages = tuple(StagePlan(a, b, k * n, n, min(pp - k, m), found)
+                   for k, ((a, b), found) in enumerate(zip(bounds, assignments)))
+    slowest = max(s.time_ms for s in stages)
+    bubble = (pp - 1) * max((s.part("compute_ms") + s.part("tp_comm_ms") + s.assignment.transition_ms) / m
+                            for s in stages)
+    p2p = _p2p_ms(search, bounds, pp, m)
+    return HybridPlan(plan, stages, template, search.global_batch, slowest + bubble + p2p, bubble, p2p,
+                      tuple(l.name for l in search.costs.layers), strategy)
