@@ -51,6 +51,9 @@ micro-batches each stage keeps in flight under ``memory_cap_mb``.
 Measured memory: each forward counts the bytes autograd saves for the
 micro-batch (weights excluded); ``memory/rank{r}.json`` in the run directory
 holds the peaks of saved activations, stashed versions and their sum.
+
+The weight versions are :mod:`.async_weights`, the stream and its
+interpreter :mod:`.async_stream`.
 """
 
 from __future__ import annotations
@@ -60,253 +63,24 @@ import json
 import os
 import statistics
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.func import functional_call
 
-from ...core.ir import Action, Op, Schedule
+from ...core.ir import Action, Op
 from ...core.timeline import Event
 from ..batches import global_batches, split_rounds
 from ..groups import build_groups
-from ..interpreter import Interpreter, MicrobatchData
+from ..interpreter import MicrobatchData
 from ..stage import Stage, output_shapes
+from .async_stream import StreamInterpreter, _shifted, _stream_index, async_schedule
+from .async_weights import StageWeights, VersionedBlock
 from .base import PendingLoss, RunContext, Strategy, global_mean_loss, make_optimizer
 
 __all__ = ["AsyncPipeline", "async_schedule", "StageWeights", "VersionedBlock"]
-
-
-def async_schedule(config, inflight: tuple[int, ...] | int | None = None, *, iterations: int | None = None,
-                   mode: str | None = None) -> Schedule:
-    """The lowered stream of the whole run (``config.steps`` iterations, or ``iterations``) that every rank
-    executes, with ``inflight`` (the depths the runtime resolved) and ``mode`` in place of the plan's own."""
-    from ...scheduling.passes import add_p2p
-    from ...scheduling.registry import schedule_for
-
-    plan = config.plan
-    if inflight is not None:
-        plan = plan.replace(pipeline=replace(plan.pipeline, inflight=inflight))
-    if mode is not None:
-        plan = plan.replace(pipeline=replace(plan.pipeline, mode=mode))
-    return add_p2p(schedule_for(plan, num_iterations=config.steps if iterations is None else iterations))
-
-
-def _shifted(actions: tuple[Action, ...], start: int) -> list[Action]:
-    """A stream that starts at iteration ``start`` on weight version ``start``: its iterations and versions
-    moved on by ``start`` (a stream begins drained, with ``start`` steps applied)."""
-    if not start:
-        return list(actions)
-    return [replace(a, iteration=(a.iteration or 0) + start,
-                    version=None if a.version is None else a.version + start) for a in actions]
-
-
-def _stream_index(actions: tuple[Action, ...], num_microbatches: int) -> list[Action]:
-    """Actions with ``microbatch`` numbered across the stream: ``iteration * m + microbatch``."""
-    return [a if a.microbatch is None else replace(a, microbatch=a.iteration * num_microbatches + a.microbatch)
-            for a in actions]
-
-
-class VersionedBlock(nn.Module):
-    """A stage's layers; runs with the weight version bound for the current micro-batch, if any."""
-
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-        self.bound: dict[str, torch.Tensor] | None = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.bound is None:
-            return self.inner(x)
-        return functional_call(self.inner, self.bound, (x,))
-
-
-@dataclass
-class StageWeights:
-    """The weight versions one stage keeps, and which micro-batch is bound to which.
-
-    ``uses[v]`` counts the forwards and backwards of the stream that still
-    name version ``v``; a version's storage is kept past a step while that
-    count is positive (when stashing) and dropped after its last use.
-    """
-
-    block: VersionedBlock
-    stash: bool
-    uses: dict[int, int]
-    current: int = 0
-    kept: dict[int, list[torch.Tensor]] = field(default_factory=dict)
-    bound: dict[int, tuple[int, list[torch.Tensor]]] = field(default_factory=dict)  # micro-batch -> (version, leaves)
-    activation_bytes: dict[int, int] = field(default_factory=dict)  # micro-batch -> saved bytes
-    peaks: dict[str, int] = field(default_factory=lambda: {"activations": 0, "stashed_weights": 0, "total": 0,
-                                                           "versions": 1, "microbatch_activations": 0})
-
-    def __post_init__(self) -> None:
-        self.names = [n for n, p in self.block.inner.named_parameters() if p.requires_grad]
-        self.params = [p for p in self.block.inner.parameters() if p.requires_grad]
-
-    def add_uses(self, actions: list[Action]) -> None:
-        """Count the forwards and backwards of more of the stream (a later segment of the run)."""
-        for a in actions:
-            if a.op in (Op.FORWARD, Op.BACKWARD):
-                self.uses[a.version] = self.uses.get(a.version, 0) + 1
-
-    def storage(self, version: int) -> list[torch.Tensor]:
-        if version == self.current or not self.stash:
-            return [p.data for p in self.params]
-        if version not in self.kept:
-            raise RuntimeError(f"weight version {version} is not kept (kept: {sorted(self.kept)}, newest "
-                               f"{self.current}): the schedule uses a version after its last planned use")
-        return self.kept[version]
-
-    @contextmanager
-    def bind(self, microbatch: int, version: int) -> Iterator[int]:
-        """Run the enclosed forward on ``version``; yields the version actually bound."""
-        used = version if self.stash else self.current
-        leaves = [t.detach().requires_grad_(True) for t in self.storage(used)]
-        weight_ptrs = {t.untyped_storage().data_ptr() for t in leaves}
-        saved: dict[int, int] = {}
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            ptr = t.untyped_storage().data_ptr()
-            if ptr not in weight_ptrs:
-                saved[ptr] = t.untyped_storage().nbytes()
-            return t
-
-        self.block.bound = dict(zip(self.names, leaves))
-        try:
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                yield used
-        finally:
-            self.block.bound = None
-        self.bound[microbatch] = (used, leaves)
-        self.activation_bytes[microbatch] = sum(saved.values())
-        self.peaks["microbatch_activations"] = max(self.peaks["microbatch_activations"],
-                                                   self.activation_bytes[microbatch])
-        self._use(version)
-        self._note_peak()
-
-    def read_version(self, microbatch: int) -> int:
-        """The version whose weights the micro-batch's graph reads now."""
-        version, leaves = self.bound[microbatch]
-        if leaves and leaves[0].data_ptr() == self.params[0].data_ptr():
-            return self.current  # the graph holds the live storage, overwritten by every step since
-        return version
-
-    def before_backward(self, microbatch: int) -> None:
-        """Let the micro-batch's backward accumulate straight into the live gradients: each bound leaf takes its
-        parameter's gradient buffer, which autograd then adds to in place (a fresh gradient buffer per
-        micro-batch and layer, and a second pass to add it, cost a third of a heavy stage's backward on CPU)."""
-        _, leaves = self.bound[microbatch]
-        for p, leaf in zip(self.params, leaves):
-            if p.grad is not None and leaf.grad is None:
-                leaf.grad = p.grad
-
-    def finish_backward(self, microbatch: int, planned: int) -> None:
-        """Add the bound leaves' gradients to the live parameters (already there where the backward accumulated
-        into them); release the micro-batch's version."""
-        _, leaves = self.bound.pop(microbatch)
-        self.activation_bytes.pop(microbatch, None)
-        for p, leaf in zip(self.params, leaves):
-            grad = leaf.grad
-            if grad is None or grad is p.grad:
-                continue
-            p.grad = grad if p.grad is None else p.grad.add_(grad)
-        self._use(planned)
-
-    def before_step(self) -> None:
-        """Keep the current version's storage when a later forward or backward still uses it."""
-        if self.stash and self.uses.get(self.current, 0) > 0 and self.params:
-            self.kept[self.current] = [p.data for p in self.params]
-            for p in self.params:
-                p.data = p.data.clone()
-        self.current += 1
-        self._note_peak()
-
-    def _use(self, version: int) -> None:
-        self.uses[version] -= 1
-        if self.uses[version] == 0:
-            self.kept.pop(version, None)
-
-    def _note_peak(self) -> None:
-        stashed = sum(t.untyped_storage().nbytes() for ts in self.kept.values() for t in ts)
-        acts = sum(self.activation_bytes.values())
-        for key, value in (("activations", acts), ("stashed_weights", stashed), ("total", acts + stashed),
-                           ("versions", 1 + len(self.kept))):
-            self.peaks[key] = max(self.peaks[key], value)
-
-
-@dataclass
-class StreamInterpreter(Interpreter):
-    """The schedule interpreter over a stream whose micro-batches outlive one step.
-
-    State (held activations, received tensors, outstanding sends) persists
-    between segments; forwards and backwards run on the stage's weight
-    versions and record the version they used.
-    """
-
-    weights: dict[int, StageWeights] = field(default_factory=dict)
-    microbatches_per_iteration: int = 1
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self._activations, self._grads, self._received, self._sends = {}, {}, {}, []
-        self._used_version: int | None = None
-        self._planned = {a.microbatch: a.version for a in self.actions if a.op is Op.FORWARD}
-        self.compute_ms: dict[Op, list[float]] = {Op.FORWARD: [], Op.BACKWARD: [], Op.STEP: []}
-        self.time_compute = False  # time every forward, backward and step (for an adapting run)
-
-    def extend(self, actions: list[Action]) -> None:
-        """Append more of the stream (the next stretch of an adapting run)."""
-        self.check(actions)
-        self.actions = list(self.actions) + actions
-        self._planned.update({a.microbatch: a.version for a in actions if a.op is Op.FORWARD})
-
-    def run_segment(self, actions: list[Action], data: MicrobatchData) -> None:
-        self._data = data
-        for action in actions:
-            self._compute_start = time.perf_counter()
-            self._used_version = self._planned.get(action.microbatch, self.weights[action.stage].current)
-            nbytes = self._dispatch[action.op](action)
-            timed = self.time_compute and action.op in self.compute_ms
-            if timed or self.record:
-                if (timed or action.is_compute) and self.device.type == "cuda":
-                    torch.cuda.synchronize(self.device)
-                end = time.perf_counter()
-                if timed:
-                    self.compute_ms[action.op].append((end - self._compute_start) * 1e3)
-                if self.record:
-                    self._record(action, self._compute_start, end, nbytes)
-        self._sends = [(work, t) for work, t in self._sends if not work.is_completed()]
-
-    def finish(self) -> None:
-        for work, _ in self._sends:
-            work.wait()
-        self._sends = []
-
-    def _forward(self, a: Action) -> None:
-        with self.weights[a.stage].bind(a.microbatch, a.version) as used:
-            super()._forward(a)
-        self._used_version = used
-
-    def _backward(self, a: Action) -> None:
-        weights = self.weights[a.stage]
-        self._used_version = weights.read_version(a.microbatch)
-        weights.before_backward(a.microbatch)
-        super()._backward(a)
-        weights.finish_backward(a.microbatch, a.version)
-
-    def _record(self, action: Action, start: float, end: float, nbytes: int | None) -> None:
-        m = self.microbatches_per_iteration
-        version = self.weights[action.stage].current if action.op is Op.STEP else self._used_version
-        self.events.append(Event(
-            rank=self.rank, stage=action.stage, op=action.op.value,
-            start=(start - self.t0_perf) * 1e3, end=(end - self.t0_perf) * 1e3,
-            microbatch=None if action.microbatch is None else action.microbatch % m,
-            iteration=action.iteration or 0, version=version, source="measured", peer=action.peer, nbytes=nbytes))
 
 
 class AsyncPipeline(Strategy):
