@@ -33,13 +33,15 @@ Page hooks (stable CSS classes for notebooks and browser tests): one
 "partition"); errors in ``wb-error``; the button ``wb-launch``; the
 monitor appears in ``wb-launch-output``. The whole editor has class
 ``wb-partition-editor``.
+
+The state of one cut and the argument checks are in :mod:`.partition_state`,
+the Launch in :mod:`.partition_launch`.
 """
 
 from __future__ import annotations
 
 import html
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -48,16 +50,18 @@ import plotly.graph_objects as go
 
 from ..core.costs import ClusterSpec, ModelCosts
 from ..core.partition import Partition
-from ..planning.ampa import PartitionResult, Projection, solve
+from ..planning.ampa import Projection, solve
 from ..planning.clusters import cluster_names, collective_link, get_cluster
 from ..planning.partitioners import partition as run_partitioner
 from ..core.plan import GPipe, GroPipe, Interleaved, OneFOneB, ParallelPlan
 from ..scheduling.registry import schedule_for, stage_memory
-from ..scheduling.simulate import SimResult, simulate
+from ..scheduling.simulate import simulate
 from ..scheduling.stagecosts import StageCosts
 from ..viz.balance import balance_figure, update_balance_figure
 from ..viz.timeline import timeline_figure, update_timeline_figure
 from .figure import figure_widget
+from .partition_launch import EditorLaunch
+from .partition_state import EditorState, _check_choice, _check_int, _divisors, _zoo_names
 from .schedule_explorer import display_view, label, refresh_figure
 
 __all__ = ["PartitionEditor", "EditorState", "EDITOR_SCHEDULES", "EDITOR_ALGORITHMS"]
@@ -68,65 +72,7 @@ NO_CLUSTER = "none (free communication)"
 GIB = 2**30
 
 
-@dataclass(frozen=True)
-class EditorState:
-    """One evaluated partition: its projection, AMPA's optimum and the simulated pipeline."""
-
-    partition: Partition
-    result: PartitionResult
-    optimum: PartitionResult
-    sim: SimResult
-
-    @property
-    def bottleneck_ms(self) -> float:
-        return self.result.bottleneck_ms
-
-    @property
-    def bottleneck_stage(self) -> int:
-        return self.result.bottleneck_stage
-
-    @property
-    def bubble_fraction(self) -> float:
-        """Mean over ranks of the simulated idle share of the iteration."""
-        values = self.sim.metrics["bubble_fraction"]
-        return sum(values) / len(values)
-
-    @property
-    def iteration_ms(self) -> float:
-        return self.sim.metrics["iteration_ms"]
-
-    @property
-    def peak_memory_bytes(self) -> list[int]:
-        """Simulated peak memory per rank."""
-        return self.sim.metrics["peak_memory_bytes"]
-
-    @property
-    def gap(self) -> float:
-        """How much slower the projected pipeline is than AMPA's: ``bottleneck / optimum - 1`` (0 at AMPA's cut)."""
-        return self.result.bottleneck_ms / self.optimum.bottleneck_ms - 1.0
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"PartitionEditor {name} must be an int >= {minimum}, got {value!r}")
-
-
-def _check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
-    if value not in choices:
-        raise ValueError(f"PartitionEditor {name} must be one of {', '.join(map(str, choices))}; got {value!r}")
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _zoo_names() -> list[str]:
-    from ..models import list_models  # torch: imported only when a zoo model is asked for
-
-    return list_models()
-
-
-class PartitionEditor:
+class PartitionEditor(EditorLaunch):
     """Interactive partition editor over a profile (see the module docstring).
 
     ``model`` is a ``ModelCosts`` profile (your own) or a zoo name, profiled
@@ -135,7 +81,6 @@ class PartitionEditor:
     ``num_microbatches``. ``cluster`` is a preset name, a ``ClusterSpec`` or
     None (free communication); its device memory is the cap AMPA respects.
     """
-
     def __init__(self, model: ModelCosts | str = "mlp", *, num_stages: int = 4, num_microbatches: int = 8,
                  schedule: str = "1f1b", algorithm: str = "ampa", cluster: str | ClusterSpec | None = "local-cpu",
                  groups: int = 2, chunks: int = 2, delay: int = 0, models: Sequence[str] | None = None,
@@ -149,14 +94,7 @@ class PartitionEditor:
         _check_choice("algorithm", algorithm, EDITOR_ALGORITHMS)
         _check_choice("delay", delay, (0, 1))
         _check_choice("launch_backend", launch_backend, ("local", "dryrun"))
-        self._clusters: dict[str, ClusterSpec | None] = {NO_CLUSTER: None}
-        self._clusters.update({name: None for name in cluster_names()})
-        if isinstance(cluster, ClusterSpec):
-            self._clusters[cluster.name] = cluster
-            cluster_name = cluster.name
-        else:
-            cluster_name = NO_CLUSTER if cluster is None else cluster
-            _check_choice("cluster", cluster_name, list(self._clusters))
+        cluster_name = self._known_clusters(cluster)
         self.profile_batch, self.launch_steps = profile_batch, launch_steps
         self.run_root, self.launch_backend = run_root, launch_backend
         self.costs = self._load_model(model)
@@ -174,6 +112,26 @@ class PartitionEditor:
         self._syncing = False
         if models is None:
             models = _zoo_names() if isinstance(model, str) else []
+        self._build_controls(models, num_stages, num_microbatches, schedule, algorithm, cluster_name, groups, chunks,
+                             delay)
+        self._configure()
+        self._observe_controls()
+        self.widget = self._layout()
+
+    def _known_clusters(self, cluster: str | ClusterSpec | None) -> str:
+        """Fill the cluster choices (presets, free communication, a given ``ClusterSpec``); the chosen one's name."""
+        self._clusters: dict[str, ClusterSpec | None] = {NO_CLUSTER: None}
+        self._clusters.update({name: None for name in cluster_names()})
+        if isinstance(cluster, ClusterSpec):
+            self._clusters[cluster.name] = cluster
+            return cluster.name
+        cluster_name = NO_CLUSTER if cluster is None else cluster
+        _check_choice("cluster", cluster_name, list(self._clusters))
+        return cluster_name
+
+    def _build_controls(self, models: Sequence[str], num_stages: int, num_microbatches: int, schedule: str,
+                        algorithm: str, cluster_name: str, groups: int, chunks: int, delay: int) -> None:
+        """Every control, label and output area, at the arguments' values (no observer yet)."""
         style = {"description_width": "initial"}
         self.model = W.Dropdown(options=list(dict.fromkeys([self.costs.model, *models])), value=self.costs.model,
                                 description="model", style=style)
@@ -202,7 +160,8 @@ class PartitionEditor:
         self.balance_fig: go.FigureWidget | None = None
         self.timeline_fig: go.FigureWidget | None = None
         self.figure_box = W.VBox()
-        self._configure()
+
+    def _observe_controls(self) -> None:
         for control in (self.stages, self.microbatches, self.schedule, self.cluster, self.groups, self.chunks,
                         self.delay):
             control.observe(self._on_config, names="value")
@@ -211,7 +170,9 @@ class PartitionEditor:
         self.profile_path.observe(self._on_profile_path, names="value")
         self.reset_button.on_click(lambda _b: self._apply_algorithm())
         self.launch_button.on_click(lambda _b: self._on_launch())
-        self.widget = W.VBox([
+
+    def _layout(self) -> W.VBox:
+        widget = W.VBox([
             W.HBox([self.model, self.profile_path]),
             W.HBox([self.stages, self.microbatches, self.schedule]),
             W.HBox([self.algorithm, self.cluster, self.reset_button]),
@@ -222,7 +183,8 @@ class PartitionEditor:
             self.labels["partition"], self.error, self.figure_box,
             W.HBox([self.launch_button]), self.launch_output,
         ])
-        self.widget.add_class("wb-partition-editor")
+        widget.add_class("wb-partition-editor")
+        return widget
 
     # -- model and configuration -------------------------------------------------------------
     def _load_model(self, model: ModelCosts | str) -> ModelCosts:
@@ -457,63 +419,6 @@ class PartitionEditor:
             self.microbatches.options = divisors
             self.microbatches.value = keep
         self._configure()
-
-    # -- launch -------------------------------------------------------------------------------------
-    def run_config(self, **overrides: Any):
-        """The ``RunConfig`` that trains the current partition with the controls' plan."""
-        from ..core.config import RunConfig
-
-        if self.state is None:
-            raise ValueError("the editor has no valid partition to launch; fix the configuration first")
-        plan = self.plan(partition=str(self.state.partition))
-        data = dict(model=self.costs.model, plan=plan.to_dict(), name=f"editor-{plan.family}",
-                    global_batch=self.costs.batch_size * plan.dp, steps=self.launch_steps, data=self._data())
-        data.update(overrides)
-        return RunConfig.from_dict(data)
-
-    def _data(self) -> dict[str, Any]:
-        """Real data of the model's kind, so the loss falls: byte text for language models (at the profiled
-        sequence length), the handwritten digits for the others."""
-        from ..models.zoo import ZOO
-
-        entry = ZOO.get(self.costs.model)
-        if entry is not None and any(k in entry.defaults for k in ("vocab_size", "vocab")):
-            shape = self.costs.meta.get("input_shape") or []
-            seq = int(shape[1]) if len(shape) > 1 else int(entry.defaults.get("seq_len", 64))
-            return {"kind": "bytes-lm", "seq_len": seq}
-        return {"kind": "digits"}
-
-    def launch(self, **overrides: Any):
-        """Launch the current partition as a real job (``launch_backend``) and show its monitor."""
-        from IPython.display import display
-
-        from ..jobs import LaunchSpec, launch
-
-        if self.costs.model not in _zoo_names():
-            raise ValueError(f"model {self.costs.model!r} is not in the zoo, so no job can build it; "
-                             f"launch a zoo model ({', '.join(_zoo_names())})")
-        config = self.run_config(**overrides)
-        self.job = launch(LaunchSpec(config=config, run_root=self.run_root, name=config.name),
-                          backend=self.launch_backend)
-        if self.monitor is not None:  # the previous launch's view goes away: stop refreshing it
-            self.monitor.stop()
-        self.launch_output.clear_output()
-        with self.launch_output:
-            if self.launch_backend == "dryrun":
-                print("\n".join(self.job.commands))
-            else:
-                self.monitor = self.job.monitor()
-                display(self.monitor)
-        return self.job
-
-    def _on_launch(self) -> None:
-        self.launch_button.disabled = True
-        try:
-            self.launch()
-        except ValueError as error:
-            self._show_error(error)
-        finally:
-            self.launch_button.disabled = False
 
     # -- display ------------------------------------------------------------------------------------
     def figures(self) -> list[go.Figure]:
