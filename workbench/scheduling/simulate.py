@@ -50,22 +50,25 @@ of iterations; ``bubble_fraction[r]`` is ``1 - compute busy time of rank r /
 makespan`` (compute = F, B, I, W); ``exposed_comm_ms[r]`` is the time rank
 ``r`` spends blocked while a transfer or all-reduce it waits on is in
 progress (waiting for a peer to *start* is bubble, not communication).
+
+The links' bookkeeping (channels, node ports, collective streams, the
+overlap slowdown) is :mod:`.sim_links`.
 """
 
 from __future__ import annotations
 
 import heapq
 import weakref
-from bisect import bisect_left, insort
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..core.costs import ClusterSpec, LinkSpec
-from ..core.ir import Op, Schedule
+from ..core.ir import Action, Op, Schedule
 from ..core.timeline import Event, Timeline
 from .memory import memory_breakdown
 from .passes import lower
+from .sim_links import _Links
 from .sharing import CoreSharing, activity, runnable_at
 from .stagecosts import StageCosts
 
@@ -82,113 +85,6 @@ class SimResult:
     metrics: dict[str, Any]
     schedule: Schedule
     memory: list[dict[str, int]] = field(default_factory=list)
-
-
-class _Interference:
-    """Busy intervals per device; work overlapping the other kind runs ``overlap_slowdown`` times slower."""
-
-    def __init__(self, cluster: ClusterSpec, num_ranks: int) -> None:
-        self.factor = cluster.overlap_slowdown
-        per_node = cluster.devices_per_node
-        self.device = [r // per_node if cluster.shared_compute else r for r in range(num_ranks)]
-        self.busy: dict[str, dict[int, list[tuple[float, float]]]] = {"compute": defaultdict(list),
-                                                                      "comm": defaultdict(list)}
-        self.longest = {"compute": 0.0, "comm": 0.0}
-
-    def _stretch(self, kind: str, devices: set[int], start: float, work: float) -> float:
-        """End time of ``work`` ms started at ``start`` when the ``kind`` intervals on ``devices`` slow it."""
-        lists = [self.busy[kind][d] for d in devices]
-        low = (start - self.longest[kind],)
-        spans = sorted(x for lst in lists for x in lst[bisect_left(lst, low):]) if len(lists) > 1 else \
-            lists[0][bisect_left(lists[0], low):]
-        t, left = start, work
-        for s, e in spans:
-            if e <= t:
-                continue
-            if s > t:
-                if s - t >= left:
-                    return t + left
-                left -= s - t
-                t = s
-            slowed = (e - t) / self.factor
-            if slowed >= left:
-                return t + left * self.factor
-            left -= slowed
-            t = e
-        return t + left
-
-    def place(self, kind: str, ranks: list[int], start: float, work: float) -> float:
-        """Place ``work`` of ``kind`` ("compute" or "comm") on the ranks' devices; return its end."""
-        devices = {self.device[r] for r in ranks}
-        end = self._stretch("comm" if kind == "compute" else "compute", devices, start, work)
-        for d in devices:
-            insort(self.busy[kind][d], (start, end))
-        self.longest[kind] = max(self.longest[kind], end - start)
-        return end
-
-
-class _Links:
-    """Link times and shared-resource bookkeeping for one simulation."""
-
-    def __init__(self, cluster: ClusterSpec | None, collective_link: LinkSpec | None, num_ranks: int,
-                 message_wait: Callable[[int, float], float] | None = None) -> None:
-        if cluster is not None and cluster.world_size < num_ranks:
-            raise ValueError(f"cluster {cluster.name!r} has {cluster.world_size} devices but the schedule needs "
-                             f"{num_ranks} ranks")
-        self.interference = _Interference(cluster, num_ranks) if cluster and cluster.overlap_slowdown > 1 else None
-        self.cluster = cluster
-        self.collective_link = collective_link
-        self.free: dict[Any, float] = defaultdict(float)
-        self.bytes_by_link: dict[str, int] = defaultdict(int)
-        per_node = cluster.devices_per_node if cluster else 1
-        self.node = [r // per_node for r in range(num_ranks)]
-        self.multi_node = cluster is not None and cluster.num_nodes > 1
-        self.link_cache: dict[tuple[int, int], LinkSpec] = {}
-        self.message_wait = message_wait  # (receiver, arrival) -> its wait for a core (processor sharing)
-
-    def _ports(self, ranks: list[int]) -> list[tuple]:
-        if not self.multi_node:
-            return []
-        nodes = {self.node[r] for r in ranks}
-        return [("port", n) for n in nodes] if len(nodes) > 1 else []
-
-    def transfer(self, src: int, dst: int, nbytes: int, ready: float) -> tuple[float, float]:
-        link = None
-        if self.cluster is not None:
-            link = self.link_cache.get((src, dst))
-            if link is None:
-                link = self.link_cache[(src, dst)] = self.cluster.link(src, dst)
-        self.bytes_by_link[link.name if link else "free"] += nbytes
-        free = self.free
-        if self.multi_node and self.node[src] != self.node[dst]:
-            keys = [("ch", src, dst), ("port", self.node[src]), ("port", self.node[dst])]
-            start = max(ready, *(free[k] for k in keys))
-        else:
-            keys = [("ch", src, dst)]
-            start = max(ready, free[keys[0]])
-        end = start + (link.transfer_ms(nbytes) if link else 0.0)
-        if self.interference is not None and end > start:
-            end = self.interference.place("comm", [src, dst], start, end - start)
-        if self.message_wait is not None and link is not None:
-            end += self.message_wait(dst, end)
-        for k in keys:
-            free[k] = end
-        return start, end
-
-    def all_reduce(self, group: list[int], nbytes: int, ready: float) -> tuple[float, float]:
-        if len(group) == 1:
-            return ready, ready
-        link = self.collective_link or (self.cluster.group_link(group) if self.cluster else None)
-        self.bytes_by_link[link.name if link else "free"] += int(nbytes * 2 * (len(group) - 1) / len(group))
-        keys = [("coll", r) for r in group] + self._ports(group)
-        start = max([ready] + [self.free[k] for k in keys])
-        call = self.cluster.allreduce_call_ms(len(group)) if self.cluster else 0.0
-        end = start + (link.allreduce_ms(nbytes, len(group)) + call if link else 0.0)
-        if self.interference is not None and end > start:
-            end = self.interference.place("comm", group, start, end - start)
-        for k in keys:
-            self.free[k] = end
-        return start, end
 
 
 def _event(rank: int, stage: int, op: str, start: float, end: float, microbatch: int | None, iteration: int,
@@ -286,24 +182,59 @@ def _simulate(lowered: Schedule, costs: StageCosts, cluster: ClusterSpec | None,
               message_wait: Callable[[int, float], float] | None = None) -> SimResult:
     """One timed pass; ``scale[r]`` stretches rank r's compute (processor sharing, interference then off) and
     ``message_wait(r, t)`` delays a message rank r receives at time t (its wait for a core)."""
-    n = lowered.num_ranks
-    links = _Links(cluster, collective_link, n, message_wait)
-    if scale is not None:
-        links.interference = None
-    meta = lowered.meta
-    groups = meta.dp_groups
-    num_buckets = meta.num_buckets
-    q = meta.q
-    programs = [lowered.actions(r) for r in range(n)]
-    ar_keys_on_rank: list[dict[tuple, list[tuple]]] = []
-    for r in range(n):
+    run = _Pass(lowered, costs, cluster, collective_link, scale, message_wait)
+    run.run()
+    timeline = Timeline(tuple(run.events), {"schedule": lowered.name, "cluster": cluster.name if cluster else None})
+    memory = memory_breakdown(lowered, costs)
+    return SimResult(timeline, _metrics(lowered, timeline, costs, run.exposed, run.links, microbatch_size, memory),
+                     lowered, memory)
+
+
+def _all_reduces_per_step(programs: list[tuple[Action, ...]]) -> list[dict[tuple, list[tuple]]]:
+    """Per rank: (stage, iteration) -> the all-reduces (stage, iteration, bucket) its ``STEP`` waits for."""
+    out = []
+    for program in programs:
         needs: dict[tuple, list[tuple]] = defaultdict(list)
-        for a in programs[r]:
+        for a in program:
             if a.op is Op.ALL_REDUCE:
                 needs[(a.stage, a.iteration)].append((a.stage, a.iteration, a.bucket))
-        ar_keys_on_rank.append(needs)
+        out.append(needs)
+    return out
 
-    def compute_ms(a) -> float:
+
+class _Pass:
+    """The state of one timed pass of :func:`_simulate`: each rank's clock and place in its program, the
+    messages in flight and the all-reduces launched. A rank runs its next action when its clock is the
+    earliest, and parks when it has to wait for another rank (a message, an all-reduce)."""
+
+    def __init__(self, lowered: Schedule, costs: StageCosts, cluster: ClusterSpec | None,
+                 collective_link: LinkSpec | None, scale: list[float] | None,
+                 message_wait: Callable[[int, float], float] | None) -> None:
+        n = lowered.num_ranks
+        self.lowered, self.costs, self.cluster, self.scale = lowered, costs, cluster, scale
+        self.links = _Links(cluster, collective_link, n, message_wait)
+        if scale is not None:
+            self.links.interference = None
+        self.meta = lowered.meta
+        self.groups = self.meta.dp_groups
+        self.num_buckets = self.meta.num_buckets
+        self.q = self.meta.q
+        self.programs = [lowered.actions(r) for r in range(n)]
+        self.ar_keys_on_rank = _all_reduces_per_step(self.programs)
+        self.clock = [0.0] * n
+        self.pointer = [0] * n
+        self.events: list[Event] = []
+        self.exposed = [0.0] * n
+        self.arrivals: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+        self.recv_count: dict[tuple, int] = defaultdict(int)
+        self.launches: dict[tuple, dict[int, float]] = defaultdict(dict)
+        self.ar_done: dict[tuple, tuple[float, float]] = {}
+        self.parked: dict[tuple, list[int]] = defaultdict(list)
+        self.heap = [(0.0, r) for r in range(n) if self.programs[r]]
+        heapq.heapify(self.heap)
+
+    def compute_ms(self, a: Action) -> float:
+        costs, meta, q, cluster = self.costs, self.meta, self.q, self.cluster
         if a.op is Op.STEP:
             return costs.step_ms[a.stage]
         if a.op not in (Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT):
@@ -319,106 +250,111 @@ def _simulate(lowered: Schedule, costs: StageCosts, cluster: ClusterSpec | None,
             return base / meta.backward_buckets
         return base
 
-    clock = [0.0] * n
-    pointer = [0] * n
-    events: list[Event] = []
-    exposed = [0.0] * n
-    arrivals: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
-    recv_count: dict[tuple, int] = defaultdict(int)
-    launches: dict[tuple, dict[int, float]] = defaultdict(dict)
-    ar_done: dict[tuple, tuple[float, float]] = {}
-    parked: dict[tuple, list[int]] = defaultdict(list)
-    heap = [(0.0, r) for r in range(n) if programs[r]]
-    heapq.heapify(heap)
+    def wake(self, key: tuple) -> None:
+        for w in self.parked.pop(key, []):
+            heapq.heappush(self.heap, (self.clock[w], w))
 
-    def wake(key: tuple) -> None:
-        for w in parked.pop(key, []):
-            heapq.heappush(heap, (clock[w], w))
+    def emit(self, r, a, start, end, peer=None, nbytes=None) -> None:
+        self.events.append(_event(r, a.stage, a.op.value, start, end, a.microbatch, a.iteration or 0, a.version,
+                                  a.chunk, peer, nbytes))
 
-    def emit(r, a, start, end, peer=None, nbytes=None) -> None:
-        events.append(_event(r, a.stage, a.op.value, start, end, a.microbatch, a.iteration or 0, a.version, a.chunk,
-                             peer, nbytes))
-
-    def step(r: int) -> bool:
+    def step(self, r: int) -> bool:
         """Run rank r's next action; False if it has to wait for another rank."""
-        a = programs[r][pointer[r]]
+        a = self.programs[r][self.pointer[r]]
         op = a.op
-        now = clock[r]
         if op is Op.SEND_F or op is Op.SEND_B:
-            nbytes = costs.send_bytes[a.stage] if op is Op.SEND_F else costs.send_bytes[a.stage - 1]
-            ch = (r, a.peer, op is Op.SEND_F)
-            start, end = links.transfer(r, a.peer, nbytes, now)
-            arrivals[ch].append((start, end))
-            if end > start:
-                emit(r, a, start, end, peer=a.peer, nbytes=nbytes)
-            wake(("recv",) + ch)
-        elif op is Op.RECV_F or op is Op.RECV_B:
-            ch = (a.peer, r, op is Op.RECV_F)
-            k = recv_count[ch]
-            if k >= len(arrivals[ch]):
-                parked[("recv",) + ch].append(r)
-                return False
-            start, end = arrivals[ch][k]
-            recv_count[ch] = k + 1
-            if end > now:
-                begin = now if now > start else start
-                if end > begin:
-                    exposed[r] += end - begin
-                    emit(r, a, begin, end, peer=a.peer)
-                clock[r] = end
-        elif op is Op.ALL_REDUCE:
-            key = (a.stage, a.iteration, a.bucket)
-            group = groups[a.stage] if a.stage < len(groups) else [r]
-            launches[key][r] = now
-            if len(launches[key]) == len(group):
-                nbytes = costs.grad_bytes[a.stage] // (num_buckets if a.bucket is not None else 1)
-                start, end = links.all_reduce(group, nbytes, max(launches[key].values()))
-                ar_done[key] = (start, end)
-                if end > start:
-                    for m in group:
-                        events.append(_event(m, a.stage, "AR", start, end, None, a.iteration or 0, None, None,
-                                             None, nbytes))
-                wake(("ar",) + key)
-        else:
-            if op is Op.STEP:
-                needed = ar_keys_on_rank[r].get((a.stage, a.iteration), [])
-                pending = [k for k in needed if k not in ar_done]
-                if pending:
-                    parked[("ar",) + pending[0]].append(r)
-                    return False
-                for k in needed:
-                    start, end = ar_done[k]
-                    if end > now:
-                        exposed[r] += end - max(now, start)
-                        now = end
-            dur = compute_ms(a) * scale[r] if scale is not None else compute_ms(a)
-            if links.interference is not None and dur > 0:
-                dur = links.interference.place("compute", [r], now, dur) - now
-            if dur > 0 or op is Op.STEP:
-                emit(r, a, now, now + dur)
-            clock[r] = now + dur
+            self._send(r, a)
+            return True
+        if op is Op.RECV_F or op is Op.RECV_B:
+            return self._receive(r, a)
+        if op is Op.ALL_REDUCE:
+            self._all_reduce(r, a)
+            return True
+        return self._compute(r, a)
+
+    def _send(self, r: int, a: Action) -> None:
+        op = a.op
+        nbytes = self.costs.send_bytes[a.stage] if op is Op.SEND_F else self.costs.send_bytes[a.stage - 1]
+        ch = (r, a.peer, op is Op.SEND_F)
+        start, end = self.links.transfer(r, a.peer, nbytes, self.clock[r])
+        self.arrivals[ch].append((start, end))
+        if end > start:
+            self.emit(r, a, start, end, peer=a.peer, nbytes=nbytes)
+        self.wake(("recv",) + ch)
+
+    def _receive(self, r: int, a: Action) -> bool:
+        now = self.clock[r]
+        ch = (a.peer, r, a.op is Op.RECV_F)
+        k = self.recv_count[ch]
+        if k >= len(self.arrivals[ch]):
+            self.parked[("recv",) + ch].append(r)
+            return False
+        start, end = self.arrivals[ch][k]
+        self.recv_count[ch] = k + 1
+        if end > now:
+            begin = now if now > start else start
+            if end > begin:
+                self.exposed[r] += end - begin
+                self.emit(r, a, begin, end, peer=a.peer)
+            self.clock[r] = end
         return True
 
-    # a rank keeps running while its clock is still the earliest, so resources are taken in time order
-    while heap:
-        _, r = heapq.heappop(heap)
-        while step(r):
-            pointer[r] += 1
-            if pointer[r] == len(programs[r]):
-                break
-            if heap and heap[0][0] < clock[r]:
-                heapq.heappush(heap, (clock[r], r))
-                break
+    def _all_reduce(self, r: int, a: Action) -> None:
+        key = (a.stage, a.iteration, a.bucket)
+        group = self.groups[a.stage] if a.stage < len(self.groups) else [r]
+        launched = self.launches[key]
+        launched[r] = self.clock[r]
+        if len(launched) == len(group):
+            nbytes = self.costs.grad_bytes[a.stage] // (self.num_buckets if a.bucket is not None else 1)
+            start, end = self.links.all_reduce(group, nbytes, max(launched.values()))
+            self.ar_done[key] = (start, end)
+            if end > start:
+                for m in group:
+                    self.events.append(_event(m, a.stage, "AR", start, end, None, a.iteration or 0, None, None,
+                                              None, nbytes))
+            self.wake(("ar",) + key)
 
-    stuck = [r for r in range(n) if pointer[r] < len(programs[r])]
-    if stuck:
-        r = stuck[0]
-        raise ValueError(f"schedule {lowered.name!r} cannot finish: rank {r} is blocked at step {pointer[r]} "
-                         f"({programs[r][pointer[r]]}); run validate() for the full diagnosis")
-    timeline = Timeline(tuple(events), {"schedule": lowered.name, "cluster": cluster.name if cluster else None})
-    memory = memory_breakdown(lowered, costs)
-    return SimResult(timeline, _metrics(lowered, timeline, costs, exposed, links, microbatch_size, memory), lowered,
-                     memory)
+    def _compute(self, r: int, a: Action) -> bool:
+        """A compute action (or another that takes only compute time); a STEP first waits for its all-reduces."""
+        op, now = a.op, self.clock[r]
+        if op is Op.STEP:
+            needed = self.ar_keys_on_rank[r].get((a.stage, a.iteration), [])
+            pending = [k for k in needed if k not in self.ar_done]
+            if pending:
+                self.parked[("ar",) + pending[0]].append(r)
+                return False
+            for k in needed:
+                start, end = self.ar_done[k]
+                if end > now:
+                    self.exposed[r] += end - max(now, start)
+                    now = end
+        dur = self.compute_ms(a) * self.scale[r] if self.scale is not None else self.compute_ms(a)
+        interference = self.links.interference
+        if interference is not None and dur > 0:
+            dur = interference.place("compute", [r], now, dur) - now
+        if dur > 0 or op is Op.STEP:
+            self.emit(r, a, now, now + dur)
+        self.clock[r] = now + dur
+        return True
+
+    def run(self) -> None:
+        """Every rank to the end of its program (ValueError naming a rank that cannot finish)."""
+        heap, pointer, programs, clock = self.heap, self.pointer, self.programs, self.clock
+        # a rank keeps running while its clock is still the earliest, so resources are taken in time order
+        while heap:
+            _, r = heapq.heappop(heap)
+            while self.step(r):
+                pointer[r] += 1
+                if pointer[r] == len(programs[r]):
+                    break
+                if heap and heap[0][0] < clock[r]:
+                    heapq.heappush(heap, (clock[r], r))
+                    break
+        stuck = [r for r in range(len(programs)) if pointer[r] < len(programs[r])]
+        if stuck:
+            r = stuck[0]
+            raise ValueError(f"schedule {self.lowered.name!r} cannot finish: rank {r} is blocked at step {pointer[r]} "
+                             f"({programs[r][pointer[r]]}); run validate() for the full diagnosis")
 
 
 def _metrics(schedule: Schedule, timeline: Timeline, costs: StageCosts, exposed: list[float], links: _Links,
