@@ -18,10 +18,11 @@ BASE = {"model": "mlp", "steps": 5, "global_batch": 16, "seed": 3, "dump_params"
         "collective_timeout_s": 60.0, "events": {"stage_events": True, "heartbeat_s": 1.0}}
 
 
-def make_config(run_dir: Path, **fields) -> RunConfig:
-    """``fields`` over :data:`BASE`; ``plan`` a plan name (``"pp2-1f1b-m4"``), a [plan] dict or a ParallelPlan."""
+def make_config(run_dir: Path, base: dict | None = None, **fields) -> RunConfig:
+    """``fields`` over ``base`` (default :data:`BASE`); ``plan`` a plan name (``"pp2-1f1b-m4"``), a [plan] dict or
+    a ParallelPlan."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    config = RunConfig.from_dict({**BASE, **fields, "run_dir": str(run_dir)})
+    config = RunConfig.from_dict({**(BASE if base is None else base), **fields, "run_dir": str(run_dir)})
     config.save_json(run_dir / "config.json")
     return config
 
@@ -51,14 +52,16 @@ def run_ok(run_dir: Path, nproc: int, dist_backend: str | None = None, **fields)
 class Sweep:
     """The runs a test module checks, trained in as few torchrun launches as their process counts allow.
 
-    ``runs`` maps a key to ``(nproc, fields)`` (``fields`` as :func:`make_config` takes them). The first test
+    ``runs`` maps a key to ``(nproc, fields)`` (``fields`` over ``base`` as :func:`make_config` takes them; a
+    whole config's ``to_dict()`` with ``base={}``). The first test
     that asks for a key launches every run of that process count in one torchrun, a sweep (the entry trains
     them one after another in the same processes, each in its own run directory); later tests reuse the
     result. Each run is exactly the run its test would have launched alone.
     """
 
-    def __init__(self, root: Path, runs: dict[str, tuple[int, dict]], dist_backend: str | None = None) -> None:
-        self.root, self.runs, self.dist_backend = Path(root), dict(runs), dist_backend
+    def __init__(self, root: Path, runs: dict[str, tuple[int, dict]], dist_backend: str | None = None,
+                 base: dict | None = None) -> None:
+        self.root, self.runs, self.dist_backend, self.base = Path(root), dict(runs), dist_backend, base
         self._launched: dict[int, subprocess.CompletedProcess] = {}
         self._configs: dict[str, RunConfig] = {}
 
@@ -71,7 +74,7 @@ class Sweep:
         if nproc not in self._launched:
             keys = [k for k, (n, _) in self.runs.items() if n == nproc]
             for k in keys:
-                self._configs[k] = make_config(self.dir(k), **self.runs[k][1])
+                self._configs[k] = make_config(self.dir(k), self.base, **self.runs[k][1])
             self._launched[nproc] = torchrun([self.dir(k) for k in keys], nproc, dist_backend=self.dist_backend)
         proc = self._launched[nproc]
         assert proc.returncode == 0, f"the sweep of {nproc}-rank runs failed:\n{proc.stderr[-3000:]}"
