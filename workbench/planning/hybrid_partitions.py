@@ -77,7 +77,7 @@ def _least_memory(search: _Search, pp: int, m: int, strategy: LayerStrategy | No
 
 def _partitions(search: _Search, template: str, strategy: LayerStrategy | None, pp: int, m: int,
                 seen: set[tuple]) -> list[HybridPlan]:
-    """The plans of the partition candidates of the module docstring (one list entry per feasible split);
+    """The plans of the partition candidates of :mod:`.hybrid`'s docstring (one list entry per feasible split);
     ``seen`` collects the splits tried."""
     num = search.costs.num_layers
     if pp == 1:

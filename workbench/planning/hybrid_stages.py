@@ -169,7 +169,7 @@ def _evaluate(search: _Search, template: str, strategy: LayerStrategy | None, pp
 
 def _timed(search: _Search, plan: ParallelPlan, bounds: list[tuple[int, int]], assignments: list[StageAssignment],
            template: str, strategy: LayerStrategy | None) -> HybridPlan:
-    """The plan with its iteration: slowest stage, fill and drain, boundary transfers (module docstring)."""
+    """The plan with its iteration: slowest stage, fill and drain, boundary transfers (see :mod:`.hybrid`)."""
     pp, m, n = plan.pp, plan.microbatches, search.world // plan.pp
     stages = tuple(StagePlan(a, b, k * n, n, min(pp - k, m), found)
                    for k, ((a, b), found) in enumerate(zip(bounds, assignments)))
