@@ -265,7 +265,7 @@ from workbench.runtime.batches import run_model
 
 torch.set_num_threads(1)  # each rank runs one thread; profile like one
 smoke = os.environ.get("WORKBENCH_SMOKE") == "1"
-run_root = os.path.join(
+run_root = os.environ.get("WORKBENCH_RUN_ROOT") or os.path.join(  # the project's runs/, from any folder
     next(d for d in (os.getcwd(), os.path.dirname(os.getcwd())) if os.path.isdir(os.path.join(d, "launch"))), "runs")
 zb_m = 4
 zb_base = {"model": "gpt2-tiny", "data": {"kind": "bytes-lm", "seq_len": 64}, "global_batch": 32,

@@ -110,3 +110,15 @@ def test_notebook_is_a_lesson_with_parameters_and_final_checks(notebook):
     code = [cell for cell in cells if cell.cell_type == "code"]
     assert markdown >= len(code) // 2, f"{notebook.name}: {markdown} markdown cells for {len(code)} code cells"
     assert any("assert " in cell.source for cell in code[-2:]), f"{notebook.name} should check its results at the end"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_a_notebook_that_launches_runs_sends_them_where_workbench_run_root_says(notebook):
+    """The suite runs every notebook with WORKBENCH_RUN_ROOT set and checks the runs there; a notebook that chose
+    its own folder would leave its runs in the project's runs/ unchecked."""
+    source = "\n".join(cell.source for cell in read_notebook(notebook).cells if cell.cell_type == "code")
+    if "launch(" not in source:
+        return
+    assert 'os.environ.get("WORKBENCH_RUN_ROOT")' in source and "run_root=run_root" in source, notebook.name
+    assert all("run_root=run_root" in line or "run_root=shared_run_root" in line
+               for line in source.splitlines() if "run_root=" in line and "LaunchSpec(" in line), notebook.name
