@@ -192,7 +192,9 @@ def _restore(run_dir: Path, step: int, rank: int, strategy: Strategy, device: to
     return int(state["data_position"])
 
 
-def train(config: RunConfig, run_dir: Path, writer: EventWriter, *, cores: list[int] | None = None) -> None:
+def _build(config: RunConfig, run_dir: Path, writer: EventWriter, cores: list[int] | None):
+    """The run's strategy, resumed where a checkpoint says, with its start event written; (strategy, model,
+    device, first step, checkpoint resumed from)."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     device = pick_device(config.device)
     model = run_model(config)
@@ -218,39 +220,56 @@ def train(config: RunConfig, run_dir: Path, writer: EventWriter, *, cores: list[
                  **device_share(device, config.device),
                  **({"stage_costs": asdict(stage_costs)} if stage_costs is not None else {}),
                  **({"layers": strategy.layers_report()} if hasattr(strategy, "layers_report") else {}))
+    return strategy, model, device, start_step, resumed_from
+
+
+class _StepLog:
+    """Step events, progress lines and TensorBoard scalars, written once each step's loss is known (a step's
+    loss may still be reducing when the next step starts)."""
+
+    def __init__(self, config: RunConfig, writer: EventWriter, strategy: Strategy, device: torch.device,
+                 board: ScalarBoard | None) -> None:
+        self.config, self.writer, self.strategy, self.device, self.board = config, writer, strategy, device, board
+        self.unwritten: list[tuple[int, float | PendingLoss, float]] = []
+        self.progress = ProgressLog(dist.get_rank(), config.steps)
+
+    def add(self, done: int, loss: float | PendingLoss, elapsed: float) -> None:
+        self.unwritten.append((done, loss, elapsed))
+
+    def flush(self) -> None:
+        for done, loss, elapsed in self.unwritten:
+            self.writer.step = done
+            value, rate = loss_value(loss), self.config.global_batch / elapsed
+            self.writer.write("step", step=done, loss=value, samples_per_s=rate, step_ms=elapsed * 1e3,
+                              memory_bytes=_memory_bytes(self.device),
+                              **(self.strategy.memory_report() if hasattr(self.strategy, "memory_report") else {}))
+            self.progress.step(done, value, rate, elapsed * 1e3)
+            if self.board is not None:
+                self.board.step(done, value, rate, elapsed * 1e3)
+        self.unwritten.clear()
+
+
+def train(config: RunConfig, run_dir: Path, writer: EventWriter, *, cores: list[int] | None = None) -> None:
+    rank = dist.get_rank()
+    strategy, model, device, start_step, resumed_from = _build(config, run_dir, writer, cores)
     writer.start_heartbeat(config.events.heartbeat_s)
     board = ScalarBoard(run_dir) if config.tensorboard and rank == 0 else None
     evaluation = (Evaluation(config, strategy, writer, device, board=board, run_dir=run_dir, resumed_from=resumed_from)
                   if config.eval_every else None)  # every rank: evaluating is a collective
     batches = global_batches(config, model, start_step, group=strategy.data_group)
-    unwritten: list[tuple[int, float | PendingLoss, float]] = []  # steps whose loss is still being reduced
-
-    progress = ProgressLog(rank, config.steps)
-
-    def write_steps() -> None:
-        for done, loss, elapsed in unwritten:
-            writer.step = done
-            value, rate = loss_value(loss), config.global_batch / elapsed
-            writer.write("step", step=done, loss=value, samples_per_s=rate, step_ms=elapsed * 1e3,
-                         memory_bytes=_memory_bytes(device),
-                         **(strategy.memory_report() if hasattr(strategy, "memory_report") else {}))
-            progress.step(done, value, rate, elapsed * 1e3)
-            if board is not None:
-                board.step(done, value, rate, elapsed * 1e3)
-        unwritten.clear()
-
+    log = _StepLog(config, writer, strategy, device, board)
     for step in range(start_step, config.steps):
         if step == config.fail_at_step and rank == config.fail_rank:
-            write_steps()
+            log.flush()
             raise RuntimeError(f"fault injected by config (fail_at_step={step}, fail_rank={rank})")
         batch = next(batches)
         started = time.perf_counter()
         loss = strategy.train_step(step, batch)
         elapsed = time.perf_counter() - started
-        write_steps()  # the previous step's loss: every rank has issued its all-reduce by now
-        unwritten.append((step + 1, loss, elapsed))
+        log.flush()  # the previous step's loss: every rank has issued its all-reduce by now
+        log.add(step + 1, loss, elapsed)
         if not isinstance(loss, PendingLoss):
-            write_steps()
+            log.flush()
         writer.step = step + 1
         events, t0 = strategy.take_events()
         writer.stage_events(events, t0)
@@ -258,12 +277,16 @@ def train(config: RunConfig, run_dir: Path, writer: EventWriter, *, cores: list[
             if rank == 0:  # every rank decided the same
                 writer.write(kind, **fields)
         if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
-            write_steps()
+            log.flush()
             folder = _save(run_dir, step + 1, rank, strategy, device)
             writer.write("checkpoint", step=step + 1, path=str(folder))
         if evaluation is not None:
             evaluation.after_step(step + 1, elapsed)  # outside the step's clock
-    write_steps()
+    log.flush()
+    _finish(config, run_dir, writer, strategy, board, rank)
+
+
+def _finish(config: RunConfig, run_dir: Path, writer: EventWriter, strategy: Strategy, board, rank: int) -> None:
     strategy.close()
     if board is not None:
         board.close()
