@@ -20,6 +20,7 @@ with the multi-node backend, which starts one such agent per node.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import shlex
 import subprocess
@@ -48,15 +49,20 @@ def prefix_template_supported(python: str) -> bool:
 
     Read from that torch's ``distributed/run.py`` source, located without
     importing torch: the launching process (a notebook kernel) stays torch-free,
-    and the ranks' interpreter may have another torch than this one.
+    and the ranks' interpreter may have another torch than this one. An
+    interpreter that is not on this machine (a Slurm script's, a remote node's)
+    is assumed to have this process's torch, as the rest of the launch assumes.
     """
     locate = "import importlib.util as u; s = u.find_spec('torch'); print(s.submodule_search_locations[0] if s else '')"
     try:
         found = subprocess.run([python, "-c", locate], capture_output=True, text=True, timeout=60).stdout.strip()
-        source = (Path(found) / "distributed" / "run.py").read_text() if found else ""
     except (OSError, subprocess.SubprocessError):
+        here = importlib.util.find_spec("torch")
+        found = here.submodule_search_locations[0] if here and here.submodule_search_locations else ""
+    try:
+        return '"--log-line-prefix-template"' in (Path(found) / "distributed" / "run.py").read_text() if found else False
+    except OSError:
         return False
-    return '"--log-line-prefix-template"' in source
 
 
 def node_log_dir(run_dir: Path, node: int) -> Path:
