@@ -117,7 +117,9 @@ class ParallelPlan:
         if not isinstance(layers, (tuple, list)) or not layers \
                 or not all(isinstance(l, LayerPlan) for l in layers):
             raise plan_error("layers", self.layers, "expected one or more LayerPlan values (one: every layer)")
-        object.__setattr__(self, "layers", tuple(layers))
+        # canonical: one entry when every layer has the same options (what the plan's name says), so a table that
+        # lists equal options range by range is the plan its name parses back to
+        object.__setattr__(self, "layers", tuple(layers) if len(set(layers)) > 1 else (layers[0],))
         _check_int("microbatches", self.microbatches, 1)
         if not isinstance(self.partition, str) or not self.partition.strip():
             raise plan_error("partition", self.partition, "expected 'uniform', 'ampa' or ranges like '0-3|4-9'")
@@ -274,7 +276,12 @@ class ParallelPlan:
         """The inverse of :attr:`name`."""
         if not isinstance(name, str) or not name.strip():
             raise plan_error("name", name, "expected a plan name such as 'dp8' or 'gropipe-2x4-1f1b-m8-d1'")
-        return ParallelPlan(**plan_fields_from_name(name.strip()))
+        try:
+            return ParallelPlan(**plan_fields_from_name(name.strip()))
+        except ValueError as exc:
+            if "plan field" in str(exc):
+                raise
+            raise plan_error("name", name.strip(), str(exc)) from None  # e.g. a mesh axis of size 0
 
     # -- dict / TOML ---------------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
