@@ -38,7 +38,7 @@ from workbench.core.partition import Partition
 from workbench.core.plan import AsyncPipeline
 from workbench.core.timeline import Timeline
 from workbench.jobs import LaunchSpec, launch
-from workbench.planning.clusters import collective_link, core_sharing, get_cluster
+from workbench.planning.clusters import core_sharing, get_cluster
 from workbench.runtime.events import read_events
 from workbench.scheduling import generators, schedule_for
 from workbench.scheduling.from_config import stage_costs_from_timeline
@@ -117,8 +117,7 @@ def run_case(root: str, model: str, case: str) -> dict:
     cluster = get_cluster("local-cpu")
     sharing = core_sharing(cluster)  # the 4 ranks share the machine's cores
     costs = stage_costs_from_timeline(measured, config.plan.pp, sharing)
-    predicted = simulate(schedule_of(config), costs, cluster, collective_link=collective_link("local-cpu"),
-                         sharing=sharing)
+    predicted = simulate(schedule_of(config), costs, cluster, sharing=sharing)
     measured_step_ms = config.global_batch / throughput(job.run_dir, config) * 1e3
     row = {"samples_per_s": throughput(job.run_dir, config), "step_ms": measured_step_ms,
            "predicted_step_ms": predicted.metrics["iteration_ms"],

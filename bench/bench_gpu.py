@@ -51,7 +51,7 @@ import torch
 
 import bench_runtime
 from bench_runtime import compare_at_best
-from workbench.core.devices import DATASHEET_DEVICES
+from workbench.core.hardware import DATASHEET_DEVICES
 from workbench.profiling.profiler import DeviceClock
 
 HERE = Path(__file__).resolve().parent

@@ -136,11 +136,9 @@ def _predict(costs, k: float, background: float, plan: str, call_ms: float | Non
     from workbench.planning.estimate import cost_context
     from workbench.planning.hybrid import cost_plan
 
-    cluster, link = load_cluster("local")
-    ctx = cost_context(costs, cluster, BATCH, world_size=4, background_load=background, collective_link=link)
+    ctx = cost_context(costs, load_cluster("local"), BATCH, world_size=4, background_load=background)
     spec = ctx.cluster if call_ms is None else replace(ctx.cluster, collective_call_ms=call_ms)
-    return cost_plan(scale_compute(costs, k * ctx.compute_scale(4)), spec, BATCH, plan, optimizer="adam",
-                     collective_link=link)
+    return cost_plan(scale_compute(costs, k * ctx.compute_scale(4)), spec, BATCH, plan, optimizer="adam")
 
 
 def _states_lower_bound(num_params: int) -> int:

@@ -67,7 +67,7 @@ from workbench.core.partition import Partition
 from workbench.core.timeline import Timeline
 from workbench.jobs import LaunchSpec, launch
 from workbench.planning.ampa import ampa
-from workbench.planning.clusters import collective_link, core_sharing, get_cluster
+from workbench.planning.clusters import core_sharing, get_cluster
 from workbench.runtime.events import load_measured_timeline, read_events
 from workbench.scheduling import generators, schedule_for
 from workbench.scheduling.simulate import simulate
@@ -194,8 +194,7 @@ def predicted_step_ms(costs, partition: Partition, microbatches: int, kind: str)
         schedule = schedule_for(ParallelPlan.parse(f"async-1x{STAGES}-m{microbatches}"), num_iterations=STEPS)
     else:
         schedule = generators.gropipe(1, STAGES, microbatches, inner="1f1b", num_iterations=STEPS)
-    result = simulate(schedule, stage_costs, cluster, collective_link=collective_link("local-cpu"),
-                      sharing=core_sharing(cluster))
+    result = simulate(schedule, stage_costs, cluster, sharing=core_sharing(cluster))
     return result.metrics["makespan_ms"] / STEPS
 
 

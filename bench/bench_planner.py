@@ -513,9 +513,10 @@ def gropipe_gain_projection(batch: int = 256) -> dict:
         cluster = preset if slowdown is None else dataclasses.replace(preset, overlap_slowdown=slowdown)
         for gbs in ALLREDUCE_GBS:
             link = LinkSpec("pcie-allreduce", 10.0, gbs) if gbs else None
+            linked = dataclasses.replace(cluster, collective_link=link)
             for model, model_costs in costs.items():
-                result = plan(model_costs, cluster, batch, kinds=("dp", "gropipe"), recompute=(False,),
-                              simulate_top=40, collective_link=link)
+                result = plan(model_costs, linked, batch, kinds=("dp", "gropipe"), recompute=(False,),
+                              simulate_top=40)
                 dp = result["dp8"].estimate
                 gro = min((p for p in result.plans
                            if isinstance(p.strategy.pipeline, GroPipe) and p.estimate.method == "simulated"),

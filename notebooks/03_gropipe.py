@@ -67,7 +67,6 @@ from workbench import ParallelPlan
 from workbench.core.config import RunConfig
 from workbench.core.plan import GroPipe
 from workbench.planning import get_cluster, partition
-from workbench.planning.clusters import collective_link
 from workbench.profiling import profile
 from workbench.scheduling import StageCosts, schedule_for, simulate
 from workbench.viz.balance import balance_figure
@@ -152,7 +151,7 @@ def simulate_gropipe(d: int, iterations: int):
     """``iterations`` GroPipe iterations of this plan with all-reduce delay ``d``, simulated on this machine."""
     schedule = schedule_for(config.plan.replace(pipeline=GroPipe(inner="1f1b", delay=d)),
                             first_iteration=1, num_iterations=iterations)
-    return simulate(schedule, stage_costs, cluster, collective_link=collective_link("local-cpu"))
+    return simulate(schedule, stage_costs, cluster)  # all-reduces on the cluster's collective link
 
 
 prior = {d: simulate_gropipe(d, 1) for d in (0, 1)}

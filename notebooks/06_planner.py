@@ -175,7 +175,7 @@ print(to_toml({"model": config.model, "global_batch": config.global_batch, "plan
 # several all-reduce bandwidths.
 
 # %%
-server_device = load_cluster(server_cluster)[0].device
+server_device = load_cluster(server_cluster).device
 server_costs = project(profile(server_model, batch=8, repeats=1, progress=False), server_device)
 server = plan(server_costs, server_cluster, server_batch, kinds=("dp", "gropipe", "pipeline", "async"),
               recompute=(False,), simulate_top=24)
@@ -229,7 +229,7 @@ except ValueError as error:
 # tenth of it.
 
 # %%
-mix_device = load_cluster(server_cluster)[0]
+mix_device = load_cluster(server_cluster)
 mix_costs = project(profile(build_model(mix_model, **mix_overrides) if mix_overrides else mix_model, batch=8,
                             repeats=1, progress=False), mix_device.device)
 roomy = search_hybrid(mix_costs, mix_device, mix_batch)
@@ -302,7 +302,7 @@ for p in local.plans + server.plans:
     assert abs(e.compute_ms + e.bubble_ms + e.exposed_comm_ms - e.iteration_ms) < 1e-6 * e.iteration_ms, p.name
     assert ParallelPlan.parse(p.name) == p.strategy
 assert config.world_size == local_world and config.global_batch == local_batch
-assert load_cluster("local")[0].shared_compute and load_cluster(server_cluster)[0].world_size == 8
+assert load_cluster("local").shared_compute and load_cluster(server_cluster).world_size == 8
 assert dp.exposed_comm_ms > 0 and gro.estimate.iteration_ms > 0
 if nothing_fits is not None:
     assert "closest is" in nothing_fits and "GiB over" in nothing_fits

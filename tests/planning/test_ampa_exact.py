@@ -12,7 +12,7 @@ from workbench.core.partition import Partition
 from workbench.planning.ampa import Projection, ampa, kind_memory, search
 from workbench.scheduling.registry import StageMemory
 from workbench.scheduling.zero_bubble import zb_h2
-from workbench.planning.clusters import collective_link, get_cluster
+from workbench.planning.clusters import get_cluster
 from workbench.planning.partitioners import block_partition, manual, partition
 from workbench.scheduling import generators as g
 from workbench.scheduling.memory import in_flight_by_stage
@@ -152,7 +152,7 @@ def test_search_ranks_factorisations_and_delay_hides_allreduce():
         if c.groups > 1:
             assert c.exposed_allreduce_ms <= sync[(c.groups, c.stages, c.num_microbatches)].exposed_allreduce_ms
     assert any(sync[k].exposed_allreduce_ms > 0 for k in sync if k[0] > 1)
-    local = search(costs, 2, global_batch=8, cluster=get_cluster("local-cpu"), collective_link=collective_link("local-cpu"))
+    local = search(costs, 2, global_batch=8, cluster=get_cluster("local-cpu"))
     assert local[0].infeasible is None
 
 

@@ -7,6 +7,8 @@ give that direction; ``bench/bench_planner.py --parts projection`` prints the ga
 bandwidths next to the paper's figures.
 """
 
+from dataclasses import replace
+
 import pytest
 
 from workbench.core.costs import LinkSpec
@@ -27,8 +29,8 @@ def projected(tmp_path_factory):
 
 
 def gain(costs, collective_link=None) -> float:
-    result = plan(costs, CLUSTER, 256, kinds=("dp", "gropipe"), recompute=(False,), simulate_top=40,
-                  collective_link=collective_link)
+    cluster = replace(get_cluster(CLUSTER), collective_link=collective_link)
+    result = plan(costs, cluster, 256, kinds=("dp", "gropipe"), recompute=(False,), simulate_top=40)
     best = min((p for p in result.plans if p.strategy.family == "gropipe" and p.estimate.method == "simulated"),
                key=lambda p: p.estimate.iteration_ms)
     return result["dp8"].estimate.iteration_ms / best.estimate.iteration_ms - 1

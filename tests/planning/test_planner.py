@@ -130,7 +130,7 @@ def test_choose_per_layer_matches_brute_force():
     ({"num_nodes": 2}, "has 2 nodes but no inter_node link"),
 ])
 def test_impossible_cluster_files_are_refused(tmp_path, change, message):
-    spec, _ = load_cluster("8xV100-PCIe")
+    spec = load_cluster("8xV100-PCIe")
     path = tmp_path / "cluster.json"
     path.write_text(json.dumps({**spec.to_dict(), **change}))
     with pytest.raises(ValueError, match=message):
@@ -138,7 +138,7 @@ def test_impossible_cluster_files_are_refused(tmp_path, change, message):
 
 
 def test_cluster_files_with_a_collective_link(tmp_path):
-    spec, _ = load_cluster("8xV100-PCIe")
+    spec = load_cluster("8xV100-PCIe")
     path = tmp_path / "cluster.json"
     path.write_text(json.dumps({"cluster": spec.to_dict(),
                                 "collective_link": {"name": "slow", "latency_us": 50.0, "bandwidth_gbs": 0.5}}))
@@ -209,11 +209,12 @@ def test_local_cluster_reads_its_calibration(tmp_path, monkeypatch):
     from workbench.planning import clusters
 
     monkeypatch.setattr(clusters, "LOCAL_CALIBRATION", tmp_path / "local.json")
-    default, _ = clusters.load_cluster("local")
+    default = clusters.load_cluster("local")
     assert default.shared_compute and default.overlap_slowdown == clusters.LOCAL_OVERLAP_SLOWDOWN
     clusters.save_local_calibration(LinkSpec("measured-p2p", 50.0, 3.0), LinkSpec("measured-ar", 80.0, 0.9), 1.2)
-    cluster, coll = clusters.load_cluster("local")
-    assert cluster.intra_node.bandwidth_gbs == 3.0 and coll.bandwidth_gbs == 0.9 and cluster.overlap_slowdown == 1.2
+    cluster = clusters.load_cluster("local")
+    assert cluster.intra_node.bandwidth_gbs == 3.0 and cluster.collective_link.bandwidth_gbs == 0.9
+    assert cluster.overlap_slowdown == 1.2
     (tmp_path / "local.json").write_text("{")
     with pytest.raises(ValueError, match="local cluster calibration .* is unreadable"):
         clusters.load_cluster("local")
@@ -235,7 +236,7 @@ def test_tensor_parallel_pays_for_every_step_of_every_collective_call(name, step
     # P = 4 ranks (2 (P - 1) = 6 steps)
     from workbench.planning.clusters import shared_cores
 
-    cluster, _ = load_cluster("local-cpu")
+    cluster = load_cluster("local-cpu")
     assert cluster.collective_call_ms > 0
     free = replace(cluster, collective_call_ms=0.0)
     crowded = 2 * shared_cores(cluster)  # other work enough that every step waits its whole measured cost
@@ -261,7 +262,7 @@ def test_collective_steps_wait_only_when_the_cores_are_oversubscribed(monkeypatc
     assert [clusters.collective_wait_fraction(r, 2, b) for r, b in [(2, 0), (3, 0), (4, 0), (2, 1), (8, 0)]] == [
         0.0, 0.5, 1.0, 0.5, 1.0]
     monkeypatch.setattr(estimate, "shared_cores", lambda cluster: 2 if cluster.shared_compute else None)
-    cluster, _ = load_cluster("local-cpu")
+    cluster = load_cluster("local-cpu")
     free = replace(cluster, collective_call_ms=0.0)
 
     def step(c, world, background):

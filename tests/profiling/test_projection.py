@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from workbench.core.costs import DeviceSpec, LayerCost, ModelCosts
-from workbench.core.devices import DATASHEET_DEVICES
+from workbench.core import hardware
 from workbench.profiling import profile
 from workbench.profiling.devices import DEVICES, LINKS, get_link, measure_local_cpu
 from workbench.profiling.projection import fit_efficiency, project
@@ -72,7 +72,7 @@ def test_newer_gpus_are_faster_and_batch_small_fc_is_memory_bound(tmp_path):
 def test_local_cpu_is_measured_and_fits_its_own_profile(tmp_path):
     spec = DEVICES["local-cpu"]
     assert spec is measure_local_cpu() and spec.tflops("float32") > 0 and spec.memory_bandwidth_gbs > 0
-    assert set(DEVICES) == set(DATASHEET_DEVICES) | {"local-cpu"}  # the datasheet presets of core, and this CPU
+    assert set(DEVICES) == set(hardware.DEVICES) | {"local-cpu"}  # the catalogue of core, and this CPU
     assert {"V100", "V100-PCIe", "A100", "H100", "H200"} <= set(DEVICES)
     costs = profile("vgg-tiny", 16, repeats=2, progress=False, cache_dir=tmp_path)
     efficiency = fit_efficiency(costs, spec)
@@ -82,7 +82,7 @@ def test_local_cpu_is_measured_and_fits_its_own_profile(tmp_path):
 
 def test_bad_projection_inputs():
     with pytest.raises(ValueError, match=r"unknown device 'B200'; known devices: V100, V100-PCIe, A100, H100, H200, "
-                                         r"local-cpu \(or pass a DeviceSpec\)"):
+                                         r"cpu-2core, local-cpu \(or pass a DeviceSpec\)"):
         project(hand_costs(), "B200")
     with pytest.raises(ValueError, match="device V100 has no peak for dtype 'bfloat16'"):
         project(hand_costs(), "V100", dtype="bfloat16")
@@ -94,7 +94,8 @@ def test_bad_projection_inputs():
 
 def test_link_presets_order():
     assert LINKS["nvlink4"].bandwidth_gbs > LINKS["nvlink3"].bandwidth_gbs > LINKS["pcie4"].bandwidth_gbs
-    assert get_link("infiniband-ndr").transfer_ms(45e6) == pytest.approx(1.0 + 0.005)
+    assert get_link("infiniband-ndr").transfer_ms(45e6) == pytest.approx(1.0 + 0.010)  # 45 GB/s, 10 us
+    assert LINKS is hardware.LINKS and get_link(LINKS["pcie3"]) is LINKS["pcie3"]
     with pytest.raises(ValueError, match="unknown link 'nvlink9'"):
         get_link("nvlink9")
 

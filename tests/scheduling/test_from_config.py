@@ -44,7 +44,7 @@ def test_missing_stage_events_are_explained():
 
 def test_recorded_bytes_drive_the_communication_of_the_prediction():
     from workbench.core.timeline import Event, Timeline
-    from workbench.planning.clusters import collective_link, get_cluster
+    from workbench.planning.clusters import get_cluster
 
     measured = []
     for rank, stage in ((0, 0), (1, 1), (2, 0), (3, 1)):
@@ -60,8 +60,7 @@ def test_recorded_bytes_drive_the_communication_of_the_prediction():
     assert costs.grad_bytes == (12_000_000, 12_000_000) and costs.send_bytes == (400_000, 0)
     gropipe = config("gropipe-2x2-1f1b-m4-d0")
     free = predict_from_measured(gropipe, timeline)
-    linked = predict_from_measured(gropipe, timeline, cluster=get_cluster("local-cpu"),
-                                   collective_link=collective_link("local-cpu"))
+    linked = predict_from_measured(gropipe, timeline, cluster=get_cluster("local-cpu"))  # its all-reduce link
     # a 12 MB ring all-reduce over 2 ranks at 1.2 GB/s takes ~10 ms, and delay 0 waits for it
     assert linked.metrics["iteration_ms"] > free.metrics["iteration_ms"] + 9
 

@@ -104,7 +104,7 @@ def _plan(args: argparse.Namespace) -> Result:
         raise ValueError(f"--memory-cap must be > 0 GiB, got {args.memory_cap}")
     if args.top is not None and args.top < 1:
         raise ValueError(f"--top must be >= 1, got {args.top}")
-    cluster, _ = load_cluster(args.cluster)
+    cluster = load_cluster(args.cluster)
     cluster = share_gpus(cluster, args.ranks_per_gpu)
     costs, shape, model_notes, overrides = _model_costs(args.model, cluster, args.profile_batch, args.model_arg,
                                                         args.calibrate, args.microbatch_passes)

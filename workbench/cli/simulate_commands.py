@@ -54,7 +54,7 @@ def _stage_costs(args: argparse.Namespace, cluster):
 
 
 def _simulate(args: argparse.Namespace) -> Result:
-    from ..planning.clusters import collective_link, get_cluster
+    from ..planning.clusters import get_cluster
     from ..scheduling.passes import lower
     from ..scheduling.simulate import simulate
     from ..scheduling.validate import validate
@@ -67,7 +67,7 @@ def _simulate(args: argparse.Namespace) -> Result:
     costs = _stage_costs(args, cluster)
     schedule = _build_schedule(args, costs)
     validate(lower(schedule))
-    result = simulate(schedule, costs, cluster, collective_link=collective_link(args.cluster) if args.cluster else None)
+    result = simulate(schedule, costs, cluster)
     m = result.metrics
     data = {**m, "memory": result.memory}
     if args.html:

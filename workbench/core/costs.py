@@ -410,7 +410,9 @@ class ClusterSpec:
     n has 2(n - 1)) waits until both of its ranks have been scheduled, about
     a millisecond when there are more ranks than cores; so does a
     point-to-point message, as far as its receiver's cores are oversubscribed
-    when it arrives (the simulator's processor sharing).
+    when it arrives (the simulator's processor sharing). ``collective_link``:
+    the link gradient all-reduces reach when it differs from point-to-point
+    (gloo's ring all-reduce is slower than its sends); None: the node's links.
     """
 
     name: str
@@ -422,6 +424,7 @@ class ClusterSpec:
     overlap_slowdown: float = 1.0
     shared_compute: bool = False
     collective_call_ms: float = 0.0
+    collective_link: LinkSpec | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -430,9 +433,12 @@ class ClusterSpec:
         _check_number(f"ClusterSpec[{self.name}]", "devices_per_node", self.devices_per_node, integer=True, positive=True)
         if isinstance(self.device, dict):
             object.__setattr__(self, "device", DeviceSpec.from_dict(self.device))
-        for name in ("intra_node", "inter_node"):
-            if isinstance(getattr(self, name), dict):
-                object.__setattr__(self, name, LinkSpec.from_dict(getattr(self, name)))
+        for name in ("intra_node", "inter_node", "collective_link"):
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                object.__setattr__(self, name, LinkSpec.from_dict(value))
+            elif not isinstance(value, LinkSpec) and (value is not None or name == "intra_node"):
+                raise ValueError(f"ClusterSpec[{self.name}].{name} must be a link (LinkSpec or JSON object), got {value!r}")
         if self.num_nodes > 1 and self.inter_node is None:
             raise ValueError(f"ClusterSpec[{self.name}] has {self.num_nodes} nodes but no inter_node link")
         if not (isinstance(self.overlap_slowdown, (int, float)) and 1.0 <= self.overlap_slowdown <= 4.0):
@@ -469,18 +475,12 @@ class ClusterSpec:
         nodes = {self.node_of(r) for r in ranks}
         return self.intra_node if len(nodes) <= 1 else self.inter_node  # type: ignore[return-value]
 
+    def allreduce_link(self, ranks: list[int]) -> LinkSpec:
+        """The link an all-reduce over ``ranks`` reaches: ``collective_link``, else the slowest link crossed."""
+        return self.collective_link or self.group_link(ranks)
+
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "num_nodes": self.num_nodes,
-            "devices_per_node": self.devices_per_node,
-            "device": self.device.to_dict(),
-            "intra_node": self.intra_node.to_dict(),
-            "inter_node": self.inter_node.to_dict() if self.inter_node else None,
-            "overlap_slowdown": self.overlap_slowdown,
-            "shared_compute": self.shared_compute,
-            "collective_call_ms": self.collective_call_ms,
-        }
+        return asdict(self)  # the device and the links as their own dicts, in field order
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ClusterSpec":

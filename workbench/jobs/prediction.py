@@ -42,7 +42,7 @@ def predict_run(run_dir: str | Path, measured: Timeline | None = None, *,
     predict give no timeline and a note saying which.
     """
     from ..core.config import RunConfig
-    from ..planning.clusters import collective_link, core_sharing, get_cluster
+    from ..planning.clusters import core_sharing, get_cluster
     from ..scheduling.from_config import predict_from_measured
 
     try:
@@ -59,10 +59,8 @@ def predict_run(run_dir: str | Path, measured: Timeline | None = None, *,
     if spec is not None and spec.world_size < config.world_size:
         raise ValueError(f"cluster preset {cluster!r} has {spec.world_size} devices but the run uses "
                          f"{config.world_size}; pass a larger preset or cluster=None")
-    link = collective_link(cluster) if cluster is not None else None
     try:
-        result = predict_from_measured(config, measured, cluster=spec, collective_link=link,
-                                       sharing=core_sharing(spec))
+        result = predict_from_measured(config, measured, cluster=spec, sharing=core_sharing(spec))
     except ValueError as exc:
         return Prediction(None, f"the simulator cannot predict plan {config.plan.name!r} from the measured "
                                 f"iteration: {exc}")

@@ -397,17 +397,17 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _allreduce_exposed(proj: Projection, result: PartitionResult, cluster: ClusterSpec | None,
-                       collective: LinkSpec | None, groups: int, delay: int) -> float:
-    if groups == 1 or (cluster is None and collective is None):
+def _allreduce_exposed(proj: Projection, result: PartitionResult, cluster: ClusterSpec | None, groups: int,
+                       delay: int) -> float:
+    if groups == 1 or cluster is None:
         return 0.0
     S = proj.num_stages
     grad = [proj.pre_param[b + 1] - proj.pre_param[a] for a, b in result.partition.bounds]
     layout = Topology(dp=groups, pp=S)  # stage k of every group: the ranks that all-reduce its gradients
     times = []
     for k in range(S):
-        link = collective or cluster.group_link(layout.group_of(layout.rank(dp=0, pp=k), "dp"))
-        times.append(link.allreduce_ms(grad[k], groups) + (cluster.allreduce_call_ms(groups) if cluster else 0.0))
+        link = cluster.allreduce_link(layout.group_of(layout.rank(dp=0, pp=k), "dp"))
+        times.append(link.allreduce_ms(grad[k], groups) + cluster.allreduce_call_ms(groups))
     if delay == 1:
         return max(0.0, max(times) - result.projected_iteration_ms)
     tail = result.stage_backward_ms[result.bottleneck_stage]
@@ -416,13 +416,14 @@ def _allreduce_exposed(proj: Projection, result: PartitionResult, cluster: Clust
 
 def search(costs: ModelCosts, world_size: int, *, global_batch: int, cluster: ClusterSpec | None = None,
            schedule: str = "1f1b", delay: int = 1, memory_cap_bytes: int | None = None,
-           microbatch_counts: Sequence[int] | None = None, stages: int | None = None, groups: int | None = None,
-           collective_link: LinkSpec | None = None) -> list[SearchCandidate]:
+           microbatch_counts: Sequence[int] | None = None, stages: int | None = None,
+           groups: int | None = None) -> list[SearchCandidate]:
     """Rank every ``groups x stages = world_size`` and micro-batch count by projected iteration time.
 
     Feasible candidates come first, fastest first; infeasible ones follow
     with the reason. ``stages`` / ``groups`` pin one factor (it must divide
-    ``world_size``).
+    ``world_size``). Gradient all-reduces reach the cluster's
+    ``collective_link`` where it has one.
     """
     for name, value in (("world_size", world_size), ("global_batch", global_batch)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -457,7 +458,7 @@ def search(costs: ModelCosts, world_size: int, *, global_batch: int, cluster: Cl
             except ValueError as exc:
                 out.append(SearchCandidate(G, S, m, batch // m, infeasible=str(exc)))
                 continue
-            exposed = _allreduce_exposed(proj, result, cluster, collective_link, G, delay)
+            exposed = _allreduce_exposed(proj, result, cluster, G, delay)
             iteration = result.projected_iteration_ms + exposed
             out.append(SearchCandidate(G, S, m, batch // m, iteration, global_batch / (iteration / 1e3), exposed,
                                        result))

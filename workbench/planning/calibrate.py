@@ -91,7 +91,7 @@ def calibrate_from_timeline(costs: ModelCosts, timeline: Timeline, partition: Pa
         raise ValueError(f"microbatch_size must be an int >= 1, got {microbatch_size!r}")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
-    spec, _ = load_cluster(cluster)
+    spec = load_cluster(cluster)
     events = [e for e in timeline if e.iteration >= warmup]
     sharing = core_sharing(spec, background_load)
     solo = solo_durations(events, sharing) if sharing is not None else {}
@@ -144,9 +144,9 @@ def calibrate_tensor_from_timeline(costs: ModelCosts, timeline: Timeline, strate
         raise ValueError(f"no forward/backward events from iteration {warmup} on to calibrate from; run more steps")
     measured = statistics.median(sum(r.values()) / len(r) for r in steps.values())
     world = max(len(r) for r in steps.values())
-    spec, collective = load_cluster(cluster)
+    spec = load_cluster(cluster)
     planned = ParallelPlan.parse(strategy)
-    est = estimate(cost_context(costs, spec, global_batch, world_size=world, collective_link=collective, shape=shape,
+    est = estimate(cost_context(costs, spec, global_batch, world_size=world, shape=shape,
                                 background_load=background_load), planned)
     comm = est.detail["step_comm_ms"]
     if measured <= comm:

@@ -1,20 +1,20 @@
 """Named cluster presets: the machines the planner and the simulator reason about.
 
-A preset is a plain :class:`~workbench.core.costs.ClusterSpec` built from
-published device numbers (peak dense throughput, memory, memory bandwidth)
-and typical *achieved* link numbers (not the marketing peak). Collectives
-often reach a different bandwidth than one point-to-point message (gloo's
-ring all-reduce on this machine's loopback is ~1.2 GB/s bus bandwidth while
-a send reaches ~4.4 GB/s), so a preset may also name a ``collective link``
-used for all-reduces (:func:`collective_link`).
+The presets, their devices and their links are records of the hardware
+catalogue, :mod:`workbench.core.hardware` (datasheet device numbers,
+achieved link numbers; its docstring says how to add one). A preset is a
+plain :class:`~workbench.core.costs.ClusterSpec`. Collectives often reach a
+different bandwidth than one point-to-point message (gloo's ring all-reduce
+on this machine's loopback is ~1.2 GB/s bus bandwidth while a send reaches
+~4.4 GB/s), so a cluster may carry a ``collective_link`` used for
+all-reduces.
 
-To add a machine, add a ``DeviceSpec`` to ``DEVICES`` if needed and one
-entry to ``_PRESETS``; ``get_cluster(name)`` and the CLI's ``--cluster``
-pick it up. A user's own cluster is a ``ClusterSpec`` JSON file
-(:func:`load_cluster` takes a preset name or a path; numbers no real machine
-has are refused with the field that holds them). The GPU presets charge an
-overlap slowdown of ``DATASHEET_OVERLAP_SLOWDOWN`` (1.2) to compute and
-collectives that run at the same time on one GPU.
+``get_cluster(name)`` and the CLI's ``--cluster`` read the catalogue. A
+user's own cluster is a ``ClusterSpec`` JSON file (:func:`load_cluster`
+takes a preset name or a path; numbers no real machine has are refused with
+the field that holds them). The GPU presets charge an overlap slowdown of
+``DATASHEET_OVERLAP_SLOWDOWN`` (1.2) to compute and collectives that run at
+the same time on one GPU.
 
 ``local-cpu`` and ``local`` are this machine: gloo processes time-sharing
 its cores (``shared_compute``), with the overlap slowdown measured by
@@ -42,81 +42,37 @@ import os
 from pathlib import Path
 
 from ..core.costs import ClusterSpec, DeviceSpec, LinkSpec
-from ..core.devices import DATASHEET_DEVICES, GIB
+from ..core.hardware import (DATASHEET_OVERLAP_SLOWDOWN, DEVICES, GIB, LINKS, LOCAL_COLLECTIVE_CALL_MS,
+                             LOCAL_OVERLAP_SLOWDOWN, PRESETS, get_device, get_preset)
 from ..scheduling.sharing import CoreSharing, sharing_slowdown, wait_fraction
 
-__all__ = ["DEVICES", "get_cluster", "share_gpus", "HOST_STAGED_LINK", "cluster_names", "collective_link", "collective_wait_fraction", "core_sharing",
-           "get_device", "load_cluster",
-           "shared_cores", "time_sharing_slowdown", "save_local_calibration", "LOCAL_CALIBRATION", "LOCAL_OVERLAP_SLOWDOWN",
-           "LOCAL_COLLECTIVE_CALL_MS", "DATASHEET_OVERLAP_SLOWDOWN"]
+__all__ = ["DEVICES", "get_cluster", "share_gpus", "HOST_STAGED_LINK", "cluster_names", "collective_wait_fraction",
+           "core_sharing", "get_device", "load_cluster", "shared_cores", "time_sharing_slowdown",
+           "save_local_calibration", "LOCAL_CALIBRATION", "LOCAL_OVERLAP_SLOWDOWN", "LOCAL_COLLECTIVE_CALL_MS",
+           "DATASHEET_OVERLAP_SLOWDOWN"]
 
-# Measured on the 2-core project machine at load 3 (bench/bench_planner.py --parts overlap; bench/RESULTS.md).
-LOCAL_OVERLAP_SLOWDOWN = 1.7
-# What one small gloo collective of one step (a broadcast between 2 ranks) costs a rank of 4 time-sharing the
-# 2 cores (same probe, quiet machine: 0.81 and 0.86 ms in two runs; 1.21 ms with other work on the cores;
-# bench/RESULTS.md); charged per step of a collective (a 4-rank ring all-reduce has 6).
-LOCAL_COLLECTIVE_CALL_MS = 0.85
-# GPU presets: compute and an NCCL collective running at once on one GPU share its SMs and memory bandwidth, and
-# each slows down. The coefficient Galvatron profiles for this lies in 1.1-1.3; the presets take the middle.
-# A measured value belongs in a cluster JSON file (``overlap_slowdown``).
-DATASHEET_OVERLAP_SLOWDOWN = 1.2
 LOCAL_CALIBRATION = Path(os.environ.get("WORKBENCH_LOCAL_CLUSTER", Path.home() / ".cache" / "workbench" /
                                         "local-cluster.json"))
 
-DEVICES: dict[str, DeviceSpec] = {
-    "cpu-2core": DeviceSpec("cpu-2core", {"float32": 0.2}, 8 * GIB, 20.0, efficiency=0.5),
-    **DATASHEET_DEVICES,
-}
-
-# name -> (nodes, devices per node, device, intra-node link, inter-node link, collective link or None).
-# local-cpu allows up to 8 gloo processes on this one machine (beyond 2 they share its cores).
-_PRESETS: dict[str, tuple] = {
-    "local-cpu": (1, 8, "cpu-2core", LinkSpec("gloo-loopback", 70.0, 4.4), None,
-                  LinkSpec("gloo-allreduce", 70.0, 1.2)),
-    "local": (1, 8, "cpu-2core", LinkSpec("gloo-loopback", 70.0, 4.4), None, LinkSpec("gloo-allreduce", 70.0, 1.2)),
-    "8xV100-PCIe": (1, 8, "V100-PCIe", LinkSpec("pcie3", 10.0, 10.0), None, None),
-    "4xV100-NVLink": (1, 4, "V100", LinkSpec("nvlink2", 5.0, 45.0), None, None),
-    "8xA100-NVLink": (1, 8, "A100", LinkSpec("nvlink3", 5.0, 200.0), None, None),
-    "2x8xH100-IB": (2, 8, "H100", LinkSpec("nvlink4", 5.0, 350.0), LinkSpec("ib-ndr", 10.0, 45.0), None),
-    # one GPU: with more ranks than GPUs, plan on share_gpus(get_cluster(...), ranks_per_gpu)
-    "1xH100": (1, 1, "H100", LinkSpec("nvlink4", 5.0, 350.0), None, None),
-    "1xH200": (1, 1, "H200", LinkSpec("nvlink4", 5.0, 350.0), None, None),
-}
-
-# Ranks sharing a GPU exchange tensors through host memory over gloo (workbench.runtime.staging): until a GPU
-# machine's bench/bench_gpu.py figure is put in a cluster file, the gloo loopback link measured on the CPU
-# project machine, the copies between the GPU and host memory not counted.
-HOST_STAGED_LINK = LinkSpec("host-staged", 70.0, 4.4)
+# Ranks sharing a GPU exchange tensors through host memory over gloo (workbench.runtime.staging).
+HOST_STAGED_LINK = LINKS["host-staged"]
 
 
-_LOCAL = ("local-cpu", "local")
 # What no real machine reaches; a spec beyond these is a typo (GB/s, us, TFLOP/s, bytes).
 _LIMITS = {"bandwidth_gbs": 10_000.0, "latency_us": 1e6, "peak_tflops": 100_000.0, "memory_bytes": 16 * 1024 * GIB,
            "memory_bandwidth_gbs": 100_000.0, "devices_per_node": 1024, "num_nodes": 100_000}
 
 
 def cluster_names() -> list[str]:
-    return list(_PRESETS)
-
-
-def get_device(name: str) -> DeviceSpec:
-    if name not in DEVICES:
-        raise ValueError(f"unknown device {name!r}; known devices: {', '.join(DEVICES)}")
-    return DEVICES[name]
+    return list(PRESETS)
 
 
 def get_cluster(name: str) -> ClusterSpec:
     """The preset called ``name`` (see :func:`cluster_names`)."""
-    if name not in _PRESETS:
-        raise ValueError(f"unknown cluster preset {name!r}; known presets: {', '.join(_PRESETS)}")
+    preset = get_preset(name)
     if name == "local" and LOCAL_CALIBRATION.is_file():
-        return _local_calibration()[0]
-    nodes, per_node, device, intra, inter, _ = _PRESETS[name]
-    local = name in _LOCAL
-    return ClusterSpec(name, nodes, per_node, get_device(device), intra, inter,
-                       overlap_slowdown=LOCAL_OVERLAP_SLOWDOWN if local else DATASHEET_OVERLAP_SLOWDOWN,
-                       shared_compute=local,
-                       collective_call_ms=LOCAL_COLLECTIVE_CALL_MS if local else 0.0)
+        return _local_calibration()
+    return preset.cluster()
 
 
 def share_gpus(cluster: ClusterSpec, ranks_per_gpu: int, link: LinkSpec = HOST_STAGED_LINK) -> ClusterSpec:
@@ -127,7 +83,8 @@ def share_gpus(cluster: ClusterSpec, ranks_per_gpu: int, link: LinkSpec = HOST_S
     rank's allocator at the same fraction) and of its throughput (the ranks
     time-share its SMs: the planner charges every rank as if all computed at
     once, which a pipeline's idle ranks do not), talking over ``link``
-    (host-staged gloo) inside a node. 1 returns ``cluster`` itself.
+    (host-staged gloo) inside a node. 1 returns ``cluster`` itself. The
+    cluster's ``collective_link`` (the link its all-reduces reach) stays.
     """
     if isinstance(ranks_per_gpu, bool) or not isinstance(ranks_per_gpu, int) or ranks_per_gpu < 1:
         raise ValueError(f"ranks_per_gpu must be an int >= 1, got {ranks_per_gpu!r}")
@@ -142,16 +99,7 @@ def share_gpus(cluster: ClusterSpec, ranks_per_gpu: int, link: LinkSpec = HOST_S
                        winograd=dict(device.winograd))
     return ClusterSpec(f"{cluster.name}-shared{k}", cluster.num_nodes, cluster.devices_per_node * k, share, link,
                        cluster.inter_node, overlap_slowdown=cluster.overlap_slowdown,
-                       collective_call_ms=cluster.collective_call_ms)
-
-
-def collective_link(name: str) -> LinkSpec | None:
-    """The link all-reduces reach on preset ``name`` when it differs from point-to-point (else None)."""
-    if name not in _PRESETS:
-        return None
-    if name == "local" and LOCAL_CALIBRATION.is_file():
-        return _local_calibration()[1]
-    return _PRESETS[name][5]
+                       collective_call_ms=cluster.collective_call_ms, collective_link=cluster.collective_link)
 
 
 def shared_cores(cluster: ClusterSpec) -> int | None:
@@ -196,23 +144,38 @@ def time_sharing_slowdown(ranks: int, cores: int, background_load: float = 0.0) 
 
 def save_local_calibration(p2p: LinkSpec, allreduce: LinkSpec | None = None,
                            overlap_slowdown: float = LOCAL_OVERLAP_SLOWDOWN) -> Path:
-    """Write the ``local`` cluster from measured links (e.g. ``commbench.load_link``) for later plans."""
+    """Write the ``local`` cluster from measured links (e.g. ``commbench.load_link``) for later plans: a
+    ``ClusterSpec`` JSON file whose ``collective_link`` is ``allreduce``."""
     cluster = ClusterSpec("local", 1, 8, get_device("cpu-2core"), p2p, overlap_slowdown=overlap_slowdown,
-                          shared_compute=True, collective_call_ms=LOCAL_COLLECTIVE_CALL_MS)
+                          shared_compute=True, collective_call_ms=LOCAL_COLLECTIVE_CALL_MS, collective_link=allreduce)
     LOCAL_CALIBRATION.parent.mkdir(parents=True, exist_ok=True)
-    data = {"cluster": cluster.to_dict(), "collective_link": allreduce.to_dict() if allreduce else None}
-    LOCAL_CALIBRATION.write_text(json.dumps(data, indent=1))
+    LOCAL_CALIBRATION.write_text(json.dumps(cluster.to_dict(), indent=1))
     return LOCAL_CALIBRATION
 
 
-def _local_calibration() -> tuple[ClusterSpec, LinkSpec | None]:
+def _local_calibration() -> ClusterSpec:
     try:
-        data = json.loads(LOCAL_CALIBRATION.read_text())
-        link = data.get("collective_link")
-        return ClusterSpec.from_dict(data["cluster"]), LinkSpec.from_dict(link) if link else None
+        return _cluster_from_json(json.loads(LOCAL_CALIBRATION.read_text()))
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"local cluster calibration {str(LOCAL_CALIBRATION)!r} is unreadable ({exc}); delete it "
                          f"or rerun the calibration") from None
+
+
+def _cluster_from_json(data: object) -> ClusterSpec:
+    """A ``ClusterSpec`` JSON object, or ``{"cluster": {...}, "collective_link": {...}}`` (the form files had
+    before the collective link was a field of the cluster)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"a cluster must be a JSON object, got {type(data).__name__}")
+    if "cluster" not in data:
+        return ClusterSpec.from_dict(data)
+    body = data["cluster"]
+    if not isinstance(body, dict):
+        raise ValueError(f"\"cluster\" must be a JSON object, got {type(body).__name__}")
+    if data.get("collective_link") is not None:
+        if body.get("collective_link") is not None:
+            raise ValueError("collective_link is given twice (in \"cluster\" and beside it); give it once")
+        body = {**body, "collective_link": data["collective_link"]}
+    return ClusterSpec.from_dict(body)
 
 
 def _check_plausible(cluster: ClusterSpec, origin: str) -> None:
@@ -221,7 +184,8 @@ def _check_plausible(cluster: ClusterSpec, origin: str) -> None:
               ("device.memory_bytes", cluster.device.memory_bytes),
               ("device.memory_bandwidth_gbs", cluster.device.memory_bandwidth_gbs)]
     checks += [(f"device.peak_tflops[{k}]", v) for k, v in cluster.device.peak_tflops.items()]
-    for name, link in (("intra_node", cluster.intra_node), ("inter_node", cluster.inter_node)):
+    for name in ("intra_node", "inter_node", "collective_link"):
+        link = getattr(cluster, name)
         if link is not None:
             checks += [(f"{name}.bandwidth_gbs", link.bandwidth_gbs), (f"{name}.latency_us", link.latency_us)]
     for field_name, value in checks:
@@ -231,35 +195,28 @@ def _check_plausible(cluster: ClusterSpec, origin: str) -> None:
                              f"check the units (GB/s, microseconds, TFLOP/s, bytes)")
 
 
-def load_cluster(spec: str | Path | ClusterSpec) -> tuple[ClusterSpec, LinkSpec | None]:
-    """A preset name or a ``ClusterSpec`` JSON file -> (cluster, link all-reduces use or None).
+def load_cluster(spec: str | Path | ClusterSpec) -> ClusterSpec:
+    """A preset name, a ``ClusterSpec`` JSON file or a ``ClusterSpec`` -> the cluster, its numbers checked.
 
-    A JSON file may hold a ``collective_link`` object next to the cluster's
-    fields, or be ``{"cluster": {...}, "collective_link": {...}}``.
+    A JSON file holds the ``ClusterSpec`` fields, its ``collective_link``
+    among them (or is ``{"cluster": {...}, "collective_link": {...}}``).
     """
     if isinstance(spec, ClusterSpec):
         _check_plausible(spec, f"cluster {spec.name!r}")
-        return spec, collective_link(spec.name)
+        return spec
     text = str(spec)
-    if text in _PRESETS:
-        return get_cluster(text), collective_link(text)
+    if text in PRESETS:
+        return get_cluster(text)
     path = Path(text)
     if not path.is_file():
-        raise ValueError(f"cluster {text!r} is neither a preset ({', '.join(_PRESETS)}) nor a JSON file")
+        raise ValueError(f"cluster {text!r} is neither a preset ({', '.join(PRESETS)}) nor a JSON file")
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"cluster file {text!r} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"cluster file {text!r} must hold a JSON object, got {type(data).__name__}")
-    body = dict(data.get("cluster", data))
-    link = data.get("collective_link", body.pop("collective_link", None))
     try:
-        cluster = ClusterSpec.from_dict(body)
-        coll = LinkSpec.from_dict(link) if link else None
+        cluster = _cluster_from_json(data)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"cluster file {text!r}: {exc}") from None
     _check_plausible(cluster, f"cluster file {text!r}")
-    if coll is not None:
-        _check_plausible(ClusterSpec("collective", 1, 1, cluster.device, coll), f"cluster file {text!r} collective_link")
-    return cluster, coll
+    return cluster

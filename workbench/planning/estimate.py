@@ -43,7 +43,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Callable
 
-from ..core.costs import ClusterSpec, DeviceSpec, LinkSpec, ModelCosts
+from ..core.costs import ClusterSpec, DeviceSpec, ModelCosts
 from ..core.partition import Partition
 from ..core.plan import GroPipe, NoPipeline, ParallelPlan
 from ..core.timeline import Timeline
@@ -69,7 +69,6 @@ class CostContext:
     costs: ModelCosts
     cluster: ClusterSpec
     global_batch: int
-    collective_link: LinkSpec | None = None
     memory_cap_bytes: int | None = None
     shape: TransformerShape | None = None
     optimizer: str = "adam"
@@ -160,7 +159,7 @@ class CostContext:
 
 
 def cost_context(costs: ModelCosts, cluster: ClusterSpec, global_batch: int, *, world_size: int,
-                 collective_link: LinkSpec | None = None, memory_cap_bytes: int | None = None,
+                 memory_cap_bytes: int | None = None,
                  shape: TransformerShape | None = None, optimizer: str = "adam", background_load: float = 0.0,
                  compute_models: dict[str, ComputeModel] | None = None) -> CostContext:
     """The context one search (or one calibration) estimates in: on a node whose ranks share its cores, a
@@ -170,7 +169,7 @@ def cost_context(costs: ModelCosts, cluster: ClusterSpec, global_batch: int, *, 
     if cores and cluster.collective_call_ms:
         wait = collective_wait_fraction(min(world_size, cluster.devices_per_node), cores, background_load)
         cluster = replace(cluster, collective_call_ms=cluster.collective_call_ms * wait)
-    return CostContext(costs, cluster, global_batch, collective_link, memory_cap_bytes,
+    return CostContext(costs, cluster, global_batch, memory_cap_bytes,
                        shape.with_batch(global_batch) if shape else None, optimizer, world_size, background_load,
                        dict(compute_models or {}))
 
@@ -261,7 +260,7 @@ def _replica_allreduce_ms(ctx: CostContext, grad_bytes: float, strategy: Paralle
     """Gradient all-reduce across the strategy's replicas (ranks r, r + unit, r + 2 unit, ...)."""
     if strategy.dp == 1 or grad_bytes <= 0:
         return 0.0
-    link = ctx.collective_link or ctx.cluster.group_link(strategy.mesh.group_of(0, "dp"))
+    link = ctx.cluster.allreduce_link(strategy.mesh.group_of(0, "dp"))
     return link.allreduce_ms(grad_bytes, strategy.dp) + ctx.cluster.allreduce_call_ms(strategy.dp)
 
 
@@ -354,8 +353,7 @@ def simulate_strategy(ctx: CostContext, strategy: ParallelPlan, partition: Parti
     microbatch = ctx.global_batch // strategy.dp // strategy.microbatches
 
     def run(schedule_) -> SimResult:
-        return simulate(schedule_, sc, ctx.cluster, collective_link=ctx.collective_link, microbatch_size=microbatch,
-                        sharing=ctx.sharing())
+        return simulate(schedule_, sc, ctx.cluster, microbatch_size=microbatch, sharing=ctx.sharing())
 
     sim = run(schedule)
     iteration = _steady_iteration_ms(sim, iterations)
@@ -399,7 +397,7 @@ def project(ctx: CostContext, strategy: ParallelPlan) -> Estimate:
     exposed = 0.0
     if isinstance(strategy.pipeline, GroPipe):
         scaled = replace(result, projected_iteration_ms=iteration)
-        exposed = _allreduce_exposed(ctx.projection(strategy), scaled, ctx.cluster, ctx.collective_link, strategy.dp,
+        exposed = _allreduce_exposed(ctx.projection(strategy), scaled, ctx.cluster, strategy.dp,
                                      strategy.pipeline.delay)
     compute = m * result.stage_compute_ms[result.stage_cost_ms.index(result.bottleneck_ms)] * k
     total = iteration + exposed

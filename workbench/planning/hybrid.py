@@ -55,7 +55,7 @@ import math
 import time
 from typing import Callable, Sequence
 
-from ..core.costs import ClusterSpec, LayerCost, LinkSpec, ModelCosts
+from ..core.costs import ClusterSpec, LayerCost, ModelCosts
 from ..core.partition import Partition
 from ..core.plan import GroPipe, NoPipeline, OneFOneB, ParallelPlan
 from .hybrid_partitions import _partitions, _split
@@ -74,7 +74,6 @@ def search_hybrid(costs: ModelCosts, cluster: ClusterSpec, global_batch: int, *,
                   microbatch_options: Sequence[int] | None = None, templates: Sequence[str] = TEMPLATES,
                   dp_kinds: Sequence[str] = ("replicate", "zero2", "fsdp"), tp_kinds: Sequence[str] = ("1d",),
                   recompute: Sequence[bool] = (False, True), max_tp: int | None = None, optimizer: str = "adam",
-                  collective_link: LinkSpec | None = None,
                   kinds: Sequence[LayerKind] | Callable[[LayerCost], LayerKind] | None = None,
                   progress: Callable[[str], None] | None = None) -> HybridResult:
     """The fastest per-layer plan and the best plan of each template (see the module docstring).
@@ -91,7 +90,7 @@ def search_hybrid(costs: ModelCosts, cluster: ClusterSpec, global_batch: int, *,
     limit = max_tp if max_tp is not None else 1 << (cluster.devices_per_node.bit_length() - 1)
     pool_options = dict(dp_kinds=tuple(dp_kinds), tp_kinds=tuple(tp_kinds), recompute=tuple(recompute), max_tp=limit)
     stage_strategies(1, **pool_options)  # bad options fail here, with their own message
-    search = _Search(costs, cluster, global_batch, world, budget, pool_options, optimizer, collective_link,
+    search = _Search(costs, cluster, global_batch, world, budget, pool_options, optimizer,
                      layer_kinds(costs.layers, kinds))
     pps = _pp_options(world, costs.num_layers, pp_options)
     if not pps:
@@ -197,7 +196,7 @@ def _best_per_template(plans: list[HybridPlan], templates: Sequence[str]) -> dic
 
 
 def cost_plan(costs: ModelCosts, cluster: ClusterSpec, global_batch: int, plan: ParallelPlan | str, *,
-              optimizer: str = "adam", collective_link: LinkSpec | None = None,
+              optimizer: str = "adam",
               kinds: Sequence[LayerKind] | Callable[[LayerCost], LayerKind] | None = None) -> HybridPlan:
     """What the per-layer model predicts for one given plan (as :func:`search_hybrid` costs its candidates):
     iteration time, its breakdown and each stage's memory per device (not checked against a budget).
@@ -233,8 +232,7 @@ def cost_plan(costs: ModelCosts, cluster: ClusterSpec, global_batch: int, plan: 
         bounds = list(Partition.parse(plan.partition).bounds)
     if bounds is None or bounds[-1][1] != num - 1:
         raise ValueError(f"plan {plan.name!r}: its partition does not cover the model's {num} layers")
-    search = _Search(costs, cluster, global_batch, world, math.inf, {}, optimizer, collective_link,
-                     layer_kinds(costs.layers, kinds))
+    search = _Search(costs, cluster, global_batch, world, math.inf, {}, optimizer, layer_kinds(costs.layers, kinds))
     search.mesh_tp = plan.tp if world > cluster.devices_per_node else None
     layers = plan.layers_for(num)
     assignments = []

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from ..core.costs import ClusterSpec, LinkSpec, ModelCosts
+from ..core.costs import ClusterSpec, ModelCosts
 from ..core.plan import NoPipeline, OneFOneB, ParallelPlan
 from ..core.topology import Topology
 from .hybrid_plans import TEMPLATES, HybridPlan, StagePlan, _template_names
@@ -24,10 +24,9 @@ class _Search:
     """The state of one :func:`search_hybrid` call: the stage searches are cached across partitions."""
 
     def __init__(self, costs: ModelCosts, cluster: ClusterSpec, global_batch: int, world: int, budget: float,
-                 pool_options: dict[str, Any], optimizer: str, collective_link: LinkSpec | None,
-                 kinds: list[LayerKind]):
+                 pool_options: dict[str, Any], optimizer: str, kinds: list[LayerKind]):
         self.costs, self.cluster, self.global_batch, self.world, self.budget = costs, cluster, global_batch, world, budget
-        self.pool_options, self.optimizer, self.link, self.kinds = pool_options, optimizer, collective_link, kinds
+        self.pool_options, self.optimizer, self.kinds = pool_options, optimizer, kinds
         self.pools: dict[tuple[int, int | None], tuple[LayerStrategy, ...]] = {}
         self.cache: dict[tuple, StageAssignment | str] = {}
         self.searched = 0
@@ -56,7 +55,7 @@ class _Search:
         return StageSpec(self.costs, self.cluster, devices=n, microbatch_size=self.global_batch // m,
                          layers=(first, last), num_microbatches=m, in_flight=min(pp - stage, m),
                          first_rank=stage * n, ranks=self.ranks(pp, stage), optimizer=self.optimizer,
-                         collective_link=self.link, kinds=self.kinds[first:last + 1])
+                         kinds=self.kinds[first:last + 1])
 
     def stage(self, template: str, strategy: LayerStrategy | None, pp: int, m: int, stage: int, first: int,
               last: int) -> StageAssignment | str:

@@ -85,8 +85,8 @@ class StageSpec:
     strided). Groups of layers (:meth:`LayerStrategy.tp_ranks`) are made of
     local ranks. ``kinds``: per
     layer :class:`LayerKind`, a function of the layer, or None to guess
-    from the names. ``collective_link``: the link collectives reach when it
-    differs from point-to-point (as the planner's presets name it).
+    from the names. Collectives reach the cluster's ``collective_link``
+    where it has one.
     """
 
     costs: ModelCosts
@@ -99,7 +99,6 @@ class StageSpec:
     first_rank: int = 0
     ranks: tuple[int, ...] | None = None
     optimizer: str = "adam"
-    collective_link: LinkSpec | None = None
     kinds: Sequence[LayerKind] | Callable[[LayerCost], LayerKind] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -167,9 +166,9 @@ class StageSpec:
 
     def group_link(self, groups: list[list[int]]) -> LinkSpec:
         """The link the slowest of these groups' collectives crosses (groups of the stage's local ranks)."""
-        if self.collective_link is not None:
-            return self.collective_link
         nodes, cluster = self.nodes, self.cluster
+        if cluster.collective_link is not None:
+            return cluster.collective_link
         spans = [len({nodes[r] for r in g}) > 1 for g in groups]
         return (cluster.inter_node or cluster.intra_node) if any(spans) else cluster.intra_node
 

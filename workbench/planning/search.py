@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ..core.config import RunConfig
-from ..core.costs import ClusterSpec, LinkSpec, ModelCosts
+from ..core.costs import ClusterSpec, ModelCosts
 from ..core.plan import ParallelPlan
 from ..core.timeline import Timeline
 from ..scheduling.simulate import SimResult
@@ -208,14 +208,15 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
          kinds: Sequence[str] = STRATEGY_KINDS, recompute: Iterable[bool] = (False, True),
          shape: TransformerShape | None = None, strategies: Sequence[str | ParallelPlan] | None = None,
          simulate_top: int = 12, microbatch_options: Iterable[int] | None = None, optimizer: str = "adam",
-         collective_link: LinkSpec | None = None, fine_grained: bool = False,
+         fine_grained: bool = False,
          background_load: float = 0.0, pipeline_degrees: Sequence[int] | None = None,
          calibration: "RuntimeCalibration | str | Path | Sequence[RuntimeCalibration | str | Path] | None" = None,
          ) -> PlanResult:
     """Rank the strategies for ``model`` on ``cluster`` at ``global_batch`` (see the module docstring).
 
     ``cluster``: a preset name (``8xV100-PCIe``, ``local``, ...), a
-    ``ClusterSpec`` JSON file or a ``ClusterSpec``. ``world_size`` defaults to
+    ``ClusterSpec`` JSON file or a ``ClusterSpec`` (all-reduces reach its
+    ``collective_link`` where it has one). ``world_size`` defaults to
     the whole cluster. ``strategies`` evaluates (and simulates) exactly these
     names instead of searching. ``top`` keeps that many feasible plans.
     ``background_load``: on clusters whose ranks share the node's cores
@@ -234,7 +235,7 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
     """
     started = time.perf_counter()
     costs = _load_costs(model)
-    spec, coll = load_cluster(cluster)
+    spec = load_cluster(cluster)
     notes: list[str] = []
     models: dict[str, ComputeModel] = {}
     if calibration is not None:
@@ -248,7 +249,6 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
                          f"{cal.compute_scale:.3f} x the profile ({cal.events} measured events"
                          f"{f', micro-batch {cal.microbatch_size}' if cal.microbatch_size else ''})")
         notes += [m.describe() for m in models.values()]
-    coll = collective_link or coll
     world = spec.world_size if world_size is None else world_size
     for name, value in (("global_batch", global_batch), ("world_size", world), ("simulate_top", simulate_top + 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -270,7 +270,7 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
                                        for p in pipeline_degrees):
             raise ValueError(f"pipeline_degrees must be ints >= 1, got {list(pipeline_degrees)}")
     cap = int(memory_cap_gib * GIB) if memory_cap_gib is not None else None
-    ctx = cost_context(costs, spec, global_batch, world_size=world, collective_link=coll, memory_cap_bytes=cap,
+    ctx = cost_context(costs, spec, global_batch, world_size=world, memory_cap_bytes=cap,
                        shape=shape, optimizer=optimizer, background_load=background_load, compute_models=models)
     spec = ctx.cluster
     candidates = _candidates(costs, world, global_batch, shape, kinds, recompute, strategies, microbatch_options)
@@ -300,7 +300,7 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
         from .finegrained import selective_recompute_plans
 
         final += selective_recompute_plans(ctx, [s for s in candidates if not s.recompute], infeasible)
-        hybrid = _per_layer_search(ctx, costs, world, coll, optimizer, notes, pipeline_degrees)
+        hybrid = _per_layer_search(ctx, costs, world, optimizer, notes, pipeline_degrees)
         if hybrid is not None and "per-layer" in hybrid.best:
             final += [as_estimate(p) for p in _distinct_mixes(hybrid)]
             uniform = hybrid.best.get("uniform")
@@ -321,8 +321,8 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
                       hybrid)
 
 
-def _per_layer_search(ctx, costs: ModelCosts, world: int, coll: LinkSpec | None, optimizer: str,
-                      notes: list[str], pipeline_degrees: Sequence[int] | None = None) -> "HybridResult | None":
+def _per_layer_search(ctx, costs: ModelCosts, world: int, optimizer: str, notes: list[str],
+                      pipeline_degrees: Sequence[int] | None = None) -> "HybridResult | None":
     """The per-layer programme (:mod:`.hybrid`) on the context's cluster and budget, with a note of what it found
     against the templates costed the same way; None (and a note) where its trees do not apply."""
     if world & (world - 1):
@@ -331,7 +331,7 @@ def _per_layer_search(ctx, costs: ModelCosts, world: int, coll: LinkSpec | None,
     scaled = scale_compute(costs, ctx.compute_scale(world)) if ctx.cluster.shared_compute else costs
     try:
         found = search_hybrid(scaled, ctx.cluster, ctx.global_batch, budget_bytes=ctx.cap, world_size=world,
-                              collective_link=coll, optimizer=optimizer, pp_options=pipeline_degrees)
+                              optimizer=optimizer, pp_options=pipeline_degrees)
     except ValueError as exc:
         notes.append(f"per-layer search: {exc}")
         return None

@@ -1,16 +1,12 @@
-"""Devices and links to plan for: datasheet presets and this machine's CPU, measured.
+"""The hardware catalogue as the profiler sees it: core's devices and links, and this machine's CPU, measured.
 
-Researchers plan for an 8-GPU server on a laptop, so the roofline numbers of
-common accelerators are kept here (dense peak throughput per dtype from the
-vendors' datasheets, SXM parts, memory size and bandwidth), next to
-``local-cpu``: this machine's CPU as torch sees it, measured the first time it
-is asked for (a float32 matmul for throughput, a large copy for bandwidth)
-so that projections can be checked against real profiles taken here.
-
-``LINKS`` holds alpha-beta link presets (effective per-GPU numbers an NCCL
-collective reaches, not signalling rates) for NVLink generations, PCIe,
-InfiniBand and Ethernet, and the gloo loopback measured on the 2-core
-development machines; :mod:`workbench.runtime.commbench` measures real ones.
+Researchers plan for an 8-GPU server on a laptop, so projections read the
+devices and links of :mod:`workbench.core.hardware` (datasheet GPUs,
+achieved link numbers; its docstring says which is which and how to add
+one). This module adds only what needs torch: ``local-cpu``, this machine's
+CPU as torch sees it, measured the first time it is asked for (a float32
+matmul for throughput, a large copy for bandwidth) so that projections can
+be checked against real profiles taken here.
 """
 
 from __future__ import annotations
@@ -22,12 +18,11 @@ from typing import Iterator
 
 import torch
 
-from ..core.costs import DeviceSpec, LinkSpec
-from ..core.devices import DATASHEET_DEVICES, GIB
+from ..core.costs import DeviceSpec
+from ..core.hardware import DEVICES as _PRESETS
+from ..core.hardware import LINKS, get_link
 
 __all__ = ["DEVICES", "LINKS", "get_device", "get_link", "measure_local_cpu"]
-
-_PRESETS = DATASHEET_DEVICES
 
 
 def _median_seconds(fn, repeats: int) -> float:
@@ -73,30 +68,12 @@ class _DeviceTable(Mapping):
 
 DEVICES: Mapping[str, DeviceSpec] = _DeviceTable()
 
-LINKS: dict[str, LinkSpec] = {link.name: link for link in (
-    LinkSpec("nvlink2", latency_us=5.0, bandwidth_gbs=130.0),    # V100 DGX-1 class
-    LinkSpec("nvlink3", latency_us=4.0, bandwidth_gbs=230.0),    # A100 SXM, NVSwitch
-    LinkSpec("nvlink4", latency_us=3.0, bandwidth_gbs=360.0),    # H100 SXM, NVSwitch
-    LinkSpec("pcie4", latency_us=10.0, bandwidth_gbs=22.0),      # x16, through the host
-    LinkSpec("pcie5", latency_us=10.0, bandwidth_gbs=45.0),
-    LinkSpec("infiniband-hdr", latency_us=6.0, bandwidth_gbs=22.0),   # 200 Gb/s per GPU
-    LinkSpec("infiniband-ndr", latency_us=5.0, bandwidth_gbs=45.0),   # 400 Gb/s per GPU
-    LinkSpec("ethernet-100g", latency_us=30.0, bandwidth_gbs=10.0),
-    LinkSpec("gloo-loopback", latency_us=70.0, bandwidth_gbs=4.4),    # 2 CPU ranks on one small machine
-)}
-
 
 def get_device(device: DeviceSpec | str) -> DeviceSpec:
+    """A catalogued device, or ``local-cpu`` (measured), by name (a ``DeviceSpec`` is returned as it is)."""
     if isinstance(device, DeviceSpec):
         return device
     if device not in DEVICES:
         raise ValueError(f"unknown device {device!r}; known devices: {', '.join(DEVICES)} (or pass a DeviceSpec)")
     return DEVICES[device]
 
-
-def get_link(link: LinkSpec | str) -> LinkSpec:
-    if isinstance(link, LinkSpec):
-        return link
-    if link not in LINKS:
-        raise ValueError(f"unknown link {link!r}; known links: {', '.join(LINKS)} (or pass a LinkSpec)")
-    return LINKS[link]

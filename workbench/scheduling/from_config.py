@@ -22,7 +22,7 @@ from dataclasses import replace
 from statistics import fmean
 from typing import Any
 
-from ..core.costs import ClusterSpec, LinkSpec
+from ..core.costs import ClusterSpec
 from ..core.ir import Schedule
 from ..core.timeline import Timeline
 from .registry import schedule_for
@@ -110,8 +110,7 @@ def stage_costs_from_timeline(timeline: Timeline, num_stages: int, sharing: Core
 
 
 def predict_from_measured(config: Any, measured: Timeline, *, cluster: ClusterSpec | None = None,
-                          collective_link: LinkSpec | None = None, iteration: int | None = None,
-                          sharing: CoreSharing | None = None) -> SimResult:
+                          iteration: int | None = None, sharing: CoreSharing | None = None) -> SimResult:
     """Simulate the config's schedule with the stage times the run measured (see the module docstring).
 
     ``iteration`` (default: the one the measured events belong to) picks the
@@ -128,7 +127,7 @@ def predict_from_measured(config: Any, measured: Timeline, *, cluster: ClusterSp
         schedule = schedule_for_config(config, iteration)
     num_stages = max(a.stage for r in range(schedule.num_ranks) for a in schedule.actions(r)) + 1
     costs = stage_costs_from_timeline(measured, num_stages, sharing)
-    result = simulate(schedule, costs, cluster, collective_link=collective_link, sharing=sharing)
+    result = simulate(schedule, costs, cluster, sharing=sharing)
     if not warm:
         return result
     kept = [e for e in result.timeline.events if e.iteration == iteration]

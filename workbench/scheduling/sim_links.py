@@ -62,14 +62,13 @@ class _Interference:
 class _Links:
     """Link times and shared-resource bookkeeping for one simulation."""
 
-    def __init__(self, cluster: ClusterSpec | None, collective_link: LinkSpec | None, num_ranks: int,
+    def __init__(self, cluster: ClusterSpec | None, num_ranks: int,
                  message_wait: Callable[[int, float], float] | None = None) -> None:
         if cluster is not None and cluster.world_size < num_ranks:
             raise ValueError(f"cluster {cluster.name!r} has {cluster.world_size} devices but the schedule needs "
                              f"{num_ranks} ranks")
         self.interference = _Interference(cluster, num_ranks) if cluster and cluster.overlap_slowdown > 1 else None
         self.cluster = cluster
-        self.collective_link = collective_link
         self.free: dict[Any, float] = defaultdict(float)
         self.bytes_by_link: dict[str, int] = defaultdict(int)
         per_node = cluster.devices_per_node if cluster else 1
@@ -110,7 +109,7 @@ class _Links:
     def all_reduce(self, group: list[int], nbytes: int, ready: float) -> tuple[float, float]:
         if len(group) == 1:
             return ready, ready
-        link = self.collective_link or (self.cluster.group_link(group) if self.cluster else None)
+        link = self.cluster.allreduce_link(group) if self.cluster else None
         self.bytes_by_link[link.name if link else "free"] += int(nbytes * 2 * (len(group) - 1) / len(group))
         keys = [("coll", r) for r in group] + self._ports(group)
         start = max([ready] + [self.free[k] for k in keys])

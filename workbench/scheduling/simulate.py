@@ -63,7 +63,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..core.costs import ClusterSpec, LinkSpec
+from ..core.costs import ClusterSpec
 from ..core.ir import Action, Op, Schedule
 from ..core.timeline import Event, Timeline
 from .memory import memory_breakdown
@@ -131,14 +131,13 @@ SHARING_ROUNDS = 12  # fixed-point rounds at most; the stretch settles to 1% in 
 
 
 def simulate(schedule: Schedule, stage_costs: StageCosts | None = None, cluster: ClusterSpec | None = None, *,
-             collective_link: LinkSpec | None = None, microbatch_size: int | None = None,
-             sharing: CoreSharing | None = None) -> SimResult:
+             microbatch_size: int | None = None, sharing: CoreSharing | None = None) -> SimResult:
     """Time ``schedule`` with ``stage_costs`` on ``cluster`` (see the module docstring).
 
     ``stage_costs=None`` gives every (virtual) stage forward 1 and backward
     2 time units in total per rank (split over interleaved chunks);
-    ``collective_link`` overrides the link all-reduces use (clusters whose
-    collectives reach a different bandwidth than point-to-point).
+    all-reduces reach the cluster's ``collective_link`` where it has one
+    (collectives slower or faster than point-to-point messages).
     ``sharing``: the ranks time-share their node's cores (processor
     sharing replaces the overlap slowdown); the result's metrics carry the
     per-rank compute ``sharing_slowdown`` it settled on.
@@ -150,7 +149,7 @@ def simulate(schedule: Schedule, stage_costs: StageCosts | None = None, cluster:
     if max(stages_used, default=0) >= costs.num_stages:
         raise ValueError(f"schedule uses stages up to {max(stages_used)} but stage_costs has {costs.num_stages}")
     if sharing is None:
-        return _simulate(lowered, costs, cluster, collective_link, microbatch_size, None)
+        return _simulate(lowered, costs, cluster, microbatch_size, None)
     if cluster is not None and sharing.ranks_per_node is None:
         sharing = CoreSharing(sharing.cores, sharing.background, cluster.devices_per_node)
     scale = [1.0] * n
@@ -164,7 +163,7 @@ def simulate(schedule: Schedule, stage_costs: StageCosts | None = None, cluster:
     for _ in range(SHARING_ROUNDS):
         # a message's receiver joins the threads runnable on its node when the message arrives
         wait = None if at is None else (lambda dst, t, at=at: call * sharing.wait_fraction(at(dst, t) + 1))
-        result = _simulate(lowered, costs, cluster, collective_link, microbatch_size, scale, wait)
+        result = _simulate(lowered, costs, cluster, microbatch_size, scale, wait)
         result.metrics["sharing_slowdown"] = scale
         wanted = [sharing.slowdown(a) for a in activity(result.timeline.events, n, sharing, steady)]
         settled = all(abs(w - s) <= 0.01 * s for w, s in zip(wanted, scale))
@@ -177,12 +176,12 @@ def simulate(schedule: Schedule, stage_costs: StageCosts | None = None, cluster:
     return result
 
 
-def _simulate(lowered: Schedule, costs: StageCosts, cluster: ClusterSpec | None, collective_link: LinkSpec | None,
-              microbatch_size: int | None, scale: list[float] | None,
+def _simulate(lowered: Schedule, costs: StageCosts, cluster: ClusterSpec | None, microbatch_size: int | None,
+              scale: list[float] | None,
               message_wait: Callable[[int, float], float] | None = None) -> SimResult:
     """One timed pass; ``scale[r]`` stretches rank r's compute (processor sharing, interference then off) and
     ``message_wait(r, t)`` delays a message rank r receives at time t (its wait for a core)."""
-    run = _Pass(lowered, costs, cluster, collective_link, scale, message_wait)
+    run = _Pass(lowered, costs, cluster, scale, message_wait)
     run.run()
     timeline = Timeline(tuple(run.events), {"schedule": lowered.name, "cluster": cluster.name if cluster else None})
     memory = memory_breakdown(lowered, costs)
@@ -207,12 +206,11 @@ class _Pass:
     messages in flight and the all-reduces launched. A rank runs its next action when its clock is the
     earliest, and parks when it has to wait for another rank (a message, an all-reduce)."""
 
-    def __init__(self, lowered: Schedule, costs: StageCosts, cluster: ClusterSpec | None,
-                 collective_link: LinkSpec | None, scale: list[float] | None,
+    def __init__(self, lowered: Schedule, costs: StageCosts, cluster: ClusterSpec | None, scale: list[float] | None,
                  message_wait: Callable[[int, float], float] | None) -> None:
         n = lowered.num_ranks
         self.lowered, self.costs, self.cluster, self.scale = lowered, costs, cluster, scale
-        self.links = _Links(cluster, collective_link, n, message_wait)
+        self.links = _Links(cluster, n, message_wait)
         if scale is not None:
             self.links.interference = None
         self.meta = lowered.meta

@@ -51,7 +51,7 @@ import plotly.graph_objects as go
 from ..core.costs import ClusterSpec, ModelCosts
 from ..core.partition import Partition
 from ..planning.ampa import Projection, solve
-from ..planning.clusters import cluster_names, collective_link, get_cluster
+from ..planning.clusters import cluster_names, get_cluster
 from ..planning.partitioners import partition as run_partitioner
 from ..core.plan import GPipe, GroPipe, Interleaved, OneFOneB, ParallelPlan
 from ..scheduling.registry import schedule_for, stage_memory
@@ -330,9 +330,7 @@ class PartitionEditor(EditorLaunch):
         cluster = self.cluster_spec
         stage_costs = StageCosts.from_model(self.cluster_costs, partition, self.projection.microbatch_size,
                                             device=cluster.device if cluster else None)
-        sim = simulate(self.schedule_value, stage_costs, cluster, microbatch_size=self.projection.microbatch_size,
-                       collective_link=collective_link(cluster.name) if cluster and cluster.name in
-                       cluster_names() else None)
+        sim = simulate(self.schedule_value, stage_costs, cluster, microbatch_size=self.projection.microbatch_size)
         return EditorState(partition, result, self.optimum, sim)
 
     def refresh(self) -> EditorState | None:
