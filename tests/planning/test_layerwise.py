@@ -273,6 +273,28 @@ def test_solvers_on_random_tables(seed):
         assert memory == sum(options[l][i][1] for l, i in enumerate(picks))
 
 
+
+@pytest.mark.parametrize("seed", range(10))
+def test_bucket_table_breaks_ties_by_last_option_then_least_memory(seed):
+    """The one per-layer programme as the planner's selective recomputation asks it (each option its own layout,
+    nothing to pay between layers): of the fastest choices, the last layer's earliest option, then the least
+    memory, each checked against every choice enumerated (whole-number times, so ties are common)."""
+    rng = random.Random(seed)
+    for _ in range(20):
+        options = [[(float(rng.randint(0, 3)), rng.randint(0, 30), o) for o in range(rng.randint(1, 3))]
+                   for _ in range(rng.randint(1, 6))]
+        budget = rng.randint(1, 100)
+        found = bucket_dp(options, lambda l, a, b: 0.0, budget, resolution=budget)  # whole units: exact
+        fits = [(sum(options[l][i][0] for l, i in enumerate(c)), c[-1], sum(options[l][i][1] for l, i in enumerate(c)))
+                for c in itertools.product(*[range(len(o)) for o in options])
+                if sum(options[l][i][1] for l, i in enumerate(c)) <= budget]
+        if not fits:
+            assert found is None
+            continue
+        time, memory, picks = found
+        assert (time, picks[-1], memory) == min(fits)
+        assert memory == sum(options[l][i][1] for l, i in enumerate(picks))
+
 # -- bad input ---------------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("changes, field", [

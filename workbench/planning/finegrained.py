@@ -7,11 +7,11 @@ for memory, and that this is a knapsack over layers solvable exactly by
 dynamic programming.
 
 Approach. :func:`choose_per_layer` takes, per layer, a list of options
-``(time_ms, memory_bytes)`` and an optional cost of switching between
-consecutive layers' options; memory is counted in ``resolution`` units of
-the budget (rounded up, so a chosen plan always fits), and
-``best[e][o]`` = least time of the layers so far ending in option ``o``
-with ``e`` units used. O(L x resolution x options²).
+``(time_ms, memory_bytes)`` and answers with the per-layer programme of
+:mod:`.layerwise_dp` (:func:`~.layerwise_dp.bucket_dp`, the same table over
+memory buckets the per-layer hybrid search uses): memory is counted in
+``resolution`` units of the budget (rounded up, so a chosen plan always
+fits). O(L x resolution x options).
 
 :func:`selective_recompute_plans` applies it to the pipelines the search
 found too big: for each stage of the time-optimal partition, each layer
@@ -25,57 +25,31 @@ asynchronous pipeline run one option for all layers, so they get none).
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from ..scheduling.stagecosts import layer_times_ms
 from .ampa import solve
 from .estimate import CostContext, Estimate, _stage_costs, simulate_strategy
+from .layerwise_dp import bucket_dp
 from ..core.plan import LayerPlan, NoPipeline, ParallelPlan
 
 __all__ = ["choose_per_layer", "selective_recompute_plans"]
 
 def choose_per_layer(options: Sequence[Sequence[tuple[float, float]]], budget_bytes: float, *,
-                     transition_ms: Callable[[int, int], float] | None = None,
                      resolution: int = 512) -> tuple[float, list[int]] | None:
-    """Least-time choice of one option per layer with total memory <= ``budget_bytes`` (None if none fits)."""
-    if budget_bytes < 0:
-        return None
-    if not options or any(not o for o in options):
-        raise ValueError("every layer needs at least one (time_ms, memory_bytes) option")
-    unit = max(budget_bytes / resolution, 1e-9)
-    inf = math.inf
-    # best[o][e]: least time with the current layer in option o and e units used; back-pointers per layer
-    best = [[inf] * (resolution + 1) for _ in options[0]]
-    for o, (t, m) in enumerate(options[0]):
-        e = math.ceil(m / unit - 1e-9)
-        if e <= resolution:
-            best[o][e] = t
-    back: list[list[list[int]]] = []
-    for layer in range(1, len(options)):
-        nxt = [[inf] * (resolution + 1) for _ in options[layer]]
-        ptr = [[-1] * (resolution + 1) for _ in options[layer]]
-        for o, (t, m) in enumerate(options[layer]):
-            need = math.ceil(m / unit - 1e-9)
-            for p, row in enumerate(best):
-                switch = transition_ms(p, o) if transition_ms else 0.0
-                for e in range(resolution + 1 - need):
-                    value = row[e] + t + switch
-                    if value < nxt[o][e + need]:
-                        nxt[o][e + need], ptr[o][e + need] = value, p
-        best = nxt
-        back.append(ptr)
-    total, o, e = min((v, o, e) for o, row in enumerate(best) for e, v in enumerate(row))
-    if total == inf:
-        return None
-    chosen = [o]
-    for layer in range(len(options) - 1, 0, -1):
-        prev = back[layer - 1][o][e]
-        e -= math.ceil(options[layer][o][1] / unit - 1e-9)
-        o = prev
-        chosen.append(o)
-    return total, chosen[::-1]
+    """Least-time choice of one option per layer with total memory <= ``budget_bytes`` (None if none fits):
+    the per-layer programme (:func:`~.layerwise_dp.bucket_dp`, ``resolution`` buckets) with each option its
+    own layout and nothing to pay between layers. Of equally fast choices, the last layer's earliest option,
+    then the least memory."""
+    found = bucket_dp([[(t, m, o) for o, (t, m) in enumerate(layer)] for layer in options], _free, budget_bytes,
+                      resolution)
+    return None if found is None else (found[0], found[2])
+
+
+def _free(layer: int, before: int, after: int) -> float:
+    """Switching options between layers costs nothing."""
+    return 0.0
 
 
 def selective_recompute_plans(ctx: CostContext, strategies: Sequence[ParallelPlan],

@@ -82,7 +82,11 @@ def bucket_dp(options: Sequence[Sequence[Option]], transition: Callable[[int, Ha
               budget: float, resolution: int | None = None) -> tuple[float, float, list[int]] | None:
     """Galvatron's dynamic programme over memory buckets: ``best[layout][e]`` = least time with at most ``e``
     units of ``budget / resolution`` used (default: 1 MiB units). Each option's memory is rounded up to
-    whole units, so a result always fits but one that fits only exactly may be missed. O(L x E x options)."""
+    whole units, so a result always fits but one that fits only exactly may be missed. O(L x E x options).
+
+    Of equally fast choices it returns the one whose last layer's layout comes first (in the order the
+    last layer's options name them), then the fewest units, then, layer by layer from the last, the
+    earliest option and the earliest previous layout."""
     if not options or any(not layer for layer in options):
         raise _error("options", options, "every layer needs at least one (time, memory, layout) option")
     if resolution is not None and (isinstance(resolution, bool) or not isinstance(resolution, int) or resolution < 1):
@@ -91,7 +95,8 @@ def bucket_dp(options: Sequence[Sequence[Option]], transition: Callable[[int, Ha
         return None
     size = max(1, math.ceil(budget / MIB)) if resolution is None else resolution
     unit, inf = max(budget / size, 1e-9), math.inf
-    needs = [[math.ceil(o[1] / unit) for o in layer] for layer in options]  # rounded up: never over the budget
+    # rounded up, so never over the budget; a whole number of units the division lands a hair above stays that number
+    needs = [[math.ceil(o[1] / unit - 1e-9) for o in layer] for layer in options]
     tables: list[dict[Hashable, list[float]]] = []
     previous: dict[Hashable, list[float]] = {None: [0.0] * (size + 1)}
     for l, layer in enumerate(options):
@@ -114,7 +119,7 @@ def bucket_dp(options: Sequence[Sequence[Option]], transition: Callable[[int, Ha
     best = previous[key][size]
     if best == inf:
         return None
-    picks, e = [], size
+    picks, e = [], previous[key].index(best)  # the fewest units that reach it (each row falls with e)
     for l in range(len(options) - 1, -1, -1):  # redo each cell's arithmetic to find the option it came from
         target = tables[l][key][e]
         before = tables[l - 1] if l else {None: [0.0] * (size + 1)}
