@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from workbench.core.costs import LayerCost, ModelCosts
 from workbench.core.partition import Partition
 from workbench.planning.ampa import Projection, ampa, kind_memory, search
-from workbench.scheduling.registry import StageMemory
+from workbench.core.plan import PIPELINE_KINDS, ParallelPlan
+from workbench.scheduling.registry import StageMemory, stage_memory
 from workbench.scheduling.zero_bubble import zb_h2
 from workbench.planning.clusters import get_cluster
 from workbench.planning.partitioners import block_partition, manual, partition
@@ -104,6 +105,28 @@ def test_the_memory_ampa_counts_is_read_off_each_kind_s_schedule():
     with pytest.raises(ValueError, match="schedule must be a pipeline kind"):
         kind_memory("fifo", 2, 2)
 
+
+
+def test_ampa_counts_each_kind_s_memory_only_from_its_schedule():
+    """One count of what a stage keeps: AMPA's memory for a pipeline kind (by name, as the CLI and the search
+    pass it) is the schedule registry's stage_memory of that kind's plan, for every kind and a few stage and
+    micro-batch counts, and a partition costed by kind name equals one costed by the plan's stage_memory."""
+    costs = make_costs([(1.0 + i % 3, 2.0, 10**6, 10**6 * (1 + i % 4), 0) for i in range(12)])
+    checked = set()
+    for kind in (k for k in PIPELINE_KINDS if k != "none"):
+        for stages in (1, 2, 3, 4):
+            for m in (1, 2, 4, 8):
+                try:
+                    plan = ParallelPlan.for_pipeline(kind, stages, m)
+                    expected = stage_memory(plan)
+                except ValueError:  # a shape the kind does not run (too few stages or micro-batches)
+                    continue
+                virtual = plan.num_virtual_stages
+                assert kind_memory(kind, virtual, m) == expected, (kind, stages, m)
+                by_name = ampa(costs, virtual, num_microbatches=m, schedule=kind)
+                assert by_name == ampa(costs, virtual, num_microbatches=m, schedule=expected), (kind, stages, m)
+                checked.add(kind)
+    assert checked == set(PIPELINE_KINDS) - {"none"}
 
 def test_block_partition_and_params_baselines():
     assert block_partition([1, 1, 1, 1, 4], 2).sizes == [4, 1]

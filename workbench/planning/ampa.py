@@ -65,7 +65,6 @@ def kind_memory(kind: str, num_stages: int, num_microbatches: int) -> StageMemor
     if num_stages // chunks < cls.min_stages:  # one stage: each micro-batch's backward follows its forward
         return StageMemory((1,) * num_stages, (0,) * num_stages)
     return stage_memory(ParallelPlan.for_pipeline(kind, num_stages // chunks, num_microbatches))
-    raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
 
 
 @dataclass(frozen=True)
