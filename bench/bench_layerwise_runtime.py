@@ -8,7 +8,7 @@ sharded (FSDP), zero2, 2-way tensor-parallel and recomputed layers.
 
 Each round profiles the model in one process, runs a plain ``dp4`` job as
 the compute calibration and a ``dp4-fsdp`` job that fixes the layer-by-layer
-runtime's per-call collective cost (:func:`~workbench.planning.calibrate.fit_call_ms`;
+runtime's per-call collective cost (:func:`~workbench.planning.run_calibration.fit_call_ms`;
 neither is one of the compared plans), and predicts each
 plan with the per-layer cost model on the ``local`` cluster: the profile's
 compute scaled by the calibration and by the cores' time sharing (with the
@@ -131,7 +131,7 @@ def _predict(costs, k: float, background: float, plan: str, call_ms: float | Non
     """The per-layer cost model's plan; ``call_ms``: the per-step cost of a collective (default: the cluster's)."""
     from dataclasses import replace
 
-    from workbench.planning.calibration import scale_compute
+    from workbench.planning.compute_scaling import scale_compute
     from workbench.planning.clusters import load_cluster
     from workbench.planning.estimate import cost_context
     from workbench.planning.hybrid import cost_plan
@@ -151,7 +151,7 @@ def one_round(rep: int, root: Path, plans: list[str]) -> dict:
 
     from workbench.core.plan import ParallelPlan
     from workbench.planning import calibrate_from_run
-    from workbench.planning.calibrate import fit_call_ms
+    from workbench.planning.run_calibration import fit_call_ms
 
     costs = _profile()
     background = runnable_now()

@@ -148,7 +148,7 @@ print(to_toml({"model": config.model, "global_batch": config.global_batch, "plan
 # `plan(costs, "local", local_batch, world_size=4, strategies=["pp4-gpipe-m4"]).best.to_config(steps=9)`),
 # then plan with `calibration=job.run_dir` (CLI: `--calibrate RUN_DIR`). The
 # profile's compute is scaled by what that run's ranks measured
-# (`workbench.planning.calibrate`). The runtime's extra work comes per
+# (`workbench.planning.run_calibration`). The runtime's extra work comes per
 # micro-batch, so runs at two micro-batch sizes (`pp4-gpipe-m4` and
 # `pp4-gpipe-m16`) fit a per-micro-batch cost, and the asynchronous pipeline,
 # which binds a weight version to every forward, takes a run of its own
@@ -180,7 +180,7 @@ server_costs = project(profile(server_model, batch=8, repeats=1, progress=False)
 server = plan(server_costs, server_cluster, server_batch, kinds=("dp", "gropipe", "pipeline", "async"),
               recompute=(False,), simulate_top=24)
 dp = server["dp8"].estimate
-gro = min((p for p in server.plans if p.strategy.family == "gropipe" and p.estimate.method == "simulated"),
+gro = min((p for p in server.plans if p.plan.family == "gropipe" and p.estimate.method == "simulated"),
           key=lambda p: p.estimate.iteration_ms)
 print(f"{server_model} on {server_cluster}: dp8 {dp.iteration_ms:.1f} ms "
       f"(exposed all-reduce {dp.exposed_comm_ms:.1f} ms); best GroPipe {gro.name} {gro.estimate.iteration_ms:.1f} ms "
@@ -300,7 +300,7 @@ assert [p.estimate.iteration_ms for p in simulated] == sorted(p.estimate.iterati
 for p in local.plans + server.plans:
     e = p.estimate
     assert abs(e.compute_ms + e.bubble_ms + e.exposed_comm_ms - e.iteration_ms) < 1e-6 * e.iteration_ms, p.name
-    assert ParallelPlan.parse(p.name) == p.strategy
+    assert ParallelPlan.parse(p.name) == p.plan
 assert config.world_size == local_world and config.global_batch == local_batch
 assert load_cluster("local").shared_compute and load_cluster(server_cluster).world_size == 8
 assert dp.exposed_comm_ms > 0 and gro.estimate.iteration_ms > 0

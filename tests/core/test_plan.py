@@ -67,13 +67,13 @@ def test_planner_plans_with_partitions_and_per_layer_recompute_round_trip():
     big = ModelCosts("big", 8, "synthetic", tuple(replace(layer, name=f"l{i}") for i in range(8)))
     result = plan(big, "8xV100-PCIe", 32, world_size=4, memory_cap_gib=1.2, kinds=("pipeline",), recompute=(False,),
                   fine_grained=True)
-    per_layer = [p for p in result.plans if not p.strategy.is_uniform and "recompute_layers" in p.estimate.detail]
+    per_layer = [p for p in result.plans if not p.plan.is_uniform and "recompute_layers" in p.estimate.detail]
     assert per_layer, "the fine-grained search found no per-layer recompute plan"
     for p in result.plans:
-        emitted = p.strategy.replace(partition=str(p.estimate.partition)) if p.strategy.pp > 1 else p.strategy
+        emitted = p.plan.replace(partition=str(p.estimate.partition)) if p.plan.pp > 1 else p.plan
         assert ParallelPlan.parse(emitted.name) == emitted
         assert _through_toml(emitted) == emitted
-    chosen = per_layer[0].strategy
+    chosen = per_layer[0].plan
     assert [l.recompute for l in chosen.layers] == [i in per_layer[0].estimate.detail["recompute_layers"]
                                                     for i in range(8)]
     assert runs_layer_by_layer(per_layer[0].to_config().plan)  # the layer-by-layer runtime takes it

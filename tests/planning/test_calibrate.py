@@ -13,8 +13,8 @@ from workbench.core.partition import Partition
 from workbench.core.plan import ParallelPlan
 from workbench.core.timeline import Event, Timeline
 from workbench.planning import plan
-from workbench.planning.calibrate import calibrate_from_run, calibrate_from_timeline, calibrate_tensor_from_timeline
-from workbench.planning.calibration import (ComputeModel, RuntimeCalibration, compute_models, fit_factor,
+from workbench.planning.run_calibration import calibrate_from_run, calibrate_from_timeline, calibrate_tensor_from_timeline
+from workbench.planning.compute_scaling import (ComputeModel, RuntimeCalibration, compute_models, fit_factor,
                                            profiled_compute_models, runtime_family)
 from workbench.planning.tensor_costs import TransformerShape
 from workbench.planning.clusters import core_sharing, get_cluster
@@ -264,7 +264,7 @@ def test_calibration_from_a_real_tensor_parallel_run(tmp_path, capsys):
 
 
 def test_the_per_call_cost_of_a_runtimes_collectives_is_fitted_from_one_run():
-    from workbench.planning.calibrate import fit_call_ms
+    from workbench.planning.run_calibration import fit_call_ms
     from workbench.planning.hybrid import cost_plan
 
     costs = ModelCosts.uniform(6, forward_ms=2.0, backward_ms=4.0, param_bytes=2**20, activation_bytes=2**16,

@@ -31,7 +31,7 @@ def projected(tmp_path_factory):
 def gain(costs, collective_link=None) -> float:
     cluster = replace(get_cluster(CLUSTER), collective_link=collective_link)
     result = plan(costs, cluster, 256, kinds=("dp", "gropipe"), recompute=(False,), simulate_top=40)
-    best = min((p for p in result.plans if p.strategy.family == "gropipe" and p.estimate.method == "simulated"),
+    best = min((p for p in result.plans if p.plan.family == "gropipe" and p.estimate.method == "simulated"),
                key=lambda p: p.estimate.iteration_ms)
     return result["dp8"].estimate.iteration_ms / best.estimate.iteration_ms - 1
 

@@ -224,9 +224,9 @@ def test_a_searched_per_layer_plan_runs_exactly_as_planned(tmp_path):
     assert mixed, "the per-layer search found no mixed plan under the cap"
     chosen = mixed[0]
     from workbench.planning.hybrid import as_estimate
-    from workbench.planning.search import Plan
+    from workbench.planning.search import RankedPlan
 
-    run_config = Plan(chosen.plan, as_estimate(chosen), costs.model, 16).to_config(
+    run_config = RankedPlan(chosen.plan, as_estimate(chosen), costs.model, 16).to_config(
         model_overrides=overrides, steps=2, data={"kind": "bytes-lm", "seq_len": 32})
     job = launch(LaunchSpec(config=run_config.to_dict(), name="per-layer", run_root=str(tmp_path)))
     assert job.wait(timeout=200).state == "SUCCEEDED"

@@ -64,7 +64,7 @@ def test_plans_turn_into_launch_configs():
     assert (g.dp, g.pp, g.microbatches, g.pipeline) == (2, 4, 8, GroPipe(inner="1f1b", delay=1))
     assert g.partition == str(result["gropipe-2x4-1f1b-m8-d1"].estimate.partition)
     assert configs["gropipe-2x4-1f1b-m8-d1"].steps == 3
-    assert g.replace(partition="uniform") == result["gropipe-2x4-1f1b-m8-d1"].strategy
+    assert g.replace(partition="uniform") == result["gropipe-2x4-1f1b-m8-d1"].plan
     t = configs["tp2d-2x2-dp2"].plan
     assert (t.tp_kind, t.tp, t.q, t.dp) == ("2d", 4, 2, 2)
     assert configs["pp8-interleaved-v2-m8"].plan.pipeline == Interleaved(chunks=2)
@@ -100,7 +100,7 @@ def test_selective_recomputation_fits_where_keeping_everything_does_not():
         assert 0 < len(p.estimate.detail["recompute_layers"]) <= big.num_layers
     # only pipelines the layer-by-layer runtime runs with per-layer options get them: never GroPipe or async
     everything = plan(big, "8xV100-PCIe", 32, world_size=4, memory_cap_gib=1.2, recompute=(False,), fine_grained=True)
-    per_layer = [p.strategy for p in everything.plans if p.strategy.layers and len(set(p.strategy.layers)) > 1]
+    per_layer = [p.plan for p in everything.plans if p.plan.layers and len(set(p.plan.layers)) > 1]
     assert per_layer and all(s.pipeline.kind in ("gpipe", "1f1b", "interleaved", "none") for s in per_layer), \
         [s.name for s in per_layer]
 
@@ -169,7 +169,7 @@ def test_strategy_names_in_plans_parse_back():
     result = plan(COSTS, "2x8xH100-IB", 64, top=20)
     assert len(result.plans) == 20 and [p.rank for p in result.plans] == list(range(1, 21))
     for p in result.plans:
-        assert ParallelPlan.parse(p.name) == p.strategy
+        assert ParallelPlan.parse(p.name) == p.plan
     assert json.loads(json.dumps(result.to_dict(), default=str))["best"] == result.best.name
 
 

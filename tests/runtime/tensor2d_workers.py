@@ -22,7 +22,7 @@ from workbench.runtime.strategies.tensor1d import parallelize_1d, tp_axis
 from workbench.runtime.strategies.tensor2d.comm import CommCounter, Grid2D
 from workbench.runtime.strategies.tensor2d.layers import Linear2D
 from workbench.runtime.strategies.tensor2d.memory import measure_saved_bytes, parameter_bytes
-from workbench.runtime.strategies.tensor2d.plan import parallelize_2d
+from workbench.runtime.strategies.tensor2d.sharding import parallelize_2d
 from workbench.runtime.strategies.tensor2d.train import (
     TensorParallelConfig, dense_gpt2, local_rows, run_tensor_parallel, synthetic_batch)
 
@@ -54,7 +54,7 @@ def check_gpt2_2d(q: int, sizes: dict | None = None) -> dict:
     grid = Grid2D.from_groups(build_groups(Topology(dp=1, tp_row=q, tp_col=q)))
     dense = dense_gpt2(config)
     ids = synthetic_batch(config, 0)
-    module, plan = parallelize_2d(dense, grid)
+    module, rules = parallelize_2d(dense, grid)
     out = dense(ids, labels=ids, output_hidden_states=True)
     out.loss.backward()
     mine = local_rows(ids, grid.i, q)
@@ -65,8 +65,8 @@ def check_gpt2_2d(q: int, sizes: dict | None = None) -> dict:
         loss = module.loss(mine)
     loss.backward()
     logits = module(mine)
-    grads = plan.gather_dense_state_dict(module, grid, grads=True)
-    weights = plan.gather_dense_state_dict(module, grid)
+    grads = rules.gather_dense_state_dict(module, grid, grads=True)
+    weights = rules.gather_dense_state_dict(module, grid)
     fresh = dense_gpt2(TensorParallelConfig(mode="2d", q=q, **{**TINY, **(sizes or {})}, seed=7))
     fresh.load_state_dict(weights)
     with measure_saved_bytes(dense) as dense_saved:
@@ -98,7 +98,7 @@ def check_bert_2d(q: int) -> dict:
     mask[1, 8:] = 0
     mask[3, 5:] = 0
     labels = torch.tensor([0, 2, 1, 2])
-    module, plan = parallelize_2d(dense, grid)
+    module, rules = parallelize_2d(dense, grid)
     out = dense(ids, attention_mask=mask, labels=labels, output_hidden_states=True)
     out.loss.backward()
     rows = lambda t: local_rows(t, grid.i, q)
@@ -106,7 +106,7 @@ def check_bert_2d(q: int) -> dict:
     mine = module(rows(ids), rows(mask))
     loss = module.loss(rows(ids), rows(labels), rows(mask))
     loss.backward()
-    grads = plan.gather_dense_state_dict(module, grid, grads=True)
+    grads = rules.gather_dense_state_dict(module, grid, grads=True)
     return {
         "sequence_diff": (mine["sequence"] - rows(out.hidden_states[-1])[..., grid.j * width:(grid.j + 1) * width]).abs().max().item(),
         "logits_diff": (mine["logits"] - rows(out.logits)).abs().max().item(),
@@ -120,16 +120,16 @@ def check_gpt2_1d(degree: int) -> dict:
     axis = tp_axis(build_groups(Topology(dp=1, tp=degree)))
     dense = dense_gpt2(config)
     ids = synthetic_batch(config, 0)
-    module, plan = parallelize_1d(dense, axis)
+    module, rules = parallelize_1d(dense, axis)
     out = dense(ids, labels=ids)
     out.loss.backward()
     with measure_saved_bytes(module) as saved:
         loss = module.loss(ids)
     loss.backward()
-    grads = plan.gather_dense_state_dict(module, axis, grads=True)
+    grads = rules.gather_dense_state_dict(module, axis, grads=True)
     return {"loss_diff": abs(loss.item() - out.loss.item()),
             "grad_diff": max_diff(grads, {k: p.grad for k, p in dense.named_parameters()}),
-            "roundtrip_diff": max_diff(plan.gather_dense_state_dict(module, axis), dense.state_dict()),
+            "roundtrip_diff": max_diff(rules.gather_dense_state_dict(module, axis), dense.state_dict()),
             "param_bytes": parameter_bytes(module), "activation_bytes": saved.bytes}
 
 

@@ -71,7 +71,7 @@ def test_replanning_follows_the_controls(costs):
     explorer.top.value = 3
     explorer.plan_button.click()
     assert explorer.result.cluster.name == "8xV100-PCIe" and len(explorer.strategy.options) == 3
-    assert all(p.strategy.world_size == 8 for p in explorer.result.plans)
+    assert all(p.plan.world_size == 8 for p in explorer.result.plans)
     explorer.memory_cap.value = 0.001
     explorer.plan_button.click()
     assert "no strategy" in explorer.error.value and explorer.result.cluster.name == "8xV100-PCIe"

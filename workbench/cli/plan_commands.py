@@ -223,5 +223,5 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                         "run is best). Repeat it: scheduled-pipeline runs at two micro-batch sizes fit a "
                         "per-micro-batch cost, an async pipeline's run calibrates the async runtime, and a "
                         "tensor-parallel run (tp2d, tp1d; of a GPT-2/BERT model) its own runtime "
-                        "(workbench.planning.calibrate)")
+                        "(workbench.planning.run_calibration)")
     p.set_defaults(handler=_plan)

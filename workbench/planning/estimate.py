@@ -52,8 +52,8 @@ from ..scheduling.sharing import CoreSharing
 from ..scheduling.simulate import SimResult, simulate
 from ..scheduling.stagecosts import StageCosts
 from .ampa import PartitionResult, Projection, _allreduce_exposed, solve
-from .calibration import ComputeModel, runtime_family, scale_compute
 from .clusters import collective_wait_fraction, core_sharing, shared_cores, time_sharing_slowdown
+from .compute_scaling import ComputeModel, runtime_family, scale_compute
 from .tensor_costs import TransformerShape, estimate_step, simulate_step, step_flops
 
 __all__ = ["Estimate", "estimate", "project", "simulate_strategy", "CostContext", "cost_context", "DDP_BUCKET_BYTES"]
@@ -74,7 +74,7 @@ class CostContext:
     optimizer: str = "adam"
     world_size: int | None = None
     background_load: float = 0.0
-    # the runtime families' compute against the profile (planning.calibration.compute_models); empty: as profiled
+    # the runtime families' compute against the profile (planning.compute_scaling.compute_models); empty: as profiled
     compute_models: dict[str, ComputeModel] = field(default_factory=dict)
     _partitions: dict[tuple, PartitionResult | ValueError] = field(default_factory=dict, repr=False)
     _projections: dict[tuple, Projection] = field(default_factory=dict, repr=False)

@@ -42,7 +42,7 @@ without TP, as Megatron replicates them. A template never beats the
 per-layer plan in this model (it is one of the assignments the programme
 considers); how much the mix gains is the question.
 
-The answer's types are in :mod:`.hybrid_plans`, the search's state and the
+The answer's types are in :mod:`.hybrid_results`, the search's state and the
 timing of a split in :mod:`.hybrid_stages`, the partition candidates in
 :mod:`.hybrid_partitions`; the public names are re-exported here.
 
@@ -59,14 +59,14 @@ from ..core.costs import ClusterSpec, LayerCost, ModelCosts
 from ..core.partition import Partition
 from ..core.plan import GroPipe, NoPipeline, OneFOneB, ParallelPlan
 from .hybrid_partitions import _partitions, _split
-from .hybrid_plans import (TEMPLATE_SPLITS, TEMPLATE_TEXT, TEMPLATES, HybridPlan, HybridResult, StagePlan,
-                           _template_names, as_estimate, template_of)
+from .hybrid_results import (TEMPLATE_SPLITS, TEMPLATE_TEXT, TEMPLATES, HybridEstimate, HybridResult,
+                             StageEstimate, _template_names, as_estimate, template_of)
 from .hybrid_stages import _evaluate, _microbatch_options, _pp_options, _Search, _timed
 from .layer_strategies import LayerKind, LayerStrategy, layer_kinds, stage_strategies
 from .layerwise import assignment_cost
 
-__all__ = ["StagePlan", "HybridPlan", "HybridResult", "search_hybrid", "cost_plan", "as_estimate", "TEMPLATES",
-           "TEMPLATE_TEXT", "template_of"]
+__all__ = ["StageEstimate", "HybridEstimate", "HybridResult", "search_hybrid", "cost_plan", "as_estimate",
+           "TEMPLATES", "TEMPLATE_TEXT", "template_of"]
 
 
 def search_hybrid(costs: ModelCosts, cluster: ClusterSpec, global_batch: int, *, budget_bytes: float | None = None,
@@ -96,7 +96,7 @@ def search_hybrid(costs: ModelCosts, cluster: ClusterSpec, global_batch: int, *,
     if not pps:
         raise ValueError(f"no pipeline degree in {list(pp_options or [])} divides {world} devices into power-of-two "
                          f"stages of at least one of the {costs.num_layers} layers")
-    plans: list[HybridPlan] = []
+    plans: list[HybridEstimate] = []
     configs = [(pp, m) for pp in pps for m in _microbatch_options(pp, global_batch, world // pp, microbatch_options)]
     if not configs:
         raise ValueError(f"global batch {global_batch} does not split into whole samples per device for any pipeline "
@@ -141,9 +141,9 @@ def _checked_inputs(costs: ModelCosts, cluster: ClusterSpec, global_batch: int, 
 
 
 def _search_shape(search: _Search, templates: Sequence[str], pp: int, m: int, tried: dict[tuple, set[tuple]],
-                  several_nodes: bool, limit: int) -> list[HybridPlan]:
+                  several_nodes: bool, limit: int) -> list[HybridEstimate]:
     """The plans of one pipeline degree and micro-batch count: per layer and per template strategy."""
-    plans: list[HybridPlan] = []
+    plans: list[HybridEstimate] = []
     n = search.world // pp
     # across nodes the mesh's TP size decides which ranks a stage gets. A pipeline's stage is one
     # tensor-parallel unit (consecutive ranks, as in Galvatron's trees, and what the layer-by-layer runtime
@@ -166,10 +166,10 @@ def _search_shape(search: _Search, templates: Sequence[str], pp: int, m: int, tr
     return plans
 
 
-def _on_template_splits(search: _Search, plans: list[HybridPlan], tried: dict[tuple, set[tuple]],
-                        several_nodes: bool) -> list[HybridPlan]:
+def _on_template_splits(search: _Search, plans: list[HybridEstimate], tried: dict[tuple, set[tuple]],
+                        several_nodes: bool) -> list[HybridEstimate]:
     """The per-layer plans on the splits of the :data:`TEMPLATE_SPLITS` fastest template pipelines not yet tried."""
-    found_plans: list[HybridPlan] = []
+    found_plans: list[HybridEstimate] = []
     for p in sorted((p for p in plans if p.source is not None and p.plan.pp > 1),
                     key=lambda p: p.iteration_ms)[:TEMPLATE_SPLITS]:
         bounds = tuple((s.first, s.last) for s in p.stages)
@@ -182,9 +182,9 @@ def _on_template_splits(search: _Search, plans: list[HybridPlan], tried: dict[tu
     return found_plans
 
 
-def _best_per_template(plans: list[HybridPlan], templates: Sequence[str]) -> dict[str, HybridPlan]:
+def _best_per_template(plans: list[HybridEstimate], templates: Sequence[str]) -> dict[str, HybridEstimate]:
     """The fastest plan of each template (ties by name); a uniform plan also counts as a per-layer one."""
-    best: dict[str, HybridPlan] = {}
+    best: dict[str, HybridEstimate] = {}
     for p in plans:
         names = ["per-layer"] if p.source is None else _template_names(p.source, p.plan.pp, templates)
         if "per-layer" in templates:
@@ -197,7 +197,7 @@ def _best_per_template(plans: list[HybridPlan], templates: Sequence[str]) -> dic
 
 def cost_plan(costs: ModelCosts, cluster: ClusterSpec, global_batch: int, plan: ParallelPlan | str, *,
               optimizer: str = "adam",
-              kinds: Sequence[LayerKind] | Callable[[LayerCost], LayerKind] | None = None) -> HybridPlan:
+              kinds: Sequence[LayerKind] | Callable[[LayerCost], LayerKind] | None = None) -> HybridEstimate:
     """What the per-layer model predicts for one given plan (as :func:`search_hybrid` costs its candidates):
     iteration time, its breakdown and each stage's memory per device (not checked against a budget).
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Sequence
 
-from .hybrid_plans import HybridPlan
+from .hybrid_results import HybridEstimate
 from .hybrid_stages import _as_template, _evaluate, _Search
 from .layer_strategies import LayerStrategy, for_layer
 from .layerwise import layer_cost
@@ -76,7 +76,7 @@ def _least_memory(search: _Search, pp: int, m: int, strategy: LayerStrategy | No
 
 
 def _partitions(search: _Search, template: str, strategy: LayerStrategy | None, pp: int, m: int,
-                seen: set[tuple]) -> list[HybridPlan]:
+                seen: set[tuple]) -> list[HybridEstimate]:
     """The plans of the partition candidates of :mod:`.hybrid`'s docstring (one list entry per feasible split);
     ``seen`` collects the splits tried."""
     num = search.costs.num_layers
@@ -84,9 +84,9 @@ def _partitions(search: _Search, template: str, strategy: LayerStrategy | None, 
         seen.add(((0, num - 1),))
         plan = _evaluate(search, template, strategy, 1, m, [(0, num - 1)])
         return [plan] if plan else []
-    found: list[HybridPlan] = []
+    found: list[HybridEstimate] = []
 
-    def attempt(bounds: list[tuple[int, int]] | None) -> HybridPlan | None:
+    def attempt(bounds: list[tuple[int, int]] | None) -> HybridEstimate | None:
         if bounds is None or tuple(bounds) in seen:
             return None
         seen.add(tuple(bounds))

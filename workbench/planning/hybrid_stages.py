@@ -16,7 +16,7 @@ from typing import Any, Sequence
 from ..core.costs import ClusterSpec, ModelCosts
 from ..core.plan import NoPipeline, OneFOneB, ParallelPlan
 from ..core.topology import Topology
-from .hybrid_plans import TEMPLATES, HybridPlan, StagePlan, _template_names
+from .hybrid_results import TEMPLATES, HybridEstimate, StageEstimate, _template_names
 from .layer_strategies import LayerKind, LayerStrategy, stage_strategies
 from .layerwise import NoFit, StageAssignment, StageSpec, assignment_cost, search_stage
 
@@ -152,7 +152,7 @@ def _p2p_ms(search: _Search, bounds: list[tuple[int, int]], pp: int, m: int) -> 
 
 
 def _evaluate(search: _Search, template: str, strategy: LayerStrategy | None, pp: int, m: int,
-              bounds: list[tuple[int, int]]) -> HybridPlan | None:
+              bounds: list[tuple[int, int]]) -> HybridEstimate | None:
     assignments = []
     for k, (a, b) in enumerate(bounds):
         found = search.stage(template, strategy, pp, m, k, a, b)
@@ -167,14 +167,14 @@ def _evaluate(search: _Search, template: str, strategy: LayerStrategy | None, pp
 
 
 def _timed(search: _Search, plan: ParallelPlan, bounds: list[tuple[int, int]], assignments: list[StageAssignment],
-           template: str, strategy: LayerStrategy | None) -> HybridPlan:
+           template: str, strategy: LayerStrategy | None) -> HybridEstimate:
     """The plan with its iteration: slowest stage, fill and drain, boundary transfers (see :mod:`.hybrid`)."""
     pp, m, n = plan.pp, plan.microbatches, search.world // plan.pp
-    stages = tuple(StagePlan(a, b, k * n, n, min(pp - k, m), found)
+    stages = tuple(StageEstimate(a, b, k * n, n, min(pp - k, m), found)
                    for k, ((a, b), found) in enumerate(zip(bounds, assignments)))
     slowest = max(s.time_ms for s in stages)
     bubble = (pp - 1) * max((s.part("compute_ms") + s.part("tp_comm_ms") + s.assignment.transition_ms) / m
                             for s in stages)
     p2p = _p2p_ms(search, bounds, pp, m)
-    return HybridPlan(plan, stages, template, search.global_batch, slowest + bubble + p2p, bubble, p2p,
-                      tuple(l.name for l in search.costs.layers), strategy)
+    return HybridEstimate(plan, stages, template, search.global_batch, slowest + bubble + p2p, bubble, p2p,
+                          tuple(l.name for l in search.costs.layers), strategy)

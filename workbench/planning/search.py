@@ -17,7 +17,7 @@ choice by dynamic programming over layers (:mod:`.finegrained`).
 
 ``plan(...)`` returns a :class:`PlanResult`: a ranked pandas table (name,
 iteration_ms, throughput, memory_gib, compute_ms, bubble_ms,
-exposed_comm_ms, feasible, reason), the :class:`Plan` objects (strategy,
+exposed_comm_ms, feasible, reason), the :class:`RankedPlan` objects (plan,
 estimate, simulated timeline, ``to_config()`` for the jobs room) and the
 infeasible strategies with their reasons. When nothing fits, the error names
 the strategy that comes closest and by how much it misses.
@@ -36,16 +36,16 @@ from ..core.costs import ClusterSpec, ModelCosts
 from ..core.plan import ParallelPlan
 from ..core.timeline import Timeline
 from ..scheduling.simulate import SimResult
-from .calibrate import calibrate_from_run
-from .calibration import ComputeModel, RuntimeCalibration, compute_models, profiled_compute_models, scale_compute
 from .clusters import load_cluster, shared_cores
+from .compute_scaling import ComputeModel, RuntimeCalibration, compute_models, profiled_compute_models, scale_compute
 from .estimate import GIB, Estimate, cost_context, estimate, project
-from .hybrid import TEMPLATE_TEXT, HybridPlan, HybridResult, as_estimate, search_hybrid
+from .hybrid import TEMPLATE_TEXT, HybridEstimate, HybridResult, as_estimate, search_hybrid
 from .layer_strategies import decision_trees, stage_strategies
+from .run_calibration import calibrate_from_run
 from .space import STRATEGY_KINDS, check_plan, enumerate_strategies
 from .tensor_costs import TransformerShape
 
-__all__ = ["plan", "Plan", "PlanResult", "transformer_shape", "TABLE_COLUMNS"]
+__all__ = ["plan", "RankedPlan", "PlanResult", "transformer_shape", "TABLE_COLUMNS"]
 
 TABLE_COLUMNS = ["rank", "name", "iteration_ms", "throughput", "memory_gib", "compute_ms", "bubble_ms",
                  "exposed_comm_ms", "method", "partition", "feasible", "reason"]
@@ -68,10 +68,10 @@ def transformer_shape(config: dict[str, Any], batch: int) -> TransformerShape:
 
 
 @dataclass(frozen=True)
-class Plan:
+class RankedPlan:
     """One ranked strategy: its plan, its estimate, its timeline and the launch config that runs it."""
 
-    strategy: ParallelPlan
+    plan: ParallelPlan
     estimate: Estimate
     model: str
     global_batch: int
@@ -80,7 +80,12 @@ class Plan:
 
     @property
     def name(self) -> str:
-        return self.strategy.name
+        return self.plan.name
+
+    @property
+    def strategy(self) -> ParallelPlan:
+        """The same :class:`ParallelPlan` as ``plan`` (``strategy`` is its key in :meth:`to_dict`)."""
+        return self.plan
 
     @property
     def sim(self) -> SimResult | None:
@@ -95,10 +100,10 @@ class Plan:
     def to_config(self, **overrides: Any) -> RunConfig:
         """The :class:`~workbench.core.config.RunConfig` that launches this plan (``overrides`` win), with the
         partition the estimate found; a plan the runtime cannot run yet is refused here, with the reason."""
-        plan = self.strategy
+        plan = self.plan
         if self.estimate.partition is not None and plan.pp > 1:
             plan = plan.replace(partition=str(self.estimate.partition))
-        data: dict[str, Any] = {"model": self.model, "name": self.strategy.name, "global_batch": self.global_batch,
+        data: dict[str, Any] = {"model": self.model, "name": self.plan.name, "global_batch": self.global_batch,
                                 "plan": plan.to_dict()}
         if self.estimate.detail.get("placement"):
             data["placement"] = list(self.estimate.detail["placement"])  # the devices the estimate's links assumed
@@ -109,20 +114,20 @@ class Plan:
         """Every layer's options: ``{"name", "tp", "dp_kind", "recompute"}`` (plus the TP kind and grouping)."""
         if "layers" in self.estimate.detail:
             return self.estimate.detail["layers"]
-        names = self.layer_names or tuple(f"layer_{i}" for i in range(len(self.strategy.layers)))
+        names = self.layer_names or tuple(f"layer_{i}" for i in range(len(self.plan.layers)))
         return [{"name": name, "tp": l.tp_degree, "tp_kind": l.tp, "dp_kind": l.dp, "recompute": l.recompute,
-                 "consecutive": l.consecutive} for name, l in zip(names, self.strategy.layers_for(len(names)))]
+                 "consecutive": l.consecutive} for name, l in zip(names, self.plan.layers_for(len(names)))]
 
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, **self.estimate.to_dict(), "layers": self.layers(),
-                "strategy": self.strategy.to_dict()}
+                "strategy": self.plan.to_dict()}
 
 
 @dataclass
 class PlanResult:
     """Ranked plans (fastest first), the strategies that cannot run with why, and the search's own cost."""
 
-    plans: list[Plan]
+    plans: list[RankedPlan]
     infeasible: list[dict[str, Any]]
     cluster: ClusterSpec
     global_batch: int
@@ -132,10 +137,10 @@ class PlanResult:
     per_layer: "HybridResult | None" = None  # the per-layer search's own result (fine_grained)
 
     @property
-    def best(self) -> Plan:
+    def best(self) -> RankedPlan:
         return self.plans[0]
 
-    def __getitem__(self, name: str) -> Plan:
+    def __getitem__(self, name: str) -> RankedPlan:
         for p in self.plans:
             if p.name == name:
                 return p
@@ -224,13 +229,13 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
     before launching), which changes how much the ranks slow each other.
     ``pipeline_degrees``: consider only plans with these pipeline degrees
     (1 is no pipeline), in the templates and in the per-layer search alike.
-    ``calibration``: a :class:`~.calibration.RuntimeCalibration` or the
-    directory of a finished run of this model (:func:`~.calibrate.
+    ``calibration``: a :class:`~.compute_scaling.RuntimeCalibration` or the
+    directory of a finished run of this model (:func:`~.run_calibration.
     calibrate_from_run`), whose measured compute scales the profile's; or a
     list of them: each runtime family (scheduled, async, tensor2d,
     tensor1d) is scaled by its own runs (a family without any by the
     scheduled one's), and runs of a family at two or more micro-batch sizes
-    fit its per-micro-batch cost (:func:`~.calibration.compute_models`). A
+    fit its per-micro-batch cost (:func:`~.compute_scaling.compute_models`). A
     tensor-parallel run also needs ``shape``.
     """
     started = time.perf_counter()
@@ -313,7 +318,8 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
     if top is not None:
         final = final[:top]
     names = tuple(l.name for l in costs.layers)
-    plans = [Plan(e.strategy, e, costs.model, global_batch, rank=i + 1, layer_names=names) for i, e in enumerate(final)]
+    plans = [RankedPlan(e.strategy, e, costs.model, global_batch, rank=i + 1, layer_names=names)
+             for i, e in enumerate(final)]
     if strategies is None:
         notes.append(f"the {min(simulate_top, len(projected))} fastest projections are simulated; the rest are "
                      f"ranked by the closed form")
@@ -355,7 +361,7 @@ def _per_layer_search(ctx, costs: ModelCosts, world: int, optimizer: str, notes:
     return found
 
 
-def _distinct_mixes(found: "HybridResult", limit: int = 3) -> list["HybridPlan"]:
+def _distinct_mixes(found: "HybridResult", limit: int = 3) -> list["HybridEstimate"]:
     """The best per-layer plan and the next fastest ones with other names (at most ``limit``)."""
     out, seen = [found.best["per-layer"]], {found.best["per-layer"].plan}
     for p in found.plans:

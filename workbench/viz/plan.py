@@ -81,7 +81,7 @@ def layer_strip_figure(layers: Sequence[dict[str, Any]], *, stage_memory_gib: Se
     """A plan's options along the layers: one coloured cell per layer (a colour per distinct option), stage
     boundaries marked; beside it each stage's memory per device against the budget.
 
-    ``layers``: ``Plan.layers()`` rows (``name``, ``tp``, ``dp_kind``,
+    ``layers``: ``RankedPlan.layers()`` rows (``name``, ``tp``, ``dp_kind``,
     ``recompute``; ``stage``, ``tp_kind`` and ``consecutive`` if known).
     """
     if not layers:

@@ -164,7 +164,7 @@ class PlanExplorer:
     # -- selection ---------------------------------------------------------------------------------
     @property
     def selected(self):
-        """The selected :class:`~workbench.planning.Plan`."""
+        """The selected :class:`~workbench.planning.RankedPlan`."""
         return self.result[self.strategy.value] if self.result and self.strategy.value else None
 
     def select(self, name: str) -> None:
@@ -202,7 +202,7 @@ class PlanExplorer:
     def _strip_figure(self, chosen) -> go.Figure | None:
         """The per-layer strip of a plan whose layers differ (or that the per-layer search costed); else None."""
         detail = chosen.estimate.detail
-        if chosen.strategy.is_uniform and "stage_memory_gib" not in detail:
+        if chosen.plan.is_uniform and "stage_memory_gib" not in detail:
             return None
         cap = self.memory_cap_gib
         return layer_strip_figure(chosen.layers(), stage_memory_gib=detail.get("stage_memory_gib"), budget_gib=cap,

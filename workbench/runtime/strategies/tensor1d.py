@@ -7,9 +7,9 @@ a column-parallel linear (weight [in, out/P]) followed by a row-parallel one
 linear) and one in the backward pass (before the column linear), per
 attention and per MLP.
 
-Approach: the same from-outside plan style as the 2D form. A
-:class:`GPT2LMHead1D` twin module built from the dense config; :class:`Plan1D`
-rules cut the dense tensors (q | k | v re-laid-out so rank p holds complete
+Approach: shard rules applied from outside, as in the 2D form. A
+:class:`GPT2LMHead1D` twin module built from the dense config; the
+:class:`ShardRules1D` cut the dense tensors (q | k | v re-laid-out so rank p holds complete
 heads, vocab-parallel token embedding [V/P, h] tied to the LM head, layer
 norms and position embeddings replicated) and gather them back into a dense
 state dict. The LM head's vocab-sharded logits are all-gathered before the
@@ -29,9 +29,9 @@ from transformers.activations import ACT2FN
 
 from .tensor2d.comm import CommCounter, GroupAxis, all_gather
 from .tensor2d.ops import all_reduce_backward_only, all_reduce_forward_only
-from .tensor2d.plan import ShardRule, check_grid_size, from_canonical, model_dims, to_canonical
+from .tensor2d.sharding import ShardRule, check_grid_size, from_canonical, model_dims, to_canonical
 
-__all__ = ["tp_axis", "ColumnLinear1D", "RowLinear1D", "GPT2LMHead1D", "Plan1D", "parallelize_1d"]
+__all__ = ["tp_axis", "ColumnLinear1D", "RowLinear1D", "GPT2LMHead1D", "ShardRules1D", "parallelize_1d"]
 
 
 def tp_axis(groups: Any, counter: CommCounter | None = None) -> GroupAxis:
@@ -171,7 +171,7 @@ _SPLIT_DIM = {"column": -1, "vector": -1, "row": 0, "vocab": 0}
 
 
 @dataclass
-class Plan1D:
+class ShardRules1D:
     """The dense -> 1D mapping of GPT-2 over P tensor-parallel ranks."""
 
     config: Any
@@ -180,7 +180,7 @@ class Plan1D:
     aliases: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def for_model(cls, model: nn.Module, degree: int) -> "Plan1D":
+    def for_model(cls, model: nn.Module, degree: int) -> "ShardRules1D":
         if type(model).__name__ != "GPT2LMHeadModel":
             raise ValueError(f"1D tensor parallelism supports GPT2LMHeadModel, got {type(model).__name__}")
         check_grid_size(model_dims(model), degree, extra={"vocab_size": model.config.vocab_size}, name="tp")
@@ -213,7 +213,7 @@ class Plan1D:
         return out
 
 
-def parallelize_1d(model: nn.Module, axis: GroupAxis) -> tuple[GPT2LMHead1D, Plan1D]:
-    """The 1D form of ``model`` over ``axis`` and the plan that maps it back."""
-    plan = Plan1D.for_model(model, axis.size)
-    return plan.shard(model, axis), plan
+def parallelize_1d(model: nn.Module, axis: GroupAxis) -> tuple[GPT2LMHead1D, ShardRules1D]:
+    """The 1D form of ``model`` over ``axis`` and the shard rules that map it back."""
+    rules = ShardRules1D.for_model(model, axis.size)
+    return rules.shard(model, axis), rules

@@ -55,7 +55,7 @@ class _TensorParallel(Strategy):
         self.tp_config = tensor_parallel_config(ctx, self.mode)
         self.groups = build_groups(self.tp_config.topology())
         self.counter = CommCounter()
-        self.module, self.loss_fn, self.plan, self.communicator = build_parallel_model(
+        self.module, self.loss_fn, self.shard_rules, self.communicator = build_parallel_model(
             self.tp_config, self.groups, self.counter, ctx.device)
         self.dp = data_parallel_axis(self.groups, CommCounter())
         self.params = list(self.module.parameters())

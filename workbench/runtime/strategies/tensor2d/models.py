@@ -5,7 +5,7 @@ forward code (it reshapes with full sizes and builds masks for the whole
 batch), yet it must compute exactly what that code computes.
 
 Approach: a small twin module per architecture, built from the dense
-``config`` only (``plan.py`` fills in the sharded weights), mirroring the
+``config`` only (``sharding.py`` fills in the sharded weights), mirroring the
 dense module tree closely enough that parameter names mostly match. Every
 forward takes this rank's batch slice (rows of grid row i) and returns
 column-j blocks ([b/q, s, h/q]) or logits replicated within the grid row.

@@ -30,7 +30,7 @@ from ....core.topology import Topology
 from ...groups import pick_device
 from .comm import LINEAR_ALGORITHMS, CommCounter, GroupAxis, Grid2D, all_reduce
 from .memory import measure_saved_bytes, parameter_bytes
-from .plan import check_grid_size, parallelize_2d
+from .sharding import check_grid_size, parallelize_2d
 
 __all__ = ["TensorParallelConfig", "run_tensor_parallel", "run_tensor2d", "build_parallel_model", "data_parallel_axis",
            "average_gradients", "synthetic_batch", "local_rows", "dense_gpt2"]
@@ -148,18 +148,18 @@ def average_gradients(dp: GroupAxis, params: list[nn.Parameter]) -> None:
 
 def build_parallel_model(config: TensorParallelConfig, groups: Any, counter: CommCounter,
                          device: torch.device) -> tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor], Any, Any]:
-    """(module, loss_fn(this replica's ids [B/dp, s]), plan, grid or tp axis) for the configured mode."""
+    """(module, loss_fn(this replica's ids [B/dp, s]), shard rules, grid or tp axis) for the configured mode."""
     dense = dense_gpt2(config).to(device)
     if config.mode == "2d":
         grid = Grid2D.from_groups(groups, counter, algorithm=config.summa)
-        module, plan = parallelize_2d(dense, grid)
-        return module, lambda ids: module.loss(local_rows(ids, grid.i, grid.q)), plan, grid
+        module, rules = parallelize_2d(dense, grid)
+        return module, lambda ids: module.loss(local_rows(ids, grid.i, grid.q)), rules, grid
     if config.mode == "1d":
         from ..tensor1d import parallelize_1d, tp_axis
 
         axis = tp_axis(groups, counter)
-        module, plan = parallelize_1d(dense, axis)
-        return module, module.loss, plan, axis
+        module, rules = parallelize_1d(dense, axis)
+        return module, module.loss, rules, axis
     return dense, lambda ids: dense(ids, labels=ids).loss, None, None
 
 
@@ -169,15 +169,15 @@ def run_tensor_parallel(config: TensorParallelConfig, groups: Any, *, emit: Emit
 
     ``groups``: ``runtime.groups.build_groups(config.topology())``. ``emit(kind, **fields)`` receives a
     ``step`` event per step and ``stage`` events (F, B, AR, STEP) with ms relative to ``t0``. The result
-    also holds ``module``, ``plan`` and ``communicator`` (the grid, or the 1D axis): a dense checkpoint is
-    ``plan.gather_dense_state_dict(module, communicator)`` (collective; every rank of the grid calls it).
+    also holds ``module``, ``shard_rules`` and ``communicator`` (the grid, or the 1D axis): a dense checkpoint is
+    ``shard_rules.gather_dense_state_dict(module, communicator)`` (collective; every rank of the grid calls it).
     """
     if groups.topology != config.topology():
         raise ValueError(f"groups were built for {groups.topology} but config {config.mode} needs {config.topology()}")
     emit = emit or (lambda kind, **fields: None)
     device = pick_device(config.device)
     counter = CommCounter()
-    module, loss_fn, plan, communicator = build_parallel_model(config, groups, counter, device)
+    module, loss_fn, shard_rules, communicator = build_parallel_model(config, groups, counter, device)
     dp_counter = CommCounter()
     dp = data_parallel_axis(groups, dp_counter)
     params = list(module.parameters())
@@ -225,7 +225,7 @@ def run_tensor_parallel(config: TensorParallelConfig, groups: Any, *, emit: Emit
     return {"losses": losses, "step_ms": step_ms, "param_bytes": parameter_bytes(module),
             "activation_bytes": activation_bytes, "comm": counter.snapshot(), "dp_comm": dp_counter.snapshot(),
             "steps": config.steps,
-            "module": module, "plan": plan, "communicator": communicator}
+            "module": module, "shard_rules": shard_rules, "communicator": communicator}
 
 
 def run_tensor2d(config: TensorParallelConfig, groups: Any, *, emit: Emit | None = None) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""What the fine-grained hybrid search answers: the templates, a per-layer plan with its stages and cost
-breakdown, the best plan of every template, and a plan as the planner's estimate.
+"""What the fine-grained hybrid search answers: the templates, the per-layer model's estimate of a plan with
+its stages and cost breakdown, the best plan of every template, and that estimate as the planner's.
 
 Pure Python.
 """
@@ -15,8 +15,8 @@ from .estimate import Estimate
 from .layer_strategies import LayerStrategy
 from .layerwise import StageAssignment
 
-__all__ = ["StagePlan", "HybridPlan", "HybridResult", "as_estimate", "TEMPLATES", "TEMPLATE_TEXT", "TEMPLATE_SPLITS",
-           "template_of"]
+__all__ = ["StageEstimate", "HybridEstimate", "HybridResult", "as_estimate", "TEMPLATES", "TEMPLATE_TEXT",
+           "TEMPLATE_SPLITS", "template_of"]
 
 TEMPLATES = ("per-layer", "uniform", "dp", "fsdp", "3d")
 TEMPLATE_SPLITS = 4  # the fastest template pipelines whose partitions the per-layer search also tries
@@ -26,8 +26,9 @@ TEMPLATE_TEXT = {"per-layer": "per-layer mix (dynamic programming)",
 
 
 @dataclass(frozen=True)
-class StagePlan:
-    """One pipeline stage of a plan: its layers, ranks and per-layer assignment."""
+class StageEstimate:
+    """One pipeline stage of an estimated plan: its layers, ranks and per-layer assignment, with its time and
+    memory."""
 
     first: int
     last: int
@@ -50,11 +51,12 @@ class StagePlan:
 
 
 @dataclass(frozen=True)
-class HybridPlan:
-    """A plan found by :func:`search_hybrid`, with the cost breakdown of the per-layer model."""
+class HybridEstimate:
+    """The per-layer model's estimate of one plan (found by :func:`search_hybrid` or given to :func:`cost_plan`):
+    the plan, its stages, its iteration time and cost breakdown."""
 
     plan: ParallelPlan
-    stages: tuple[StagePlan, ...]
+    stages: tuple[StageEstimate, ...]
     template: str
     global_batch: int
     iteration_ms: float
@@ -81,7 +83,7 @@ class HybridPlan:
     def strategies(self) -> tuple[LayerStrategy, ...]:
         return tuple(st for s in self.stages for st in s.assignment.strategies)
 
-    def _critical(self) -> StagePlan:
+    def _critical(self) -> StageEstimate:
         return max(self.stages, key=lambda s: s.time_ms)
 
     def breakdown(self) -> dict[str, Any]:
@@ -114,8 +116,8 @@ class HybridPlan:
 class HybridResult:
     """The best plan of every template (``best["per-layer"]`` first), the plans behind them and the search cost."""
 
-    best: dict[str, HybridPlan]
-    plans: list[HybridPlan]
+    best: dict[str, HybridEstimate]
+    plans: list[HybridEstimate]
     searched: int
     elapsed_s: float
     budget_bytes: float
@@ -160,8 +162,8 @@ def _template_names(strategy: LayerStrategy, pp: int, templates: Sequence[str]) 
     return sorted(names & set(templates) - {"per-layer"})
 
 
-def as_estimate(found: HybridPlan) -> Estimate:
-    """The planner's :class:`~.estimate.Estimate` of a per-layer plan: compute of the slowest stage, the bubble,
+def as_estimate(found: HybridEstimate) -> Estimate:
+    """A per-layer estimate as the planner's :class:`~.estimate.Estimate`: compute of the slowest stage, the bubble,
     and as exposed communication its TP, DP and transition time plus the boundary transfers."""
     b = found.breakdown()
     exposed = b["tp_comm_ms"] + b["dp_comm_ms"] + b["transition_ms"] + found.p2p_ms

@@ -5,12 +5,12 @@ checkpoints are written in its format), so the 2D form must be derived from
 it from the outside: which dense tensor becomes which block on rank (i, j),
 and how the q² blocks reassemble into the dense tensor.
 
-Approach: a :class:`Plan2D` is a list of :class:`ShardRule`, one per 2D
+Approach: a :class:`ShardRules2D` is a list of :class:`ShardRule`, one per 2D
 parameter, naming the dense source tensor(s), a *transform* to one canonical
 [in, out]-style tensor (transpose ``nn.Linear``; re-lay-out q | k | v so each
 grid column holds complete heads) and a *placement* on the grid (matrix block
 [k_i, n_j]; column vector: hidden slice j, then chunk i; replicated). Sharding
-applies transform then placement; :meth:`Plan2D.gather_dense_state_dict`
+applies transform then placement; :meth:`ShardRules2D.gather_dense_state_dict`
 all-gathers the blocks over the grid and inverts both, yielding a state dict
 with the dense model's keys (tied weights included) that ``load_state_dict``
 accepts. Sizes that do not fit the grid are refused up front with the nearest
@@ -29,7 +29,7 @@ from .comm import Grid2D, all_gather
 from .layers import splits_over_column
 from .models import Bert2D, GPT2LMHead2D
 
-__all__ = ["ShardRule", "Plan2D", "parallelize_2d", "qkv_permutation", "to_canonical", "from_canonical",
+__all__ = ["ShardRule", "ShardRules2D", "parallelize_2d", "qkv_permutation", "to_canonical", "from_canonical",
            "model_dims", "check_grid_size"]
 
 SUPPORTED = ("GPT2LMHeadModel", "BertModel", "BertForSequenceClassification")
@@ -180,7 +180,7 @@ def _bert_rules(config: Any, prefix: str, pooler: bool, classifier: bool) -> lis
 
 
 @dataclass
-class Plan2D:
+class ShardRules2D:
     """The dense -> 2D mapping of one model architecture on a q x q grid."""
 
     architecture: str
@@ -190,7 +190,7 @@ class Plan2D:
     aliases: dict[str, str] = field(default_factory=dict)  # tied dense key -> the key it repeats
 
     @classmethod
-    def for_model(cls, model: nn.Module, q: int) -> "Plan2D":
+    def for_model(cls, model: nn.Module, q: int) -> "ShardRules2D":
         architecture = type(model).__name__
         if architecture not in SUPPORTED:
             raise ValueError(f"model class {architecture!r} is not supported for 2D tensor parallelism; supported: {SUPPORTED}")
@@ -206,9 +206,9 @@ class Plan2D:
         return cls(architecture, config, q, _bert_rules(config, prefix, has_pooler, classifier))
 
     def build(self, grid: Grid2D) -> nn.Module:
-        """An empty 2D module for this plan on ``grid``."""
+        """An empty 2D module for these rules on ``grid``."""
         if grid.q != self.q:
-            raise ValueError(f"plan is for q={self.q} but the grid has q={grid.q}")
+            raise ValueError(f"the shard rules are for q={self.q} but the grid has q={grid.q}")
         if self.architecture == "GPT2LMHeadModel":
             return GPT2LMHead2D(grid, self.config)
         classify = self.architecture == "BertForSequenceClassification"
@@ -255,7 +255,7 @@ def _gather_grid(grid: Grid2D, local: torch.Tensor) -> torch.Tensor:
     return all_gather(grid.col, row.unsqueeze(0), dim=0)  # [q (i), q (j), *block]
 
 
-def parallelize_2d(model: nn.Module, grid: Grid2D) -> tuple[nn.Module, Plan2D]:
-    """The 2D form of ``model`` on ``grid`` and the plan that maps it back."""
-    plan = Plan2D.for_model(model, grid.q)
-    return plan.shard(model, grid), plan
+def parallelize_2d(model: nn.Module, grid: Grid2D) -> tuple[nn.Module, ShardRules2D]:
+    """The 2D form of ``model`` on ``grid`` and the shard rules that map it back."""
+    rules = ShardRules2D.for_model(model, grid.q)
+    return rules.shard(model, grid), rules

@@ -72,8 +72,8 @@ from ..core.rundir import load_measured_timeline, read_events
 from ..core.timeline import Timeline
 from ..scheduling.sharing import solo_durations
 from ..scheduling.stagecosts import StageCosts
-from .calibration import RuntimeCalibration, runtime_family
 from .clusters import core_sharing, load_cluster
+from .compute_scaling import RuntimeCalibration, runtime_family
 from .estimate import cost_context, estimate
 
 __all__ = ["calibrate_from_run", "calibrate_from_timeline", "calibrate_tensor_from_timeline", "fit_call_ms"]

@@ -1,6 +1,6 @@
 """The values a runtime calibration produces: per-family compute factors the planner scales a profile by.
 
-:mod:`.calibrate` measures them from runs (see its docstring for the
+:mod:`.run_calibration` measures them from runs (see its docstring for the
 method and what was measured); this module holds what the estimator needs
 to apply them (:class:`RuntimeCalibration`, :class:`ComputeModel`,
 :func:`runtime_family`, :func:`scale_compute`), so the estimator does not

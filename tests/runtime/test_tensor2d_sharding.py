@@ -1,4 +1,4 @@
-"""Single-process parts of the 2D plan: layouts, refusals, and the dense-equality of the 1 x 1 grid."""
+"""Single-process parts of the 2D shard rules: layouts, refusals, and the dense-equality of the 1 x 1 grid."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from workbench.runtime.strategies.tensor2d.comm import Grid2D
-from workbench.runtime.strategies.tensor2d.plan import (
-    Plan2D, ShardRule, from_canonical, parallelize_2d, qkv_permutation, to_canonical)
+from workbench.runtime.strategies.tensor2d.sharding import (
+    ShardRules2D, ShardRule, from_canonical, parallelize_2d, qkv_permutation, to_canonical)
 from workbench.runtime.strategies.tensor2d.train import TensorParallelConfig, dense_gpt2, synthetic_batch
 
 
@@ -33,7 +33,7 @@ def test_canonical_layouts_round_trip(transform, shapes):
 def test_heads_not_divisible_by_q_are_refused_with_nearest_q():
     model = gpt2(n_embd=96, n_head=6, n_layer=1, q=1)
     with pytest.raises(ValueError, match=r"q=4 does not divide num_attention_heads=6; nearest valid q is 3"):
-        Plan2D.for_model(model, 4)
+        ShardRules2D.for_model(model, 4)
 
 
 def test_hidden_not_divisible_by_q_is_refused_with_nearest_q():
@@ -50,13 +50,13 @@ def test_bad_config_values_name_the_field(field, value):
 def test_degenerate_grid_without_process_group_equals_dense():
     config = TensorParallelConfig(mode="2d", q=1, n_embd=32, n_head=2, n_layer=1, vocab_size=64, batch_size=2, seq_len=8)
     dense = dense_gpt2(config)
-    module, plan = parallelize_2d(dense, Grid2D.single())
+    module, rules = parallelize_2d(dense, Grid2D.single())
     ids = synthetic_batch(config, 0)
     reference = dense(ids, labels=ids)
     loss = module.loss(ids)
     torch.testing.assert_close(loss, reference.loss, rtol=0, atol=1e-5)
     reference.loss.backward()
     loss.backward()
-    grads = plan.gather_dense_state_dict(module, Grid2D.single(), grads=True)
+    grads = rules.gather_dense_state_dict(module, Grid2D.single(), grads=True)
     for name, param in dense.named_parameters():
         torch.testing.assert_close(grads[name], param.grad, rtol=0, atol=1e-5)
