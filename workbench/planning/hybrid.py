@@ -23,7 +23,8 @@ Approach (Galvatron's outer loop, with the workbench's partitioner):
   the split that balances the chosen plan's own per-layer times. When a
   stage of the first split cannot fit even at its leanest, the split that
   balances time among those whose every stage fits at its leanest (stage k
-  holds ``min(pp - k, m)`` micro-batches in flight, so early stages take
+  holds ``min(pp - k, m)`` micro-batches in flight, read off 1F1B's
+  schedule, so early stages take
   fewer layers: Galvatron-BMW's memory balance, as a constraint), and if
   none does, the split that balances the leanest memory itself; and the
   splits of the :data:`TEMPLATE_SPLITS` fastest template pipelines. All

@@ -104,8 +104,9 @@ def _partitions(search: _Search, template: str, strategy: LayerStrategy | None, 
     for state, act in least:
         prefix_state.append(prefix_state[-1] + state)
         prefix_act.append(prefix_act[-1] + act)
+    held = search.in_flight(pp, m)
     memory = lambda k, a, b: (prefix_state[b + 1] - prefix_state[a]) \
-        + min(pp - k, m) * (prefix_act[b + 1] - prefix_act[a])  # noqa: E731
+        + held[k] * (prefix_act[b + 1] - prefix_act[a])  # noqa: E731
     if first is None:  # some stage of the time-balanced split does not fit even at its leanest
         times = _fastest_times(search, pp, m, strategy)
         prefix_time = [0.0]

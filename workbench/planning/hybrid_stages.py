@@ -16,6 +16,7 @@ from typing import Any, Sequence
 from ..core.costs import ClusterSpec, ModelCosts
 from ..core.plan import NoPipeline, OneFOneB, ParallelPlan
 from ..core.topology import Topology
+from ..scheduling.registry import stage_memory
 from .hybrid_results import TEMPLATES, HybridEstimate, StageEstimate, _template_names
 from .layer_strategies import LayerKind, LayerStrategy, stage_strategies
 from .layerwise import NoFit, StageAssignment, StageSpec, assignment_cost, search_stage
@@ -33,6 +34,7 @@ class _Search:
         self.misses: dict[str, tuple[float, str]] = {}
         # the mesh's tensor-parallel size when it decides placement (several nodes), else None (see search_hybrid)
         self.mesh_tp: int | None = None
+        self.held: dict[tuple[int, int], tuple[int, ...]] = {}
 
     def pool(self, devices: int) -> tuple[LayerStrategy, ...]:
         key = (devices, self.mesh_tp)
@@ -50,10 +52,16 @@ class _Search:
         n = self.world // pp
         return tuple(d * pp * t + stage * t + j for d in range(n // t) for j in range(t))
 
+    def in_flight(self, pp: int, m: int) -> tuple[int, ...]:
+        """Micro-batches each stage holds at once: what 1F1B's schedule keeps on it (one stage: one)."""
+        if (pp, m) not in self.held:
+            self.held[pp, m] = stage_memory(ParallelPlan.for_pipeline(OneFOneB.kind, pp, m)).in_flight
+        return self.held[pp, m]
+
     def spec(self, pp: int, m: int, stage: int, first: int, last: int) -> StageSpec:
         n = self.world // pp
         return StageSpec(self.costs, self.cluster, devices=n, microbatch_size=self.global_batch // m,
-                         layers=(first, last), num_microbatches=m, in_flight=min(pp - stage, m),
+                         layers=(first, last), num_microbatches=m, in_flight=self.in_flight(pp, m)[stage],
                          first_rank=stage * n, ranks=self.ranks(pp, stage), optimizer=self.optimizer,
                          kinds=self.kinds[first:last + 1])
 
@@ -170,7 +178,8 @@ def _timed(search: _Search, plan: ParallelPlan, bounds: list[tuple[int, int]], a
            template: str, strategy: LayerStrategy | None) -> HybridEstimate:
     """The plan with its iteration: slowest stage, fill and drain, boundary transfers (see :mod:`.hybrid`)."""
     pp, m, n = plan.pp, plan.microbatches, search.world // plan.pp
-    stages = tuple(StageEstimate(a, b, k * n, n, min(pp - k, m), found)
+    held = search.in_flight(pp, m)
+    stages = tuple(StageEstimate(a, b, k * n, n, held[k], found)
                    for k, ((a, b), found) in enumerate(zip(bounds, assignments)))
     slowest = max(s.time_ms for s in stages)
     bubble = (pp - 1) * max((s.part("compute_ms") + s.part("tp_comm_ms") + s.assignment.transition_ms) / m
