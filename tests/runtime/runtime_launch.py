@@ -81,6 +81,19 @@ class Sweep:
         return self._configs[key]
 
 
+def forked_ranks(fn, args: tuple, nprocs: int, preload: list[str]) -> None:
+    """``nprocs`` real processes running ``fn(rank, *args)``, forked from a server that imported ``preload`` once
+    (torch, transformers, the worker module): on 2 cores, 4 to 9 ranks would otherwise each spend seconds
+    importing the same modules. The server starts at the first call and serves the session's later launches
+    (with what that first call preloaded; the heavy libraries are always among it)."""
+    import multiprocessing
+
+    import torch.multiprocessing as mp
+
+    multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "transformers", *preload])
+    mp.start_processes(fn, args=args, nprocs=nprocs, start_method="forkserver")
+
+
 def plan_id(name: str) -> str:
     """A short test id for a plan name: its per-layer options become ``-layers``."""
     head, _, rest = name.partition("-L[")

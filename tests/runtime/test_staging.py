@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch.multiprocessing as mp
 
 import staging_workers
+from runtime_launch import forked_ranks
 
 pytestmark = [pytest.mark.multiproc]
 WORLD = 4
@@ -24,7 +24,7 @@ WORLD = 4
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     root = tmp_path_factory.mktemp("staging")
-    mp.spawn(staging_workers.worker, args=(WORLD, str(root / "init"), str(root)), nprocs=WORLD)
+    forked_ranks(staging_workers.worker, (WORLD, str(root / "init"), str(root)), WORLD, ["staging_workers"])
     return [json.loads((root / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 

@@ -11,12 +11,12 @@ import json
 import os
 
 import pytest
-import torch.multiprocessing as mp
 
 from workbench.planning.tensor_costs import (
     TransformerShape, collective_calls, linear_volume_2d, step_volume_1d, step_volume_2d)
 
 import tensor2d_workers
+from runtime_launch import forked_ranks
 
 TOL = 1e-4
 FOUR_RANK_CHECKS = [
@@ -40,10 +40,13 @@ ONE_RANK_CHECKS = [
 
 
 def launch(tmp_path, world: int, checks: list) -> list[dict]:
+    """``world`` real processes (gloo) forked from a server that imported torch and transformers once, so that 9
+    ranks on 2 cores do not each spend seconds importing them."""
     os.environ["OMP_NUM_THREADS"] = "1"
     out = tmp_path / f"world{world}"
     out.mkdir()
-    mp.spawn(tensor2d_workers.worker, args=(world, str(tmp_path / f"init{world}"), str(out), checks), nprocs=world)
+    forked_ranks(tensor2d_workers.worker, (world, str(tmp_path / f"init{world}"), str(out), checks), world,
+                 ["tensor2d_workers"])
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
 
 
