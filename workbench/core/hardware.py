@@ -47,11 +47,12 @@ catalogued name anywhere in the package.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypeVar
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from .costs import ClusterSpec, DeviceSpec, LinkSpec
 
-__all__ = ["GIB", "DATASHEET_DEVICES", "DEVICES", "LINKS", "PRESETS", "ClusterPreset", "get_device", "get_link",
+__all__ = ["GIB", "DATASHEET_DEVICES", "DEVICES", "LINKS", "PRESETS", "ClusterPreset", "get_device", "get_link", "lookup",
            "get_preset", "DATASHEET_OVERLAP_SLOWDOWN", "LOCAL_OVERLAP_SLOWDOWN", "LOCAL_COLLECTIVE_CALL_MS"]
 
 GIB = 1024 ** 3
@@ -113,22 +114,24 @@ LINKS: dict[str, LinkSpec] = _by_name(
 )
 
 
+def lookup(table: Mapping[str, Any], item: Any, what: str, spec_type: type) -> Any:
+    """``table[item]`` for a name, ``item`` itself for a spec; an unknown name lists the known ones."""
+    if isinstance(item, spec_type):
+        return item
+    if item not in table:
+        raise ValueError(f"unknown {what} {item!r}; known {what}s: {', '.join(table)} (or pass a "
+                         f"{spec_type.__name__})")
+    return table[item]
+
+
 def get_device(device: DeviceSpec | str) -> DeviceSpec:
     """A catalogued device by name (a ``DeviceSpec`` is returned as it is)."""
-    if isinstance(device, DeviceSpec):
-        return device
-    if device not in DEVICES:
-        raise ValueError(f"unknown device {device!r}; known devices: {', '.join(DEVICES)} (or pass a DeviceSpec)")
-    return DEVICES[device]
+    return lookup(DEVICES, device, "device", DeviceSpec)
 
 
 def get_link(link: LinkSpec | str) -> LinkSpec:
     """A catalogued link by name (a ``LinkSpec`` is returned as it is)."""
-    if isinstance(link, LinkSpec):
-        return link
-    if link not in LINKS:
-        raise ValueError(f"unknown link {link!r}; known links: {', '.join(LINKS)} (or pass a LinkSpec)")
-    return LINKS[link]
+    return lookup(LINKS, link, "link", LinkSpec)
 
 
 # GPU presets: compute and an NCCL collective running at once on one GPU share its SMs and memory bandwidth, and

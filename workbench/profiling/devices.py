@@ -20,7 +20,7 @@ import torch
 
 from ..core.costs import DeviceSpec
 from ..core.hardware import DEVICES as _PRESETS
-from ..core.hardware import LINKS, get_link
+from ..core.hardware import LINKS, get_link, lookup
 
 __all__ = ["DEVICES", "LINKS", "get_device", "get_link", "measure_local_cpu"]
 
@@ -71,9 +71,5 @@ DEVICES: Mapping[str, DeviceSpec] = _DeviceTable()
 
 def get_device(device: DeviceSpec | str) -> DeviceSpec:
     """A catalogued device, or ``local-cpu`` (measured), by name (a ``DeviceSpec`` is returned as it is)."""
-    if isinstance(device, DeviceSpec):
-        return device
-    if device not in DEVICES:
-        raise ValueError(f"unknown device {device!r}; known devices: {', '.join(DEVICES)} (or pass a DeviceSpec)")
-    return DEVICES[device]
+    return lookup(DEVICES, device, "device", DeviceSpec)
 
