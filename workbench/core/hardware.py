@@ -52,8 +52,8 @@ from typing import Any, TypeVar
 
 from .costs import ClusterSpec, DeviceSpec, LinkSpec
 
-__all__ = ["GIB", "DATASHEET_DEVICES", "DEVICES", "LINKS", "PRESETS", "ClusterPreset", "get_device", "get_link", "lookup",
-           "get_preset", "DATASHEET_OVERLAP_SLOWDOWN", "LOCAL_OVERLAP_SLOWDOWN", "LOCAL_COLLECTIVE_CALL_MS"]
+__all__ = ["GIB", "DATASHEET_DEVICES", "DEVICES", "LINKS", "PRESETS", "ClusterPreset", "get_device", "get_link",
+           "lookup", "get_preset", "DATASHEET_OVERLAP_SLOWDOWN", "LOCAL_OVERLAP_SLOWDOWN", "LOCAL_COLLECTIVE_CALL_MS"]
 
 GIB = 1024 ** 3
 
