@@ -17,12 +17,17 @@
    :data:`MAX_FILE_LINES` lines and no function (method, nested function)
    longer than :data:`MAX_FUNCTION_LINES`, from its ``def`` to its last line;
    :data:`LONG_FUNCTIONS` names the only exceptions.
+5. One way to check a field: the check helpers (an int with a minimum, a
+   number, a choice, a bool, unknown keys ...) are defined once, in
+   ``core/fields.py``; no other file defines one, nor spells out the "an int
+   that is not a bool" test inline.
 
 A planted fake package checks that the checkers catch what they look for.
 """
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -339,3 +344,53 @@ def test_the_size_checker_catches_long_files_and_functions(tmp_path):
 def test_every_room_exists():
     for room in ALLOWED:
         assert (PKG / room / "__init__.py").is_file(), room
+
+
+# 5. -- one way to check a field ---------------------------------------------------------------------------------------
+
+FIELDS_MODULE = "core/fields.py"
+# a helper that checks one value's type or range, or refuses unknown keys, by the names the package used for them
+CHECK_HELPER = re.compile(r"^[ \t]*def (_?check_(int|number|float|choice|bool|str|string|tuple|positive|index)"
+                          r"|_?positive_int|_?int_at_least|_?is_int|_?is_number|_?reject_unknown)\(", re.M)
+# "an int that is not a bool", spelled out: fields.is_int / integer() / check_int say it once
+INLINE_INT = re.compile(r"isinstance\([^()]*,\s*bool\)[\s\\]*or[\s\\]+not[\s\\]+isinstance\("
+                        r"|isinstance\([^()]*,\s*(int|\(int,\s*float\))\)[\s\\]*and[\s\\]+not[\s\\]+"
+                        r"isinstance\([^()]*,\s*bool\)")
+
+
+def duplicated_checks(pkg: Path) -> list[str]:
+    """``path:line what`` for every check helper defined, or int-not-bool test spelled out, outside core/fields.py."""
+    out = []
+    for path in sorted(pkg.rglob("*.py")):
+        rel = path.relative_to(pkg).as_posix()
+        if rel == FIELDS_MODULE:
+            continue
+        text = path.read_text()
+        for pattern, what in ((CHECK_HELPER, "defines a check helper"), (INLINE_INT, "spells out an int check")):
+            for m in pattern.finditer(text):
+                code = " ".join(m.group(0).replace("\\", " ").split())
+                out.append(f"{rel}:{text.count(chr(10), 0, m.start()) + 1} {what}: {code}")
+    return out
+
+
+def test_each_check_helper_has_one_definition():
+    found = duplicated_checks(PKG)
+    assert not found, ("check fields with workbench.core.fields (check_int, check_number, check_choice, check_bool, "
+                       "is_int, spec/validate, reject_unknown) instead of defining them again:\n" + "\n".join(found))
+    assert (PKG / FIELDS_MODULE).is_file()
+
+
+def test_the_check_scanner_catches_a_planted_helper_and_an_inline_check(tmp_path):
+    pkg = tmp_path / "fakewb"
+    (pkg / "core").mkdir(parents=True)
+    (pkg / "core" / "fields.py").write_text("def check_int(name, value, minimum):\n"
+                                            "    return isinstance(value, bool) or not isinstance(value, int)\n")
+    (pkg / "core" / "tables.py").write_text("def _check_int(name, value, minimum):\n    pass\n\n\n"
+                                            "def _check_heads(plan):\n    pass\n")
+    (pkg / "widget.py").write_text("def f(n):\n    if isinstance(n, bool) or \\\n            not isinstance(n, int):\n"
+                                   "        raise ValueError(n)\n    return isinstance(n, (int, float)) and not "
+                                   "isinstance(n, bool)\n")
+    assert duplicated_checks(pkg) == [
+        "core/tables.py:1 defines a check helper: def _check_int(",
+        "widget.py:2 spells out an int check: isinstance(n, bool) or not isinstance(",
+        "widget.py:5 spells out an int check: isinstance(n, (int, float)) and not isinstance(n, bool)"]

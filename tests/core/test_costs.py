@@ -98,7 +98,7 @@ def test_version_1_file_loads_unchanged_with_the_fallback_split(tmp_path):
      (lambda d: d.update(batch_size=0), "batch_size must be > 0"),
      (lambda d: d["layers"][0].update(forward_ms=-1.0), r"LayerCost\[a\].forward_ms must be >= 0"),
      (lambda d: d["layers"][0].update(flops=1.5), "flops must be a finite int"),
-     (lambda d: d["layers"][0].update(colour="red"), "unknown layer fields \\['colour'\\]"),
+     (lambda d: d["layers"][0].update(colour="red"), r"'LayerCost\[a\].colour' = 'red' is invalid: unknown field"),
      (lambda d: d["layers"][1].pop("backward_ms"), "missing required fields \\['backward_ms'\\]"),
      (lambda d: d["layers"][0].update(forward_ms=float("nan")), "finite number"),
      (lambda d: d["layers"][0].update(input_grad_ms=-1.0, weight_grad_ms=1.0), r"LayerCost\[a\].input_grad_ms must be >= 0"),

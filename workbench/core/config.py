@@ -51,8 +51,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .config_tables import (DataConfig, EventsConfig, OptimizerConfig, _build, _check_bool, _check_choice, _check_int,
-                            _check_number, _fail, is_import_path)
+from .config_tables import DataConfig, EventsConfig, OptimizerConfig, _build, is_import_path
+from .fields import check_bool, check_choice, check_int, check_number, config_error, is_int, reject_unknown
 from .plan import PIPELINE_KINDS, NoPipeline, ParallelPlan, plan_error
 from .toml_text import read_toml, to_toml
 
@@ -96,14 +96,15 @@ def _import_plugins(plugins: Any) -> tuple[str, ...]:
     """Import the modules a config names in ``plugins`` (where its own pipeline kinds, say, register), in every
     process that reads the config, before its plan is read."""
     if isinstance(plugins, str) or not isinstance(plugins, (list, tuple)):
-        raise _fail("plugins", plugins, "expected a list of module names, e.g. ['my_schedules']")
+        raise config_error("plugins", plugins, "expected a list of module names, e.g. ['my_schedules']")
     for name in plugins:
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", name):
-            raise _fail("plugins", name, "expected a dotted module name such as 'my_package.schedules'")
+            raise config_error("plugins", name, "expected a dotted module name such as 'my_package.schedules'")
         try:
             importlib.import_module(name)
         except ImportError as exc:
-            raise _fail("plugins", name, f"cannot be imported ({exc}); put it on PYTHONPATH or install it") from None
+            raise config_error("plugins", name,
+                               f"cannot be imported ({exc}); put it on PYTHONPATH or install it") from None
     return tuple(plugins)
 
 
@@ -119,23 +120,24 @@ def _factory_name(obj: Any) -> Any:
 
     what = type(obj).__name__
     if hasattr(obj, "named_parameters") and not isinstance(obj, type):
-        raise _fail("model", f"<{what} object>", "a model object cannot be sent to the run's processes, which "
-                    "build the model themselves: move the code that builds it into a function in a module "
-                    "(a .py file next to the notebook) and pass model = 'module:function' (or the function)")
+        raise config_error("model", f"<{what} object>", "a model object cannot be sent to the run's processes, which "
+                           "build the model themselves: move the code that builds it into a function in a module "
+                           "(a .py file next to the notebook) and pass model = 'module:function' (or the function)")
     module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
     if not callable(obj) or not module or not qualname:
         return obj  # not a factory: the string check below names the field
     if module == "__main__" or "<" in qualname or "." in qualname:
-        raise _fail("model", f"{module}.{qualname}", "this factory is defined in the notebook (or nested), so the "
-                    "run's processes cannot import it: move it into a module (a .py file next to the notebook) "
-                    "and import it from there")
+        raise config_error("model", f"{module}.{qualname}",
+                           "this factory is defined in the notebook (or nested), so the "
+                           "run's processes cannot import it: move it into a module (a .py file next to the notebook) "
+                           "and import it from there")
     try:
         found = getattr(importlib.import_module(module), qualname, None)
     except Exception:  # noqa: BLE001 - any import failure means it cannot be named
         found = None
     if found is not obj:
-        raise _fail("model", f"{module}.{qualname}", "this factory cannot be imported by its name; pass "
-                    "model = 'package.module:function'")
+        raise config_error("model", f"{module}.{qualname}", "this factory cannot be imported by its name; pass "
+                           "model = 'package.module:function'")
     return f"{module}:{qualname}"
 
 
@@ -192,48 +194,49 @@ class RunConfig:
         if not isinstance(self.model, str):
             object.__setattr__(self, "model", _factory_name(self.model))
         if not isinstance(self.model, str) or not self.model:
-            raise _fail("model", self.model, "expected a zoo model name such as 'vgg-tiny', 'resnet18', 'mlp', "
-                        "or a factory 'package.module:function'")
+            raise config_error("model", self.model, "expected a zoo model name such as 'vgg-tiny', 'resnet18', 'mlp', "
+                               "or a factory 'package.module:function'")
         if not isinstance(self.model_overrides, dict):
-            raise _fail("model_overrides", self.model_overrides, "expected a table of model constructor overrides")
+            raise config_error("model_overrides", self.model_overrides,
+                               "expected a table of model constructor overrides")
         if not isinstance(self.model_args, dict):
-            raise _fail("model_args", self.model_args, "expected a table of keyword arguments for the model factory")
+            raise config_error("model_args", self.model_args,
+                               "expected a table of keyword arguments for the model factory")
         if self.model_args and not self.model_from_factory:
-            raise _fail("model_args", self.model_args, f"model {self.model!r} is a zoo name; zoo models take "
-                        "model_overrides, and model_args go to a factory model = 'package.module:function'")
+            raise config_error("model_args", self.model_args, f"model {self.model!r} is a zoo name; zoo models take "
+                               "model_overrides, and model_args go to a factory model = 'package.module:function'")
         if self.model_overrides and self.model_from_factory:
-            raise _fail("model_overrides", self.model_overrides, "a factory model takes its arguments as "
-                        "model_args")
+            raise config_error("model_overrides", self.model_overrides, "a factory model takes its arguments as "
+                               "model_args")
         if isinstance(self.split_points, str) or not isinstance(self.split_points, (list, tuple)) \
                 or not all(isinstance(p, str) and p for p in self.split_points):
-            raise _fail("split_points", self.split_points, "expected a list of submodule names to cut the model "
-                        "before, such as ['layer2', 'layer3']")
+            raise config_error("split_points", self.split_points, "expected a list of submodule names to cut the model "
+                               "before, such as ['layer2', 'layer3']")
         object.__setattr__(self, "split_points", tuple(self.split_points))
         if self.split_points and not self.model_from_factory:
-            raise _fail("split_points", list(self.split_points), "zoo models are already cut into layers; "
-                        "split_points apply to a factory model")
+            raise config_error("split_points", list(self.split_points), "zoo models are already cut into layers; "
+                               "split_points apply to a factory model")
         for name in ("global_batch", "steps", "grad_accum", "eval_batches"):
-            _check_int(name, getattr(self, name), 1)
+            check_int(name, getattr(self, name), 1, error=config_error)
         for name in ("seed", "checkpoint_every", "eval_every"):
-            _check_int(name, getattr(self, name), 0)
-        if isinstance(self.target_accuracy, bool) or not isinstance(self.target_accuracy, (int, float)) \
-                or not 0 <= self.target_accuracy <= 1:
-            raise _fail("target_accuracy", self.target_accuracy, "expected a top-1 accuracy in [0, 1] (0: none)")
-        _check_number("target_perplexity", self.target_perplexity, 0.0)
+            check_int(name, getattr(self, name), 0, error=config_error)
+        check_number("target_accuracy", self.target_accuracy, 0, 1, error=config_error,
+                     expected="a top-1 accuracy in [0, 1] (0: none)")
+        check_number("target_perplexity", self.target_perplexity, 0.0, error=config_error)
         if (self.target_accuracy or self.target_perplexity) and not self.eval_every:
-            raise _fail("eval_every", self.eval_every, "a target is reached only by evaluating: set eval_every "
-                        "to evaluate every N steps")
-        _check_bool("tensorboard", self.tensorboard)
-        _check_int("fail_at_step", self.fail_at_step, -1)
-        _check_int("fail_rank", self.fail_rank, 0)
-        _check_choice("precision", self.precision, PRECISIONS)
-        _check_number("collective_timeout_s", self.collective_timeout_s, 0.0, strict=True)
+            raise config_error("eval_every", self.eval_every, "a target is reached only by evaluating: set eval_every "
+                               "to evaluate every N steps")
+        check_bool("tensorboard", self.tensorboard, error=config_error)
+        check_int("fail_at_step", self.fail_at_step, -1, error=config_error)
+        check_int("fail_rank", self.fail_rank, 0, error=config_error)
+        check_choice("precision", self.precision, PRECISIONS, error=config_error)
+        check_number("collective_timeout_s", self.collective_timeout_s, 0.0, strict=True, error=config_error)
         for name in ("resume", "dump_params"):
-            _check_bool(name, getattr(self, name))
+            check_bool(name, getattr(self, name), error=config_error)
         if not isinstance(self.run_dir, str):
-            raise _fail("run_dir", self.run_dir, "expected a directory path string")
+            raise config_error("run_dir", self.run_dir, "expected a directory path string")
         if self.device != "auto" and self.device not in ("cpu", "cuda") and not str(self.device).startswith("cuda:"):
-            raise _fail("device", self.device, "valid options are auto, cpu, cuda, cuda:N")
+            raise config_error("device", self.device, "valid options are auto, cpu, cuda, cuda:N")
         self._check_placement()
         self._check_runnable()
         self._check_batch()
@@ -242,12 +245,12 @@ class RunConfig:
         """``placement[r]``: the process (torchrun rank, node-major) that runs rank ``r`` of the plan's mesh."""
         value = self.placement
         if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) \
-                or not all(isinstance(d, int) and not isinstance(d, bool) for d in value):
-            raise _fail("placement", value, "expected a list of process ranks, one per rank of the plan's mesh")
+                or not all(is_int(d) for d in value):
+            raise config_error("placement", value, "expected a list of process ranks, one per rank of the plan's mesh")
         object.__setattr__(self, "placement", tuple(value))
         if value and sorted(value) != list(range(self.world_size)):
-            raise _fail("placement", list(value), f"expected each of the {self.world_size} processes 0-"
-                        f"{self.world_size - 1} once: placement[r] is the process that runs rank r of the mesh")
+            raise config_error("placement", list(value), f"expected each of the {self.world_size} processes 0-"
+                               f"{self.world_size - 1} once: placement[r] is the process that runs rank r of the mesh")
 
     def mesh_rank(self, process: int) -> int:
         """The rank of the plan's mesh that process ``process`` (torchrun's rank) runs under ``placement``."""
@@ -257,11 +260,12 @@ class RunConfig:
         """Refuse, before launch, what the runtime cannot run yet, and options that contradict the plan."""
         plan = self.plan
         if self.eval_every and not runs_layer_by_layer(plan) and plan.tp_kind != "none":
-            raise _fail("eval_every", self.eval_every, f"plan {plan.name!r} runs the uniform {plan.tp_kind.upper()} "
-                        f"tensor-parallel strategy, whose ranks hold parameter shards the evaluation cannot put "
-                        f"back into the dense model; set eval_every = 0" + (
-                            ", or give the layers per-layer options ([[plan.layers]]): the layer-by-layer runtime "
-                            "gathers dense parameters" if plan.tp_kind == "1d" else ""))
+            raise config_error("eval_every", self.eval_every,
+                               f"plan {plan.name!r} runs the uniform {plan.tp_kind.upper()} "
+                               f"tensor-parallel strategy, whose ranks hold parameter shards the evaluation cannot put "
+                               f"back into the dense model; set eval_every = 0" + (
+                               ", or give the layers per-layer options ([[plan.layers]]): the layer-by-layer runtime "
+                               "gathers dense parameters" if plan.tp_kind == "1d" else ""))
         if runs_layer_by_layer(plan):
             self._check_layerwise()
             return
@@ -277,15 +281,16 @@ class RunConfig:
                              "pipeline: use pp = 1 with tp_row x tp_col, or 1D tensor parallelism (tp)")
         one_batch = plan.tp > 1 or not plan.pipeline.accumulates
         if one_batch and self.grad_accum != 1:
-            raise _fail("grad_accum", self.grad_accum, f"plan {plan.name!r} trains one batch per step (tensor "
-                        "parallelism and torch's pipelining rescale nothing; the asynchronous pipeline coalesces "
-                        "more micro-batches instead): set grad_accum = 1")
+            raise config_error("grad_accum", self.grad_accum, f"plan {plan.name!r} trains one batch per step (tensor "
+                               "parallelism and torch's pipelining rescale nothing; the asynchronous pipeline "
+                               "coalesces more micro-batches instead): set grad_accum = 1")
         if plan.tp > 1 and layer.recompute:
             raise plan_error("layers.recompute", True, "the 2D tensor-parallel runtime does not recompute "
                              "activations; set recompute = false")
         if plan.iterates_across_steps and self.resume:
-            raise _fail("resume", self.resume, "the asynchronous pipeline keeps micro-batches of the next iteration "
-                        "in flight across steps, which a checkpoint does not hold; set resume = false")
+            raise config_error("resume", self.resume,
+                               "the asynchronous pipeline keeps micro-batches of the next iteration "
+                               "in flight across steps, which a checkpoint does not hold; set resume = false")
         if plan.tp > 1:
             self._check_heads()
 
@@ -308,9 +313,10 @@ class RunConfig:
             where = "layers" if len(plan.layers) == 1 else f"layers[{i}]"
             replicas = plan.dp * plan.tp // layer.tp_degree
             if stage_rows % replicas and not self.global_batch % (plan.dp * plan.microbatches * self.grad_accum):
-                raise _fail("global_batch", self.global_batch, f"{where} option {layer.text!r} splits each stage "
-                            f"micro-batch of {stage_rows} samples over {replicas} data-parallel ranks: make "
-                            f"dp x microbatch size a multiple of {replicas}")
+                raise config_error("global_batch", self.global_batch,
+                                   f"{where} option {layer.text!r} splits each stage "
+                                   f"micro-batch of {stage_rows} samples over {replicas} data-parallel ranks: make "
+                                   f"dp x microbatch size a multiple of {replicas}")
             if layer.tp == "1d" and isinstance(heads, int) and heads >= 1 and heads % layer.tp_degree:
                 valid = [d for d in range(2, heads + 1) if heads % d == 0 and plan.tp % d == 0]
                 raise plan_error(f"{where}.tp_degree", layer.tp_degree, f"{where} option {layer.text!r}: degree "
@@ -334,13 +340,13 @@ class RunConfig:
         plan = self.plan
         per_round = plan.dp * plan.microbatches * self.grad_accum
         if self.global_batch % per_round:
-            raise _fail("global_batch", self.global_batch,
-                        f"must be divisible by dp x microbatches x grad_accum = {per_round}")
+            raise config_error("global_batch", self.global_batch,
+                               f"must be divisible by dp x microbatches x grad_accum = {per_round}")
         if plan.tp_kind == "2d" and self.global_batch % (plan.dp * plan.q):
-            raise _fail("global_batch", self.global_batch,
-                        f"must be divisible by dp x grid rows = {plan.dp * plan.q}")
+            raise config_error("global_batch", self.global_batch,
+                               f"must be divisible by dp x grid rows = {plan.dp * plan.q}")
         if self.fail_at_step >= 0 and self.fail_rank >= self.world_size:
-            raise _fail("fail_rank", self.fail_rank, f"must be a rank below world size {self.world_size}")
+            raise config_error("fail_rank", self.fail_rank, f"must be a rank below world size {self.world_size}")
 
     # -- derived ----------------------------------------------------------------------
     @property
@@ -377,10 +383,7 @@ class RunConfig:
             raise ValueError(f"config field {key!r} has moved into the parallel plan: use {MOVED_TO_PLAN[key]}. "
                              f"For example: plan = \"pp2-1f1b-m4\", or a [plan] table with "
                              f"mesh = {{dp = 1, pp = 2}}, microbatches = 4 and [plan.pipeline] kind = \"1f1b\"")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise _fail(unknown[0], data[unknown[0]], f"unknown field; valid fields are {sorted(known)}")
+        reject_unknown(data, {f.name for f in fields(cls)}, error=config_error)
         for required in ("model", "plan"):
             if required not in data:
                 raise ValueError(f"config field {required!r} is missing; it is required")

@@ -1,14 +1,17 @@
 """The tables of a run config besides the plan: ``[optimizer]``, ``[data]`` and ``[events]``.
 
-With the field checks every part of a run config uses, so each bad value
-is a ValueError naming the config field. Standard library only.
+Each field declares its check (:mod:`~workbench.core.fields`), so each bad
+value is a ValueError naming the config field. Standard library only.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from typing import Any
+
+from .fields import (Rule, boolean, choice, config_error, from_dict, integer, is_number, number, spec, table, tuple_of,
+                     validate)
 
 __all__ = ["OptimizerConfig", "DataConfig", "EventsConfig", "is_import_path", "OPTIMIZERS", "DATA_KINDS"]
 
@@ -23,54 +26,22 @@ def is_import_path(text: object) -> bool:
     return isinstance(text, str) and bool(IMPORT_PATH.match(text))
 
 
-def _fail(field_name: str, value: Any, valid: str) -> ValueError:
-    return ValueError(f"config field {field_name!r} = {value!r} is invalid: {valid}")
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise _fail(name, value, f"expected an int >= {minimum}")
-
-
-def _check_number(name: str, value: Any, minimum: float, *, strict: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum or (strict and value == minimum):
-        raise _fail(name, value, f"expected a number {'>' if strict else '>='} {minimum}")
-
-
-def _check_choice(name: str, value: Any, choices: tuple[str, ...] | list[str]) -> None:
-    if value not in choices:
-        raise _fail(name, value, f"valid options are {', '.join(map(str, choices))}")
-
-
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise _fail(name, value, "expected true or false")
-
-
 def _build(cls: type, name: str, data: Any) -> Any:
+    """A table of the run config from its dict (an instance passes as is), naming ``name.key`` if unknown."""
     if isinstance(data, cls):
         return data
-    if not isinstance(data, dict):
-        raise _fail(name, data, f"expected a table with fields {[f.name for f in fields(cls)]}")
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise _fail(f"{name}.{unknown[0]}", data[unknown[0]], f"unknown field; valid fields are {sorted(known)}")
-    return cls(**data)
+    return from_dict(cls, data, f"{name}.", config_error)
 
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    name: str = "sgd"
-    lr: float = 0.01
-    momentum: float = 0.0
-    weight_decay: float = 0.0
+    name: str = spec("sgd", choice(OPTIMIZERS))
+    lr: float = spec(0.01, number(0.0, strict=True))
+    momentum: float = spec(0.0, number(0.0))
+    weight_decay: float = spec(0.0, number(0.0))
 
     def __post_init__(self) -> None:
-        _check_choice("optimizer.name", self.name, OPTIMIZERS)
-        _check_number("optimizer.lr", self.lr, 0.0, strict=True)
-        _check_number("optimizer.momentum", self.momentum, 0.0)
-        _check_number("optimizer.weight_decay", self.weight_decay, 0.0)
+        validate(self, "optimizer.", config_error)
 
 
 @dataclass(frozen=True)
@@ -90,38 +61,30 @@ class DataConfig:
     each rank reading only its data-parallel share.
     """
 
-    kind: str = "synthetic"
-    seq_len: int = 64
+    kind: str = spec("synthetic", choice(DATA_KINDS))
+    seq_len: int = spec(64, integer(1))
     factory: str = ""
-    args: dict[str, Any] = field(default_factory=dict)
+    args: dict[str, Any] = spec(default_factory=dict, rule=table(
+        expected="a table of keyword arguments for the data factory"))
     path: str = ""
-    columns: tuple[str, ...] = ()
-    image_size: int = 0
-    val_fraction: float = 0.1
-    workers: int = 0
+    columns: tuple[str, ...] = spec((), tuple_of(expected="two column names: [input, target]"))
+    image_size: int = spec(0, integer(0))
+    val_fraction: float = spec(0.1, Rule(lambda v: is_number(v) and 0 < v < 1, "a fraction between 0 and 1"))
+    workers: int = spec(0, integer(0))
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "columns", tuple(self.columns))
-        _check_choice("data.kind", self.kind, DATA_KINDS)
-        _check_int("data.seq_len", self.seq_len, 1)
-        _check_int("data.image_size", self.image_size, 0)
-        _check_int("data.workers", self.workers, 0)
-        if isinstance(self.val_fraction, bool) or not isinstance(self.val_fraction, (int, float)) \
-                or not 0 < self.val_fraction < 1:
-            raise _fail("data.val_fraction", self.val_fraction, "expected a fraction between 0 and 1")
-        if not isinstance(self.args, dict):
-            raise _fail("data.args", self.args, "expected a table of keyword arguments for the data factory")
+        validate(self, "data.", config_error)
         if self.kind == "factory" and not is_import_path(self.factory):
-            raise _fail("data.factory", self.factory, "expected 'package.module:function' returning (train, "
-                        "validation) datasets")
+            raise config_error("data.factory", self.factory, "expected 'package.module:function' returning (train, "
+                               "validation) datasets")
         if self.kind != "factory" and (self.factory or self.args):
-            raise _fail("data.factory" if self.factory else "data.args", self.factory or self.args,
-                        "only data.kind = 'factory' takes a factory and its args")
+            raise config_error("data.factory" if self.factory else "data.args", self.factory or self.args,
+                               "only data.kind = 'factory' takes a factory and its args")
         if self.kind in ("image-folder", "cifar10", "hf-disk") and not (isinstance(self.path, str) and self.path):
-            raise _fail("data.path", self.path, f"data.kind = {self.kind!r} reads a dataset from disk: give its "
-                        "folder")
+            raise config_error("data.path", self.path, f"data.kind = {self.kind!r} reads a dataset from disk: give "
+                               "its folder")
         if self.columns and (len(self.columns) != 2 or not all(isinstance(c, str) for c in self.columns)):
-            raise _fail("data.columns", list(self.columns), "expected two column names: [input, target]")
+            raise config_error("data.columns", list(self.columns), "expected two column names: [input, target]")
 
     @property
     def is_dataset(self) -> bool:
@@ -131,9 +94,8 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class EventsConfig:
-    stage_events: bool = True
-    heartbeat_s: float = 5.0
+    stage_events: bool = spec(True, boolean())
+    heartbeat_s: float = spec(5.0, number(0.0, strict=True))
 
     def __post_init__(self) -> None:
-        _check_bool("events.stage_events", self.stage_events)
-        _check_number("events.heartbeat_s", self.heartbeat_s, 0.0, strict=True)
+        validate(self, "events.", config_error)

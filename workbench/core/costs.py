@@ -33,10 +33,14 @@ Version 1 files (no split fields) still load; files are written as version 2.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from .fields import (ErrorForm, at_least, check, check_bool, check_int, check_number, check_str, field_error, integer,
+                     number, optional, reject_unknown, spec, validate)
+from .fields import from_dict as _from_dict
+from .fields import to_dict as _to_dict
 
 __all__ = ["LayerCost", "ModelCosts", "DeviceSpec", "LinkSpec", "ClusterSpec", "COSTS_VERSION",
            "READABLE_VERSIONS"]
@@ -46,21 +50,12 @@ READABLE_VERSIONS = (1, 2)  # version 1: no split backward (input_grad_ms, weigh
 _SPLIT_FIELDS = ("input_grad_ms", "weight_grad_ms", "input_grad_ms_spread", "weight_grad_ms_spread")
 
 
-def _check_number(owner: str, name: str, value: Any, *, integer: bool = False, positive: bool = False) -> None:
-    kind = "int" if integer else "number"
-    bad_type = isinstance(value, bool) or not isinstance(value, (int,) if integer else (int, float))
-    if bad_type or (not integer and not math.isfinite(value)):
-        raise ValueError(f"{owner}.{name} must be a finite {kind}, got {value!r}")
-    if value < 0 or (positive and value == 0):
-        bound = "> 0" if positive else ">= 0"
-        raise ValueError(f"{owner}.{name} must be {bound}, got {value!r}")
-
-
-def _reject_unknown(owner: str, data: dict[str, Any], cls: type) -> None:
-    known = {f.name for f in fields(cls)}
-    unknown = set(data) - known
-    if unknown:
-        raise ValueError(f"unknown {owner} fields {sorted(unknown)}; known fields: {sorted(known)}")
+costs_error: ErrorForm = field_error("costs")
+# a time or size of a costs file: the type first, then the bound, each refused with its own words
+_TIME = number(finite=True).then(at_least(0))
+_POSITIVE = number(finite=True).then(at_least(0, strict=True))
+_BYTES = integer(expected="a finite int").then(at_least(0))
+_COUNT = integer(expected="a finite int").then(at_least(0, strict=True))
 
 
 @dataclass(frozen=True)
@@ -78,36 +73,28 @@ class LayerCost:
     """
 
     name: str
-    forward_ms: float
-    backward_ms: float
-    flops: int = 0
-    param_bytes: int = 0
-    activation_bytes: int = 0
-    saved_bytes: int = 0
-    grad_bytes: int | None = None
-    optimizer_bytes: int | None = None
-    forward_ms_spread: float = 0.0
-    backward_ms_spread: float = 0.0
-    peak_bytes: int = 0
-    num_params: int = 0
-    input_grad_ms: float | None = None
-    weight_grad_ms: float | None = None
-    input_grad_ms_spread: float = 0.0
-    weight_grad_ms_spread: float = 0.0
+    forward_ms: float = spec(rule=_TIME)
+    backward_ms: float = spec(rule=_TIME)
+    flops: int = spec(0, _BYTES)
+    param_bytes: int = spec(0, _BYTES)
+    activation_bytes: int = spec(0, _BYTES)
+    saved_bytes: int = spec(0, _BYTES)
+    grad_bytes: int | None = spec(None, optional(_BYTES))
+    optimizer_bytes: int | None = spec(None, optional(_BYTES))
+    forward_ms_spread: float = spec(0.0, _TIME)
+    backward_ms_spread: float = spec(0.0, _TIME)
+    peak_bytes: int = spec(0, _BYTES)
+    num_params: int = spec(0, _BYTES)
+    input_grad_ms: float | None = spec(None, optional(_TIME))
+    weight_grad_ms: float | None = spec(None, optional(_TIME))
+    input_grad_ms_spread: float = spec(0.0, _TIME)
+    weight_grad_ms_spread: float = spec(0.0, _TIME)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"LayerCost.name must be a non-empty str, got {self.name!r}")
+        check_str("LayerCost.name", self.name, empty=False, expected="a non-empty str")
         owner = f"LayerCost[{self.name}]"
-        for name in ("forward_ms", "backward_ms", "forward_ms_spread", "backward_ms_spread",
-                     "input_grad_ms_spread", "weight_grad_ms_spread"):
-            _check_number(owner, name, getattr(self, name))
+        validate(self, f"{owner}.")
         self._check_split(owner)
-        for name in ("flops", "param_bytes", "activation_bytes", "saved_bytes", "peak_bytes", "num_params"):
-            _check_number(owner, name, getattr(self, name), integer=True)
-        for name in ("grad_bytes", "optimizer_bytes"):
-            if getattr(self, name) is not None:
-                _check_number(owner, name, getattr(self, name), integer=True)
         if self.grad_bytes is None:
             object.__setattr__(self, "grad_bytes", self.param_bytes)
 
@@ -115,8 +102,8 @@ class LayerCost:
         pair = ("input_grad_ms", "weight_grad_ms")
         for name, other in (pair, pair[::-1]):
             if getattr(self, name) is not None:
-                _check_number(owner, name, getattr(self, name))
-            elif getattr(self, other) is not None:
+                continue
+            if getattr(self, other) is not None:
                 raise ValueError(f"{owner}.{name} is missing: input_grad_ms and weight_grad_ms are given "
                                  f"together or not at all, got only {other}")
             elif getattr(self, f"{name}_spread") != 0:
@@ -163,7 +150,7 @@ class LayerCost:
         missing = [k for k in ("name", "forward_ms", "backward_ms") if k not in data]
         if missing:
             raise ValueError(f"layer {data.get('name', '?')!r} is missing required fields {missing}")
-        _reject_unknown("layer", data, cls)
+        reject_unknown(data, [f.name for f in fields(cls)], f"LayerCost[{data['name']}].", costs_error)
         split = sorted(set(data) & set(_SPLIT_FIELDS))
         if version == 1 and split:
             raise ValueError(f"layer {data.get('name', '?')!r} of a version 1 file has the version 2 fields {split}; "
@@ -189,8 +176,8 @@ class ModelCosts:
             raise ValueError(f"ModelCosts.version must be {COSTS_VERSION}, got {self.version!r}")
         if not isinstance(self.model, str) or not self.model:
             raise ValueError(f"ModelCosts.model must be a non-empty str, got {self.model!r}")
-        _check_number("ModelCosts", "batch_size", self.batch_size, integer=True, positive=True)
-        _check_number("ModelCosts", "input_bytes", self.input_bytes, integer=True)
+        check("ModelCosts.batch_size", self.batch_size, _COUNT)
+        check("ModelCosts.input_bytes", self.input_bytes, _BYTES)
         layers = tuple(LayerCost.from_dict(l) if isinstance(l, dict) else l for l in self.layers)
         if not layers:
             raise ValueError("ModelCosts.layers must hold at least one layer, got none")
@@ -244,7 +231,7 @@ class ModelCosts:
         missing = [k for k in ("model", "batch_size", "device", "layers") if k not in data]
         if missing:
             raise ValueError(f"ModelCosts JSON is missing required fields {missing}")
-        _reject_unknown("ModelCosts", data, cls)
+        reject_unknown(data, [f.name for f in fields(cls)], "ModelCosts.", costs_error)
         if not isinstance(data["layers"], list):
             raise ValueError("ModelCosts 'layers' must be a list of layer objects")
         layers = tuple(LayerCost.from_dict(l, version) for l in data["layers"])
@@ -289,8 +276,7 @@ class ModelCosts:
         backward (``forward_ms=1, backward_ms=2, input_grad_ms=1,
         weight_grad_ms=1``: the F = I = W case of zero-bubble schedules).
         """
-        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
-            raise ValueError(f"num_layers must be an int >= 1, got {num_layers!r}")
+        check_int("num_layers", num_layers, 1)
         layer = dict(forward_ms=forward_ms, backward_ms=backward_ms, param_bytes=param_bytes,
                      activation_bytes=activation_bytes, saved_bytes=activation_bytes,
                      input_grad_ms=input_grad_ms, weight_grad_ms=weight_grad_ms)
@@ -323,19 +309,17 @@ class DeviceSpec:
         if not isinstance(self.peak_tflops, dict) or not self.peak_tflops:
             raise ValueError(f"DeviceSpec[{self.name}].peak_tflops must map dtype -> TFLOP/s, got {self.peak_tflops!r}")
         for dtype, value in self.peak_tflops.items():
-            _check_number(f"DeviceSpec[{self.name}]", f"peak_tflops[{dtype}]", value, positive=True)
-        _check_number(f"DeviceSpec[{self.name}]", "memory_bytes", self.memory_bytes, integer=True, positive=True)
-        _check_number(f"DeviceSpec[{self.name}]", "memory_bandwidth_gbs", self.memory_bandwidth_gbs, positive=True)
-        if not (isinstance(self.efficiency, (int, float)) and 0 < self.efficiency <= 1):
-            raise ValueError(f"DeviceSpec[{self.name}].efficiency must be in (0, 1], got {self.efficiency!r}")
+            check(f"DeviceSpec[{self.name}].peak_tflops[{dtype}]", value, _POSITIVE)
+        check(f"DeviceSpec[{self.name}].memory_bytes", self.memory_bytes, _COUNT)
+        check(f"DeviceSpec[{self.name}].memory_bandwidth_gbs", self.memory_bandwidth_gbs, _POSITIVE)
+        check_number(f"DeviceSpec[{self.name}].efficiency", self.efficiency, 0, 1, strict=True, expected="in (0, 1]")
         if not isinstance(self.winograd, dict):
             raise ValueError(f"DeviceSpec[{self.name}].winograd must map dtype -> reduction, got {self.winograd!r}")
         for dtype, value in self.winograd.items():
             if dtype not in self.peak_tflops:
                 raise ValueError(f"DeviceSpec[{self.name}].winograd names dtype {dtype!r}, which has no peak_tflops")
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value <= 4:
-                raise ValueError(f"DeviceSpec[{self.name}].winograd[{dtype}] must be in [1, 4] (Winograd F(4x4, 3x3) "
-                                 f"saves at most 4x), got {value!r}")
+            check_number(f"DeviceSpec[{self.name}].winograd[{dtype}]", value, 1, 4,
+                         expected="in [1, 4] (Winograd F(4x4, 3x3) saves at most 4x)")
 
     def tflops(self, dtype: str = "float32") -> float:
         if dtype not in self.peak_tflops:
@@ -347,12 +331,11 @@ class DeviceSpec:
         return float(self.winograd.get(dtype, 1.0))
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return _to_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "DeviceSpec":
-        _reject_unknown("DeviceSpec", data, cls)
-        return cls(**data)
+        return _from_dict(cls, data, "DeviceSpec.", costs_error, owner="costs")
 
 
 @dataclass(frozen=True)
@@ -366,8 +349,8 @@ class LinkSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"LinkSpec.name must be a non-empty str, got {self.name!r}")
-        _check_number(f"LinkSpec[{self.name}]", "latency_us", self.latency_us)
-        _check_number(f"LinkSpec[{self.name}]", "bandwidth_gbs", self.bandwidth_gbs, positive=True)
+        check(f"LinkSpec[{self.name}].latency_us", self.latency_us, _TIME)
+        check(f"LinkSpec[{self.name}].bandwidth_gbs", self.bandwidth_gbs, _POSITIVE)
 
     def transfer_ms(self, nbytes: float) -> float:
         """Point-to-point time for one message of ``nbytes``."""
@@ -385,12 +368,11 @@ class LinkSpec:
         return steps * self.latency_us * 1e-3 + steps / group_size * nbytes / (self.bandwidth_gbs * 1e9) * 1e3
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return _to_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "LinkSpec":
-        _reject_unknown("LinkSpec", data, cls)
-        return cls(**data)
+        return _from_dict(cls, data, "LinkSpec.", costs_error, owner="costs")
 
 
 @dataclass(frozen=True)
@@ -429,8 +411,8 @@ class ClusterSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"ClusterSpec.name must be a non-empty str, got {self.name!r}")
-        _check_number(f"ClusterSpec[{self.name}]", "num_nodes", self.num_nodes, integer=True, positive=True)
-        _check_number(f"ClusterSpec[{self.name}]", "devices_per_node", self.devices_per_node, integer=True, positive=True)
+        check(f"ClusterSpec[{self.name}].num_nodes", self.num_nodes, _COUNT)
+        check(f"ClusterSpec[{self.name}].devices_per_node", self.devices_per_node, _COUNT)
         if isinstance(self.device, dict):
             object.__setattr__(self, "device", DeviceSpec.from_dict(self.device))
         for name in ("intra_node", "inter_node", "collective_link"):
@@ -441,21 +423,18 @@ class ClusterSpec:
                 raise ValueError(f"ClusterSpec[{self.name}].{name} must be a link (LinkSpec or JSON object), got {value!r}")
         if self.num_nodes > 1 and self.inter_node is None:
             raise ValueError(f"ClusterSpec[{self.name}] has {self.num_nodes} nodes but no inter_node link")
-        if not (isinstance(self.overlap_slowdown, (int, float)) and 1.0 <= self.overlap_slowdown <= 4.0):
-            raise ValueError(f"ClusterSpec[{self.name}].overlap_slowdown must be in [1, 4], got {self.overlap_slowdown!r}")
-        if not isinstance(self.shared_compute, bool):
-            raise ValueError(f"ClusterSpec[{self.name}].shared_compute must be true or false, got {self.shared_compute!r}")
-        call = self.collective_call_ms
-        if isinstance(call, bool) or not isinstance(call, (int, float)) or not 0.0 <= call <= 1000.0:
-            raise ValueError(f"ClusterSpec[{self.name}].collective_call_ms must be in [0, 1000] ms, got {call!r}")
+        check_number(f"ClusterSpec[{self.name}].overlap_slowdown", self.overlap_slowdown, 1.0, 4.0,
+                     expected="in [1, 4]")
+        check_bool(f"ClusterSpec[{self.name}].shared_compute", self.shared_compute)
+        check_number(f"ClusterSpec[{self.name}].collective_call_ms", self.collective_call_ms, 0.0, 1000.0,
+                     expected="in [0, 1000] ms")
 
     @property
     def world_size(self) -> int:
         return self.num_nodes * self.devices_per_node
 
     def node_of(self, rank: int) -> int:
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
-            raise ValueError(f"rank must be in [0, {self.world_size - 1}], got {rank!r}")
+        check_int("rank", rank, 0, self.world_size - 1, expected=f"in [0, {self.world_size - 1}]")
         return rank // self.devices_per_node
 
     def link(self, a: int, b: int) -> LinkSpec:
@@ -480,17 +459,11 @@ class ClusterSpec:
         return self.collective_link or self.group_link(ranks)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)  # the device and the links as their own dicts, in field order
+        return _to_dict(self)  # the device and the links as their own dicts, in field order
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ClusterSpec":
-        if not isinstance(data, dict):
-            raise ValueError(f"ClusterSpec JSON must be an object, got {type(data).__name__}")
-        _reject_unknown("ClusterSpec", data, cls)
-        missing = [k for k in ("name", "num_nodes", "devices_per_node", "device", "intra_node") if k not in data]
-        if missing:
-            raise ValueError(f"ClusterSpec JSON is missing required fields {missing}")
-        return cls(**data)
+        return _from_dict(cls, data, "ClusterSpec.", costs_error, owner="costs")
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), **kwargs)

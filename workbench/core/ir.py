@@ -32,6 +32,9 @@ from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from typing import Any, Iterable, Iterator, Sequence
 
+from .fields import (Rule, at_least, boolean, check, from_dict, integer, optional, reject_unknown, spec, string, tuple_of,
+                     validate)
+
 __all__ = ["Op", "Action", "Schedule", "ScheduleMeta", "parse_action", "COMPUTE_OPS", "COMM_OPS"]
 
 
@@ -75,15 +78,9 @@ _ACTION_RE = re.compile(
 )
 
 
-def _check_index(name: str, value: int | None, *, optional: bool = True) -> None:
-    if value is None:
-        if not optional:
-            raise ValueError(f"{name} is required, got None")
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
+_INDEX = integer(expected="an int >= 0").then(at_least(0))  # a stage, micro-batch, rank ...: the type, then the bound
+_MAYBE_INDEX = optional(_INDEX)
+_COUNT = integer(expected="an int >= 1").then(at_least(1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,9 +107,9 @@ class Action:
                 object.__setattr__(self, "op", Op(self.op))
             except ValueError:
                 raise ValueError(f"op must be one of {_VALID_OPS}; got {self.op!r}") from None
-        _check_index("stage", self.stage, optional=False)
+        check("stage", self.stage, _INDEX)
         for name in ("microbatch", "chunk", "iteration", "version", "bucket", "peer"):
-            _check_index(name, getattr(self, name))
+            check(name, getattr(self, name), _MAYBE_INDEX)
         if self.op in _NEEDS_MICROBATCH and self.microbatch is None:
             raise ValueError(f"op {self.op.value} needs a microbatch index (stage {self.stage})")
         if self.op in _SENDS | _RECVS and self.peer is None:
@@ -167,10 +164,7 @@ class Action:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Action":
-        unknown = set(data) - {"stage", "op", "microbatch", "chunk", "iteration", "version", "bucket", "peer"}
-        if unknown:
-            raise ValueError(f"unknown Action fields {sorted(unknown)}")
-        return cls(**data)
+        return from_dict(cls, data, "Action.", owner="schedule")
 
 
 def parse_action(text: str) -> Action:
@@ -217,7 +211,7 @@ def _groups(name: str, value: Any) -> tuple[tuple[int, ...], ...]:
     out = tuple(tuple(g) for g in value)
     for g in out:
         for r in g:
-            _check_index(f"meta.{name}", r, optional=False)
+            check(f"meta.{name}", r, _INDEX)
     return out
 
 
@@ -239,50 +233,32 @@ class ScheduleMeta:
     """
 
     stage_to_rank: tuple[tuple[int, ...], ...] = ()
-    replicas: int = 1
-    chunks: int = 1
+    replicas: int = spec(1, _COUNT)
+    chunks: int = spec(1, _COUNT)
     dp_groups: tuple[tuple[int, ...], ...] = ()
     row_groups: tuple[tuple[int, ...], ...] = ()
     col_groups: tuple[tuple[int, ...], ...] = ()
-    q: int = 0
-    num_iterations: int = 1
-    first_iteration: int = 0
-    inner: str = ""
-    num_buckets: int = 1
-    backward_buckets: int = 0
-    delay: int = 0
-    pending_step_iteration: int | None = None
-    grad_sync: bool = False
-    weight_stashing: bool = False
-    inflight: tuple[int, ...] = ()
-    mode: str = ""
-    vertical_sync: bool = False
-    lowered: tuple[str, ...] = ()
+    q: int = spec(0, _INDEX)
+    num_iterations: int = spec(1, _COUNT)
+    first_iteration: int = spec(0, _INDEX)
+    inner: str = spec("", string())
+    num_buckets: int = spec(1, _COUNT)
+    backward_buckets: int = spec(0, _INDEX)
+    delay: int = spec(0, Rule(lambda v: not isinstance(v, bool) and v in (0, 1), "0 or 1"))
+    pending_step_iteration: int | None = spec(None, _MAYBE_INDEX)
+    grad_sync: bool = spec(False, boolean())
+    weight_stashing: bool = spec(False, boolean())
+    inflight: tuple[int, ...] = spec((), tuple_of(expected="a list"))
+    mode: str = spec("", string())
+    vertical_sync: bool = spec(False, boolean())
+    lowered: tuple[str, ...] = spec((), tuple_of(expected="a list"))
 
     def __post_init__(self) -> None:
         for name in ("stage_to_rank", "dp_groups", "row_groups", "col_groups"):
             object.__setattr__(self, name, _groups(name, getattr(self, name)))
-        for name in ("replicas", "chunks", "num_iterations", "num_buckets"):
-            _check_index(f"meta.{name}", getattr(self, name), optional=False)
-            if getattr(self, name) < 1:
-                raise ValueError(f"meta.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("q", "first_iteration", "backward_buckets"):
-            _check_index(f"meta.{name}", getattr(self, name), optional=False)
-        _check_index("meta.pending_step_iteration", self.pending_step_iteration)
-        if isinstance(self.delay, bool) or self.delay not in (0, 1):
-            raise ValueError(f"meta.delay must be 0 or 1, got {self.delay!r}")
-        for name in ("grad_sync", "weight_stashing", "vertical_sync"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"meta.{name} must be true or false, got {getattr(self, name)!r}")
-        for name in ("inner", "mode"):
-            if not isinstance(getattr(self, name), str):
-                raise ValueError(f"meta.{name} must be a string, got {getattr(self, name)!r}")
-        for name in ("inflight", "lowered"):
-            if not isinstance(getattr(self, name), (list, tuple)):
-                raise ValueError(f"meta.{name} must be a list, got {getattr(self, name)!r}")
-            object.__setattr__(self, name, tuple(getattr(self, name)))
+        validate(self, "meta.")
         for n in self.inflight:
-            _check_index("meta.inflight", n, optional=False)
+            check("meta.inflight", n, _INDEX)
         for pass_name in self.lowered:
             if not isinstance(pass_name, str) or not pass_name:
                 raise ValueError(f"meta.lowered must list pass names, got {pass_name!r} in {list(self.lowered)}")
@@ -302,10 +278,8 @@ class ScheduleMeta:
         if isinstance(data, ScheduleMeta):
             return data
         data = dict(data or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"schedule meta field {unknown[0]!r} is unknown; valid fields are {sorted(known)}")
+        reject_unknown(data, [f.name for f in fields(cls)], error=lambda name, _, valid: ValueError(
+            f"schedule meta field {name!r} {valid}"), unknown="is unknown; valid fields are")
         return cls(**data)
 
 
@@ -334,8 +308,8 @@ class Schedule:
                 if slot is not None and not isinstance(slot, Action):
                     raise ValueError(f"ranks[{r}][{i}] must be an Action or None, got {type(slot).__name__}")
         object.__setattr__(self, "ranks", ranks)
-        _check_index("num_stages", self.num_stages)
-        _check_index("num_microbatches", self.num_microbatches)
+        check("num_stages", self.num_stages, _MAYBE_INDEX)
+        check("num_microbatches", self.num_microbatches, _MAYBE_INDEX)
         if self.num_stages == 0:
             raise ValueError("num_stages must be >= 1, got 0")
 

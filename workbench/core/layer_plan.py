@@ -10,8 +10,8 @@ import re
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from .fields import boolean, choice, integer, spec, validate
 from .pipelines import plan_error
-from .pipelines.base import _check_bool, _check_choice, _check_int
 from .topology import Topology
 
 __all__ = ["LayerPlan", "DP_KINDS", "TP_KINDS"]
@@ -40,18 +40,14 @@ class LayerPlan:
     (data parallelism innermost); always True without tensor parallelism.
     """
 
-    dp: str = "replicate"
-    tp: str = "none"
-    tp_degree: int = 1
-    recompute: bool = False
-    consecutive: bool = True
+    dp: str = spec("replicate", choice(DP_KINDS))
+    tp: str = spec("none", choice(TP_KINDS))
+    tp_degree: int = spec(1, integer(1))
+    recompute: bool = spec(False, boolean())
+    consecutive: bool = spec(True, boolean())
 
     def __post_init__(self) -> None:
-        _check_choice("layers.dp", self.dp, DP_KINDS)
-        _check_choice("layers.tp", self.tp, TP_KINDS)
-        _check_int("layers.tp_degree", self.tp_degree, 1)
-        _check_bool("layers.recompute", self.recompute)
-        _check_bool("layers.consecutive", self.consecutive)
+        validate(self, "layers.", plan_error)
         if self.tp == "none" and not self.consecutive:
             raise plan_error("layers.consecutive", False, "only a tensor-parallel group can sit on strided ranks")
         if self.tp == "none" and self.tp_degree != 1:

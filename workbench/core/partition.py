@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
+from .fields import check_int, is_int
 
 __all__ = ["Partition"]
 
@@ -33,7 +34,7 @@ class Partition:
             raise ValueError("a partition needs at least one stage, got none")
         expected = 0
         for s, b in enumerate(bounds):
-            if len(b) != 2 or any(isinstance(x, bool) or not isinstance(x, int) for x in b):
+            if len(b) != 2 or not all(is_int(x) for x in b):
                 raise ValueError(f"stage {s} bounds must be two ints (first, last), got {b!r}")
             first, last = b
             if last < first:
@@ -50,8 +51,7 @@ class Partition:
         """From the number of layers per stage, e.g. ``[4, 6, 6]``."""
         bounds, start = [], 0
         for s, n in enumerate(sizes):
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                raise ValueError(f"stage {s} size must be an int >= 1, got {n!r}")
+            check_int(f"stage {s} size", n, 1)
             bounds.append((start, start + n - 1))
             start += n
         return cls(tuple(bounds))
@@ -59,8 +59,7 @@ class Partition:
     @classmethod
     def from_cuts(cls, cuts: Sequence[int], num_layers: int) -> "Partition":
         """From the first layer of every stage after the first (boundaries)."""
-        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
-            raise ValueError(f"num_layers must be an int >= 1, got {num_layers!r}")
+        check_int("num_layers", num_layers, 1)
         points = [0, *cuts, num_layers]
         for a, b in zip(points, points[1:]):
             if not (isinstance(b, int) and b > a):
@@ -70,8 +69,7 @@ class Partition:
     @classmethod
     def uniform(cls, num_layers: int, num_stages: int) -> "Partition":
         """Equal layer counts (the first stages take the remainder)."""
-        if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
-            raise ValueError(f"num_stages must be an int >= 1, got {num_stages!r}")
+        check_int("num_stages", num_stages, 1)
         if num_stages > num_layers:
             raise ValueError(f"cannot split {num_layers} layers into {num_stages} stages: at most {num_layers} stages")
         base, extra = divmod(num_layers, num_stages)

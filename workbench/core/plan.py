@@ -58,12 +58,12 @@ from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any
 
+from .fields import check_int, reject_unknown
 from .layer_plan import DP_KINDS, TP_KINDS, LayerPlan, _layer_ranges, _layers_from_ranges, _mesh_layer
 from .partition import Partition
 from .pipelines import (PIPELINE_KINDS, AsyncPipeline, DualPipeV, GPipe, GroPipe, Interleaved, NoPipeline, OneFOneB,
                         PipelineSpec, TorchPipelining, ZBAuto, ZBH1, ZBH2, ZBV, pipeline_from_dict, pipeline_to_dict,
                         plan_error)
-from .pipelines.base import _check_int
 from .plan_names import plan_fields_from_name, plan_name
 from .topology import Topology
 
@@ -120,7 +120,7 @@ class ParallelPlan:
         # canonical: one entry when every layer has the same options (what the plan's name says), so a table that
         # lists equal options range by range is the plan its name parses back to
         object.__setattr__(self, "layers", tuple(layers) if len(set(layers)) > 1 else (layers[0],))
-        _check_int("microbatches", self.microbatches, 1)
+        check_int("microbatches", self.microbatches, 1, error=plan_error)
         if not isinstance(self.partition, str) or not self.partition.strip():
             raise plan_error("partition", self.partition, "expected 'uniform', 'ampa' or ranges like '0-3|4-9'")
         if self.partition not in ("uniform", "ampa"):
@@ -208,7 +208,7 @@ class ParallelPlan:
 
     def layers_for(self, num_layers: int) -> tuple[LayerPlan, ...]:
         """One LayerPlan per layer of a model with ``num_layers`` layers."""
-        _check_int("num_layers", num_layers, 1)
+        check_int("num_layers", num_layers, 1, error=plan_error)
         if len(self.layers) == 1:
             return self.layers * num_layers
         if len(self.layers) != num_layers:
@@ -306,10 +306,8 @@ class ParallelPlan:
             raise plan_error("plan", data, "expected a [plan] table or a plan name")
         if "name" in data and len(data) == 1:
             return cls.parse(data["name"])
-        known = {"mesh", "pipeline", "microbatches", "partition", "layers"}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise plan_error(unknown[0], data[unknown[0]], f"unknown field of [plan]; valid fields are {sorted(known)}")
+        reject_unknown(data, ("mesh", "pipeline", "microbatches", "partition", "layers"), error=plan_error,
+                       unknown="unknown field of [plan]; valid fields are")
         if "mesh" not in data:
             raise ValueError("plan field 'mesh' is missing; give the axes, e.g. mesh = {dp = 2, pp = 2}")
         mesh = data["mesh"]

@@ -48,6 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .fields import check_int
 from .timeline import Event, Timeline
 
 __all__ = [
@@ -89,8 +90,7 @@ def make_event(kind: str, rank: int, **fields: Any) -> dict[str, Any]:
     """A schema-conforming event record (not yet serialised)."""
     if kind not in EVENT_KINDS:
         raise ValueError(f"event kind must be one of {EVENT_KINDS}, got {kind!r}")
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-        raise ValueError(f"event rank must be an int >= 0, got {rank!r}")
+    check_int("event rank", rank, 0)
     reserved = {"v", "kind", "t", "rank"} & set(fields)
     if reserved and not (reserved == {"t"}):
         raise ValueError(f"event fields {sorted(reserved)} are reserved")

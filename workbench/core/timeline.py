@@ -14,11 +14,11 @@ source, one thread per rank.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
+from .fields import check, check_int, check_number, from_dict, integer, optional
 from .ir import Op
 
 __all__ = ["Event", "Timeline", "SOURCES"]
@@ -51,16 +51,13 @@ class Event:
             raise ValueError(f"Event.op must be one of {sorted(_VALID_OPS)}, got {self.op!r}")
         for name in ("rank", "stage", "iteration"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"Event.{name} must be an int >= 0, got {v!r}")
+            check_int(f"Event.{name}", v, 0)
         for name in ("microbatch", "version", "chunk", "peer", "nbytes"):
             v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-                raise ValueError(f"Event.{name} must be None or an int >= 0, got {v!r}")
+            check(f"Event.{name}", v, optional(integer(0)))
         for name in ("start", "end"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise ValueError(f"Event.{name} must be a finite number of ms, got {v!r}")
+            check_number(f"Event.{name}", v, finite=True, expected="a finite number of ms")
         if self.end < self.start:
             raise ValueError(f"Event.end ({self.end}) is before start ({self.start}) on rank {self.rank} op {self.op}")
         if self.source not in SOURCES:
@@ -85,11 +82,7 @@ class Event:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Event":
-        known = set(cls.__dataclass_fields__)
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"unknown Event fields {sorted(unknown)}; known: {sorted(known)}")
-        return cls(**data)
+        return from_dict(cls, data, "Event.", owner="timeline")
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 from math import prod
 from typing import Any, Iterator
+from .fields import check_int, integer
 
 __all__ = ["Topology", "KNOWN_AXES"]
 
@@ -42,8 +43,7 @@ class Topology:
             if name in seen:
                 raise ValueError(f"axis {name!r} given twice")
             seen.add(name)
-            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-                raise ValueError(f"axis {name!r} size must be an int >= 1, got {size!r}")
+            check_int(f"axis {name!r} size", size, 1)
         object.__setattr__(self, "axes", tuple((n, s) for n, s in pairs))
 
     # -- shape ------------------------------------------------------------------------
@@ -87,7 +87,7 @@ class Topology:
         r = 0
         for name, size in self.axes:
             c = coords[name]
-            if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < size:
+            if not integer(0, size - 1).accepts(c):
                 raise ValueError(f"coordinate {name}={c!r} out of range [0, {size - 1}]")
             r = r * size + c
         return r
@@ -169,8 +169,7 @@ class Topology:
 
     # -- checks -----------------------------------------------------------------------
     def _check_rank(self, rank: int) -> None:
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
-            raise ValueError(f"rank must be an int in [0, {self.world_size - 1}], got {rank!r}")
+        check_int("rank", rank, 0, self.world_size - 1, expected=f"an int in [0, {self.world_size - 1}]")
 
     def _check_axis(self, axis: str, *, allow_missing: bool = False) -> None:
         if axis in self.names:

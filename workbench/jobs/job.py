@@ -27,6 +27,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Iterator
 
+from ..core.fields import check, integer, optional
 from ..core.rundir import CONFIG_FILE, COMMAND_FILE, LAUNCH_FILE, LOGS_DIR, TERMINAL_STATES, status_path
 from .backends import ProcessState, get_backend
 from .backends.local import FALLBACK_PREFIX
@@ -263,8 +264,7 @@ class Job:
     def logs(self, rank: int | None = None, tail: int | None = 200, follow: bool = False):
         """Console lines (of one global ``rank`` if given): the last ``tail`` as a list, or with
         ``follow`` an iterator that keeps yielding new lines until the job ends."""
-        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
-            raise ValueError(f"rank must be None or an int >= 0, got {rank!r}")
+        check("rank", rank, optional(integer(0)))
         tailers = [TextTailer(path) for path in self._console_files()]
         lines = [kept for t in tailers for line in t.poll() if (kept := self._keep(line, rank)) is not None]
         recent = lines[-tail:] if tail else lines

@@ -18,6 +18,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from ..core.fields import is_number
 from ..core.rundir import adaptation_text
 from ..core.timeline import Event, Timeline
 
@@ -104,7 +105,7 @@ class EvalTargets:
 
         def number(name: str) -> float:
             value = config.get(name)
-            return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+            return float(value) if is_number(value) else 0.0
 
         return cls(int(number("eval_every")), number("target_accuracy"), number("target_perplexity"))
 

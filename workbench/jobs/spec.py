@@ -21,10 +21,12 @@ import re
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..core.fields import (check_choice, check_int, from_dict, integer, is_int, is_number, number, optional, spec,
+                          to_dict, tuple_of, validate)
 from ..core.rundir import DIST_BACKENDS
 
 __all__ = ["LaunchSpec", "SlurmOptions", "DEFAULT_ENTRY", "DIST_BACKENDS", "check_launchable", "config_dict"]
@@ -36,11 +38,6 @@ _SLURM_TIME_RE = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$")
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def _int_at_least(owner: str, name: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{owner}.{name} must be an int >= {low}, got {value!r}")
-
-
 @dataclass(frozen=True)
 class SlurmOptions:
     """``#SBATCH`` settings for the Slurm backend (one task per node running torchrun)."""
@@ -48,28 +45,21 @@ class SlurmOptions:
     partition: str | None = None
     time: str = "01:00:00"
     account: str | None = None
-    gpus_per_node: int = 0
-    cpus_per_task: int | None = None
+    gpus_per_node: int = spec(0, integer(0))
+    cpus_per_task: int | None = spec(None, optional(integer(1)))
     mem: str | None = None
-    rdzv_port: int = 29400
-    setup: tuple[str, ...] = ()
-    extra_sbatch: tuple[str, ...] = ()
+    rdzv_port: int = spec(29400, integer(1024, 65535))
+    setup: tuple[str, ...] = spec((), tuple_of())
+    extra_sbatch: tuple[str, ...] = spec((), tuple_of())
 
     def __post_init__(self) -> None:
         if not isinstance(self.time, str) or not _SLURM_TIME_RE.match(self.time):
             raise ValueError(f"SlurmOptions.time must look like MM, HH:MM:SS or D-HH:MM:SS, got {self.time!r}")
-        _int_at_least("SlurmOptions", "gpus_per_node", self.gpus_per_node, 0)
-        if self.cpus_per_task is not None:
-            _int_at_least("SlurmOptions", "cpus_per_task", self.cpus_per_task, 1)
-        _int_at_least("SlurmOptions", "rdzv_port", self.rdzv_port, 1024)
-        if self.rdzv_port > 65535:
-            raise ValueError(f"SlurmOptions.rdzv_port must be <= 65535, got {self.rdzv_port}")
+        validate(self, "SlurmOptions.")
         for name in ("partition", "account", "mem"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value or any(c.isspace() for c in value)):
                 raise ValueError(f"SlurmOptions.{name} must be a non-empty word without spaces or None, got {value!r}")
-        object.__setattr__(self, "setup", tuple(self.setup))
-        object.__setattr__(self, "extra_sbatch", tuple(self.extra_sbatch))
         for line in self.extra_sbatch:
             if not isinstance(line, str) or not line.startswith("--") or "\n" in line:
                 raise ValueError(f"SlurmOptions.extra_sbatch entries must be single '--option=value' strings, "
@@ -96,17 +86,17 @@ class LaunchSpec:
 
     config: Any = field(default_factory=dict)
     nproc_per_node: int | None = None
-    nnodes: int = 1
+    nnodes: int = spec(1, integer(1))
     entry: str = DEFAULT_ENTRY
     dist_backend: str = "auto"
     env: Mapping[str, str] = field(default_factory=dict)
-    max_restarts: int = 0
+    max_restarts: int = spec(0, integer(0))
     run_root: str = "runs"
     name: str = "run"
-    hosts: tuple[str, ...] = ()
-    rdzv_port: int | None = None
+    hosts: tuple[str, ...] = spec((), tuple_of())
+    rdzv_port: int | None = spec(None, optional(integer(1024)))
     slurm: SlurmOptions | None = None
-    stall_after_s: float = 30.0
+    stall_after_s: float = spec(30.0, number(0, strict=True, expected="a number of seconds > 0"))
     python: str = sys.executable
 
     def __post_init__(self) -> None:
@@ -116,37 +106,29 @@ class LaunchSpec:
         if not isinstance(self.entry, str) or not _MODULE_RE.match(self.entry):
             raise ValueError(f"LaunchSpec.entry must be a dotted module name such as {DEFAULT_ENTRY!r}, "
                              f"got {self.entry!r}")
-        _int_at_least("LaunchSpec", "nnodes", self.nnodes, 1)
+        validate(self, "LaunchSpec.")
         if self.nproc_per_node is None:
             object.__setattr__(self, "nproc_per_node", self._default_nproc())
-        _int_at_least("LaunchSpec", "nproc_per_node", self.nproc_per_node, 1)
-        _int_at_least("LaunchSpec", "max_restarts", self.max_restarts, 0)
-        if self.dist_backend not in DIST_BACKENDS:
-            raise ValueError(f"LaunchSpec.dist_backend must be one of {DIST_BACKENDS}, got {self.dist_backend!r}")
+        check_int("LaunchSpec.nproc_per_node", self.nproc_per_node, 1)
+        check_choice("LaunchSpec.dist_backend", self.dist_backend, DIST_BACKENDS)
         if not isinstance(self.env, Mapping):
             raise ValueError(f"LaunchSpec.env must be a mapping of str to str, got {type(self.env).__name__}")
         env = {}
         for key, value in self.env.items():
             if not isinstance(key, str) or not _ENV_KEY_RE.match(key):
                 raise ValueError(f"LaunchSpec.env key {key!r} is not a valid environment variable name")
-            if isinstance(value, bool) or not isinstance(value, (str, int, float, os.PathLike)):
+            if not isinstance(value, (str, os.PathLike)) and not is_number(value):
                 raise ValueError(f"LaunchSpec.env[{key!r}] must be a string, got {value!r}")
             env[key] = os.fspath(value) if isinstance(value, os.PathLike) else str(value)
         object.__setattr__(self, "env", env)
         object.__setattr__(self, "run_root", os.fspath(self.run_root))
-        object.__setattr__(self, "hosts", tuple(self.hosts))
         if self.hosts and len(self.hosts) != self.nnodes:
             raise ValueError(f"LaunchSpec.hosts lists {len(self.hosts)} hosts but nnodes is {self.nnodes}; "
                              f"give one host per node (the first hosts the rendezvous)")
-        if self.rdzv_port is not None:
-            _int_at_least("LaunchSpec", "rdzv_port", self.rdzv_port, 1024)
         if isinstance(self.slurm, Mapping):
             object.__setattr__(self, "slurm", SlurmOptions(**self.slurm))
         if self.slurm is not None and not isinstance(self.slurm, SlurmOptions):
             raise ValueError(f"LaunchSpec.slurm must be SlurmOptions or None, got {type(self.slurm).__name__}")
-        if isinstance(self.stall_after_s, bool) or not isinstance(self.stall_after_s, (int, float)) \
-                or self.stall_after_s <= 0:
-            raise ValueError(f"LaunchSpec.stall_after_s must be a number of seconds > 0, got {self.stall_after_s!r}")
         config_dict(self.config)
 
     def _default_nproc(self) -> int:
@@ -168,26 +150,11 @@ class LaunchSpec:
         return LaunchSpec(**data)
 
     def to_dict(self) -> dict[str, Any]:
-        data = {f.name: getattr(self, f.name) for f in fields(self)}
-        data["config"] = config_dict(self.config)
-        data["env"] = dict(self.env)
-        data["hosts"] = list(self.hosts)
-        data["slurm"] = asdict(self.slurm) if self.slurm is not None else None
-        return data
+        return {**to_dict(self), "config": config_dict(self.config)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "LaunchSpec":
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"unknown LaunchSpec fields {sorted(unknown)}; known: {sorted(known)}")
-        data = dict(data)
-        if data.get("slurm") is not None:
-            slurm = dict(data["slurm"])
-            slurm["setup"] = tuple(slurm.get("setup", ()))
-            slurm["extra_sbatch"] = tuple(slurm.get("extra_sbatch", ()))
-            data["slurm"] = SlurmOptions(**slurm)
-        return cls(**data)
+        return from_dict(cls, data, "LaunchSpec.")
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
@@ -230,7 +197,7 @@ def required_world_size(config: Any, entry: str) -> int | None:
         if entry == DEFAULT_ENTRY and run_config is not None:
             return int(run_config.from_dict(dict(config)).world_size)
         value = config.get("world_size")
-        if isinstance(value, int) and not isinstance(value, bool):
+        if is_int(value):
             return value
         return None
     if hasattr(config, "world_size"):

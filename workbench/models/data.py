@@ -30,22 +30,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..core.fields import check_int
 from .sequence import InputSpec, LayerSequence, synthetic_inputs
 
 __all__ = ["sample_batch", "digits_batches", "digits_dataset", "bytes_lm_batches",
            "bytes_corpus"]
 
 CORPUS_BYTES = 4_000_000
-
-
-def _check_positive(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-
-
-def _check_start(start_batch: object) -> None:
-    if isinstance(start_batch, bool) or not isinstance(start_batch, int) or start_batch < 0:
-        raise ValueError(f"start_batch must be an int >= 0, got {start_batch!r}")
 
 
 def _spec_and_task(seq_or_name: LayerSequence | str) -> tuple[InputSpec, str, str]:
@@ -73,7 +64,7 @@ def sample_batch(seq_or_name: LayerSequence | str, batch_size: int, seed: int = 
     of positions replaced by random tokens, targets [B, T] holding the
     original token there and -100 (ignored) elsewhere.
     """
-    _check_positive("batch_size", batch_size)
+    check_int("batch_size", batch_size, 1)
     spec, task, _ = _spec_and_task(seq_or_name)
     generator = torch.Generator().manual_seed(seed + 1)
     if task == "causal-lm":
@@ -101,7 +92,7 @@ def _digits_raw() -> tuple[np.ndarray, np.ndarray]:
 @lru_cache(maxsize=8)
 def digits_dataset(*, image_size: int = 32, channels: int = 3, train: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """All digits of one split: images [N, channels, image_size, image_size] (normalised), labels [N]."""
-    _check_positive("image_size", image_size)
+    check_int("image_size", image_size, 1)
     if channels not in (1, 3):
         raise ValueError(f"channels must be 1 or 3, got {channels!r}")
     images, labels = _digits_raw()
@@ -117,8 +108,8 @@ def digits_dataset(*, image_size: int = 32, channels: int = 3, train: bool = Tru
 def digits_batches(batch_size: int, *, image_size: int = 32, channels: int = 3, train: bool = True,
                    seed: int = 0, start_batch: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Endless (images [B, C, S, S], labels [B]) batches, reshuffled each epoch; last partial batch dropped."""
-    _check_positive("batch_size", batch_size)
-    _check_start(start_batch)
+    check_int("batch_size", batch_size, 1)
+    check_int("start_batch", start_batch, 0)
     images, labels = digits_dataset(image_size=image_size, channels=channels, train=train)
     per_epoch = len(images) // batch_size
     if per_epoch == 0:
@@ -155,9 +146,9 @@ def bytes_lm_batches(batch_size: int, seq_len: int, *, seed: int = 0, start_batc
 
     The last 10% of the corpus is the test split (``train=False``).
     """
-    _check_positive("batch_size", batch_size)
-    _check_positive("seq_len", seq_len)
-    _check_start(start_batch)
+    check_int("batch_size", batch_size, 1)
+    check_int("seq_len", seq_len, 1)
+    check_int("start_batch", start_batch, 0)
     corpus = bytes_corpus()
     split = int(len(corpus) * 0.9)
     lo, hi = (0, split) if train else (split, len(corpus))

@@ -30,6 +30,7 @@ from typing import Callable, Iterable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from ..core.fields import check_int
 
 __all__ = ["LayerSequence", "InputSpec", "TASKS", "token_cross_entropy", "synthetic_inputs"]
 
@@ -120,8 +121,7 @@ class LayerSequence(nn.Sequential):
         """Layers ``first..last`` (inclusive) as an ``nn.Sequential`` of the same module objects."""
         n = len(self)
         for field_name, value in (("first", first), ("last", last)):
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n:
-                raise ValueError(f"{field_name} must be a layer index in [0, {n - 1}], got {value!r}")
+            check_int(field_name, value, 0, n - 1, expected=f"a layer index in [0, {n - 1}]")
         if first > last:
             raise ValueError(f"first ({first}) must be <= last ({last})")
         items = list(self._modules.items())[first:last + 1]

@@ -25,6 +25,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ..core.fields import reject_unknown
 from .sequence import InputSpec, LayerSequence
 
 __all__ = ["load_factory", "check_factory_args", "model_from_factory", "build_run_model"]
@@ -60,10 +61,9 @@ def check_factory_args(factory: Callable[..., Any], args: dict[str, Any], field:
         return
     accepted = [n for n, p in params.items()
                 if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
-    unknown = sorted(set(args) - set(accepted))
-    if unknown:
-        raise ValueError(f"config field {field!r} has unknown key {unknown[0]!r} for factory {path!r}; "
-                         f"it takes {accepted}")
+    reject_unknown(args, accepted, error=lambda key, _, takes: ValueError(
+        f"config field {field!r} has unknown key {key!r} for factory {path!r}; {takes}"), unknown="it takes",
+        ordered=True)
     try:
         signature.bind(**args)
     except TypeError as exc:

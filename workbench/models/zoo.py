@@ -17,6 +17,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ..core.fields import check_int
 from . import transformers_models as tm
 from . import vision
 from .sequence import InputSpec, LayerSequence
@@ -115,8 +116,7 @@ def get_entry(name: str) -> ZooEntry:
 def build_reference(name: str, seed: int = 0, **overrides: Any) -> tuple[nn.Module, dict[str, Any]]:
     """The original model (torchvision / transformers / zoo module) and its resolved config."""
     entry = get_entry(name)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an int, got {seed!r}")
+    check_int("seed", seed)
     config = entry.config(overrides)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

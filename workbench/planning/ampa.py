@@ -40,6 +40,7 @@ from operator import gt
 from typing import Any, Sequence
 
 from ..core.costs import ClusterSpec, LinkSpec, ModelCosts
+from ..core.fields import check_int
 from ..core.partition import Partition
 from ..core.plan import PIPELINE_KINDS, ParallelPlan
 from ..core.topology import Topology
@@ -125,12 +126,10 @@ class Projection:
                  batch_size: int | None = None, cluster: ClusterSpec | None = None, optimizer: str = "adam",
                  first_rank: int = 0) -> None:
         L = costs.num_layers
-        if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
-            raise ValueError(f"num_stages must be an int >= 1, got {num_stages!r}")
+        check_int("num_stages", num_stages, 1)
         if num_stages > L:
             raise ValueError(f"num_stages={num_stages} is more stages than the model's {L} layers; use at most {L}")
-        if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int) or num_microbatches < 1:
-            raise ValueError(f"num_microbatches must be an int >= 1, got {num_microbatches!r}")
+        check_int("num_microbatches", num_microbatches, 1)
         if cluster is not None and cluster.world_size < first_rank + num_stages:
             raise ValueError(f"cluster {cluster.name!r} has {cluster.world_size} devices, too few for "
                              f"{num_stages} stages")
@@ -425,8 +424,7 @@ def search(costs: ModelCosts, world_size: int, *, global_batch: int, cluster: Cl
     ``collective_link`` where it has one.
     """
     for name, value in (("world_size", world_size), ("global_batch", global_batch)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        check_int(name, value, 1)
     if delay not in (0, 1):
         raise ValueError(f"delay must be 0 or 1, got {delay!r}")
     for name, value in (("stages", stages), ("groups", groups)):

@@ -42,6 +42,7 @@ import os
 from pathlib import Path
 
 from ..core.costs import ClusterSpec, DeviceSpec, LinkSpec
+from ..core.fields import check_int
 from ..core.hardware import (DATASHEET_OVERLAP_SLOWDOWN, DEVICES, GIB, LINKS, LOCAL_COLLECTIVE_CALL_MS,
                              LOCAL_OVERLAP_SLOWDOWN, PRESETS, get_device, get_preset)
 from ..scheduling.sharing import CoreSharing, sharing_slowdown, wait_fraction
@@ -86,8 +87,7 @@ def share_gpus(cluster: ClusterSpec, ranks_per_gpu: int, link: LinkSpec = HOST_S
     (host-staged gloo) inside a node. 1 returns ``cluster`` itself. The
     cluster's ``collective_link`` (the link its all-reduces reach) stays.
     """
-    if isinstance(ranks_per_gpu, bool) or not isinstance(ranks_per_gpu, int) or ranks_per_gpu < 1:
-        raise ValueError(f"ranks_per_gpu must be an int >= 1, got {ranks_per_gpu!r}")
+    check_int("ranks_per_gpu", ranks_per_gpu, 1)
     if ranks_per_gpu == 1:
         return cluster
     if cluster.shared_compute:

@@ -57,6 +57,7 @@ import time
 from typing import Callable, Sequence
 
 from ..core.costs import ClusterSpec, LayerCost, ModelCosts
+from ..core.fields import check_int, number
 from ..core.partition import Partition
 from ..core.plan import GroPipe, NoPipeline, OneFOneB, ParallelPlan
 from .hybrid_partitions import _partitions, _split
@@ -127,8 +128,7 @@ def _checked_inputs(costs: ModelCosts, cluster: ClusterSpec, global_batch: int, 
         raise ValueError(f"cluster must be a ClusterSpec, got {type(cluster).__name__}")
     world = cluster.world_size if world_size is None else world_size
     for name, value in (("global_batch", global_batch), ("world_size", world)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        check_int(name, value, 1)
     if world > cluster.world_size or world & (world - 1):
         raise ValueError(f"world_size must be a power of two no larger than {cluster.name}'s {cluster.world_size} "
                          f"devices, got {world}")
@@ -136,7 +136,7 @@ def _checked_inputs(costs: ModelCosts, cluster: ClusterSpec, global_batch: int, 
     if unknown or not templates:
         raise ValueError(f"templates must be some of {', '.join(TEMPLATES)}, got {list(templates)}")
     budget = cluster.device.memory_bytes if budget_bytes is None else budget_bytes
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0:
+    if not number(0, strict=True).accepts(budget):
         raise ValueError(f"budget_bytes must be a number of bytes > 0, got {budget_bytes!r}")
     return world, budget
 

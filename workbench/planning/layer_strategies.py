@@ -43,6 +43,7 @@ from itertools import permutations
 from typing import Callable, Iterable, Sequence
 
 from ..core.costs import LayerCost
+from ..core.fields import integer, is_int
 from ..core.plan import DP_KINDS, LayerPlan, plan_error
 
 __all__ = ["LayerStrategy", "LayerKind", "TRANSFORMER", "LINEAR", "CONV", "OTHER", "guess_layer_kind",
@@ -52,7 +53,7 @@ TREE_METHODS = ("tp", "dp", "sdp")  # below the pipeline root; "sdp" is sharded 
 
 
 def _power_of_two(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1 and value & (value - 1) == 0
+    return is_int(value) and value >= 1 and value & (value - 1) == 0
 
 
 @dataclass(frozen=True)
@@ -137,8 +138,7 @@ class LayerKind:
     def __post_init__(self) -> None:
         if not set(self.tp_kinds) <= {"1d", "2d"}:
             raise plan_error("kind.tp_kinds", self.tp_kinds, "a subset of ('1d', '2d')")
-        if self.tp_kinds and (isinstance(self.linears, bool) or not isinstance(self.linears, int)
-                              or self.linears < 1):
+        if self.tp_kinds and not integer(1).accepts(self.linears):
             raise plan_error("kind.linears", self.linears, "a layer that takes tensor parallelism splits >= 1 linear")
 
 

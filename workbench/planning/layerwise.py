@@ -34,6 +34,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+from ..core.fields import number
 from ..core.plan import LayerPlan
 from .layer_strategies import LayerStrategy, for_layer, stage_strategies
 from .layerwise_costs import (DDP_BUCKET_BYTES, MIB, LayerChoiceCost, StageSpec, _error, layer_cost, paying_steps,
@@ -91,7 +92,7 @@ def search_stage(spec: StageSpec, strategies: Sequence[LayerStrategy] | None = N
     if method not in ("pareto", "buckets"):
         raise _error("method", method, "'pareto' (exact) or 'buckets' (Galvatron's table, 1 MiB units)")
     budget = spec.cluster.device.memory_bytes if budget_bytes is None else budget_bytes
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget >= 0:
+    if not number(0).accepts(budget):
         raise _error("budget_bytes", budget_bytes, "a number of bytes >= 0")
     pool = stage_strategies(spec.devices, recompute=(False, True)) if strategies is None else tuple(strategies)
     for s in pool:

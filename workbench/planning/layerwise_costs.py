@@ -51,6 +51,7 @@ from functools import lru_cache
 from typing import Callable, Sequence
 
 from ..core.costs import ClusterSpec, LayerCost, LinkSpec, ModelCosts
+from ..core.fields import ErrorForm, check_int, field_error, is_int
 from ..scheduling.stagecosts import OPTIMIZER_STATE_FACTORS, optimizer_bytes
 from .clusters import shared_cores
 from .layer_strategies import LayerKind, LayerStrategy, layer_kinds
@@ -61,13 +62,7 @@ MIB = 2**20
 DDP_BUCKET_BYTES = 25 * MIB  # torch DDP's default bucket
 
 
-def _error(name: str, value: object, valid: str) -> ValueError:
-    return ValueError(f"layerwise field {name!r} = {value!r} is invalid: {valid}")
-
-
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise _error(name, value, f"expected an int >= {minimum}")
+_error: ErrorForm = field_error("layerwise")
 
 
 @dataclass(frozen=True)
@@ -106,16 +101,16 @@ class StageSpec:
             raise _error("costs", type(self.costs).__name__, "expected a ModelCosts profile")
         if not isinstance(self.cluster, ClusterSpec):
             raise _error("cluster", type(self.cluster).__name__, "expected a ClusterSpec")
-        _check_int("devices", self.devices, 1)
+        check_int("devices", self.devices, 1, error=_error)
         if self.devices & (self.devices - 1):
             raise _error("devices", self.devices, "a power of two (the strategy trees split devices evenly)")
         for name in ("microbatch_size", "num_microbatches", "in_flight"):
-            _check_int(name, getattr(self, name), 1)
-        _check_int("first_rank", self.first_rank, 0)
+            check_int(name, getattr(self, name), 1, error=_error)
+        check_int("first_rank", self.first_rank, 0, error=_error)
         if self.ranks is not None:
             ranks = tuple(self.ranks) if isinstance(self.ranks, (tuple, list)) else ()
             if len(ranks) != self.devices or len(set(ranks)) != len(ranks) or not all(
-                    isinstance(r, int) and not isinstance(r, bool) and 0 <= r < self.cluster.world_size for r in ranks):
+                    is_int(r) and 0 <= r < self.cluster.world_size for r in ranks):
                 raise _error("ranks", self.ranks, f"{self.devices} distinct ranks of the cluster's "
                              f"{self.cluster.world_size}, or None for first_rank onwards")
             object.__setattr__(self, "ranks", ranks)
@@ -130,7 +125,7 @@ class StageSpec:
         last = self.costs.num_layers - 1
         layers = (0, last) if self.layers is None else self.layers
         whole = isinstance(layers, (tuple, list)) and len(layers) == 2 \
-            and all(isinstance(i, int) and not isinstance(i, bool) for i in layers)
+            and all(is_int(i) for i in layers)
         if not (whole and 0 <= layers[0] <= layers[1] <= last):
             raise _error("layers", self.layers, f"(first, last) with 0 <= first <= last <= {last}")
         object.__setattr__(self, "layers", tuple(layers))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Hashable, Sequence
 
+from ..core.fields import integer, optional
 from .layerwise_costs import MIB, _error
 
 __all__ = ["Option", "pareto_dp", "bucket_dp"]
@@ -89,7 +90,7 @@ def bucket_dp(options: Sequence[Sequence[Option]], transition: Callable[[int, Ha
     earliest option and the earliest previous layout."""
     if not options or any(not layer for layer in options):
         raise _error("options", options, "every layer needs at least one (time, memory, layout) option")
-    if resolution is not None and (isinstance(resolution, bool) or not isinstance(resolution, int) or resolution < 1):
+    if not optional(integer(1)).accepts(resolution):
         raise _error("resolution", resolution, "an int >= 1 (buckets of budget / resolution), or None for 1 MiB")
     if budget < 0:
         return None

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from ..core.costs import ClusterSpec
+from ..core.fields import check_int, integer
 from ..core.ir import Schedule
 from ..core.topology import Topology
 
@@ -77,14 +78,13 @@ class Placement:
 def _check(stage_bytes: Sequence[int], grad_bytes: Sequence[int] | None, num_replicas: int, num_microbatches: int,
            cluster: ClusterSpec) -> tuple[list[int], list[int]]:
     sends = list(stage_bytes)
-    if not sends or any(isinstance(b, bool) or not isinstance(b, int) or b < 0 for b in sends):
+    if not sends or not all(integer(0).accepts(b) for b in sends):
         raise ValueError(f"send_bytes must be non-negative ints, one per stage (the last one's is ignored), got {sends!r}")
     grads = [0] * len(sends) if grad_bytes is None else list(grad_bytes)
-    if len(grads) != len(sends) or any(isinstance(b, bool) or not isinstance(b, int) or b < 0 for b in grads):
+    if len(grads) != len(sends) or not all(integer(0).accepts(b) for b in grads):
         raise ValueError(f"grad_bytes must be {len(sends)} non-negative ints (one per stage), got {grads!r}")
     for name, value in (("num_replicas", num_replicas), ("num_microbatches", num_microbatches)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        check_int(name, value, 1)
     needed = num_replicas * len(sends)
     if needed > cluster.world_size:
         raise ValueError(f"{num_replicas} replicas x {len(sends)} stages need {needed} devices; cluster "

@@ -66,6 +66,7 @@ from typing import Any, Callable
 
 from ..core.config import RunConfig
 from ..core.costs import ClusterSpec, ModelCosts
+from ..core.fields import check_int
 from ..core.partition import Partition
 from ..core.plan import ParallelPlan
 from ..core.rundir import load_measured_timeline, read_events
@@ -87,10 +88,8 @@ def calibrate_from_timeline(costs: ModelCosts, timeline: Timeline, partition: Pa
     ``partition``: the run's layers per stage; ``microbatch_size``: samples
     per forward event; events of iterations before ``warmup`` are skipped.
     """
-    if isinstance(microbatch_size, bool) or not isinstance(microbatch_size, int) or microbatch_size < 1:
-        raise ValueError(f"microbatch_size must be an int >= 1, got {microbatch_size!r}")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    check_int("microbatch_size", microbatch_size, 1)
+    check_int("warmup", warmup, 0)
     spec = load_cluster(cluster)
     events = [e for e in timeline if e.iteration >= warmup]
     sharing = core_sharing(spec, background_load)
@@ -129,8 +128,7 @@ def calibrate_tensor_from_timeline(costs: ModelCosts, timeline: Timeline, strate
     sharing) is the predicted one. ``shape``: the transformer's
     :class:`~.tensor_costs.TransformerShape`.
     """
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    check_int("warmup", warmup, 0)
     if shape is None:
         raise ValueError(f"calibrating {strategy!r} needs the transformer's shape (shape=TransformerShape(...))")
     steps: dict[int, dict[int, float]] = {}

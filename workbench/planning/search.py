@@ -33,6 +33,7 @@ from typing import Any, Iterable, Sequence
 
 from ..core.config import RunConfig
 from ..core.costs import ClusterSpec, ModelCosts
+from ..core.fields import check, check_int, check_number, integer, optional
 from ..core.plan import ParallelPlan
 from ..core.timeline import Timeline
 from ..scheduling.simulate import SimResult
@@ -256,23 +257,19 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
         notes += [m.describe() for m in models.values()]
     world = spec.world_size if world_size is None else world_size
     for name, value in (("global_batch", global_batch), ("world_size", world), ("simulate_top", simulate_top + 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        check_int(name, value, 1)
     if world > spec.world_size:
         raise ValueError(f"world_size={world} is more devices than cluster {spec.name!r} has ({spec.world_size})")
-    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 1):
-        raise ValueError(f"top must be an int >= 1 or None, got {top!r}")
-    if memory_cap_gib is not None and not (isinstance(memory_cap_gib, (int, float)) and memory_cap_gib > 0):
-        raise ValueError(f"memory_cap_gib must be a number > 0 (GiB per device), got {memory_cap_gib!r}")
-    if isinstance(background_load, bool) or not isinstance(background_load, (int, float)) or background_load < 0:
-        raise ValueError(f"background_load must be a number >= 0 (runnable processes), got {background_load!r}")
+    check("top", top, optional(integer(1)))
+    if memory_cap_gib is not None:
+        check_number("memory_cap_gib", memory_cap_gib, 0, strict=True, expected="a number > 0 (GiB per device)")
+    check_number("background_load", background_load, 0, expected="a number >= 0 (runnable processes)")
     if calibration is None:  # the profile's own micro-batch passes, where it has them
         models = profiled_compute_models(costs, min(world, spec.devices_per_node), shared_cores(spec), background_load)
         notes += [m.describe() for m in models.values()]
     if pipeline_degrees is not None:
         pipeline_degrees = tuple(pipeline_degrees)
-        if not pipeline_degrees or any(isinstance(p, bool) or not isinstance(p, int) or p < 1
-                                       for p in pipeline_degrees):
+        if not pipeline_degrees or not all(integer(1).accepts(p) for p in pipeline_degrees):
             raise ValueError(f"pipeline_degrees must be ints >= 1, got {list(pipeline_degrees)}")
     cap = int(memory_cap_gib * GIB) if memory_cap_gib is not None else None
     ctx = cost_context(costs, spec, global_batch, world_size=world, memory_cap_bytes=cap,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from ..core.fields import check_int
 from ..core.plan import PIPELINE_KINDS, PLAN_FAMILIES, LayerPlan, NoPipeline, \
     ParallelPlan
 from ..core.topology import Topology
@@ -86,8 +87,7 @@ def _plan(mesh: dict[str, int], pipeline=None, microbatches: int = 1, recompute:
 
 def factorizations(n: int, parts: int) -> list[tuple[int, ...]]:
     """All ordered ``parts``-tuples of positive ints whose product is ``n``."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"world size must be an int >= 1, got {n!r}")
+    check_int("world size", n, 1)
     if parts == 1:
         return [(n,)]
     out = []
@@ -120,8 +120,7 @@ def enumerate_strategies(
     the powers of two (and the stage count) that divide the per-replica
     batch, up to ``max_microbatches``.
     """
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world size must be an int >= 1, got {world_size!r}")
+    check_int("world size", world_size, 1)
     kinds = tuple(kinds)
     unknown = set(kinds) - set(STRATEGY_KINDS)
     if unknown:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.costs import DeviceSpec, LinkSpec
+from ..core.fields import check_int
 from ..core.timeline import Event, Timeline
 
 __all__ = [
@@ -50,11 +51,6 @@ NORMS_AND_INPUTS_H_2D = 7  # 2D: the grid LayerNorm is composed of autograd ops 
 HEAD_SPLIT_H = 4           # q|k|v and the attention context (split by heads in 1D too)
 GELU_F = 5                 # the tanh GELU's intermediates
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-
-
-def _positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -73,10 +69,10 @@ class TransformerShape:
 
     def __post_init__(self) -> None:
         for name in ("hidden", "heads", "layers", "vocab", "positions", "batch", "seq"):
-            _positive_int(name, getattr(self, name))
+            check_int(name, getattr(self, name), 1)
         if self.inner == 0:
             object.__setattr__(self, "inner", 4 * self.hidden)
-        _positive_int("inner", self.inner)
+        check_int("inner", self.inner, 1)
         if self.hidden % self.heads:
             raise ValueError(f"hidden={self.hidden} must be divisible by heads={self.heads}")
         if self.dtype not in DTYPE_BYTES:
@@ -108,7 +104,7 @@ class TransformerShape:
 def _check_mode(mode: str, degree: int) -> None:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    _positive_int("q" if mode == "2d" else "degree", degree)
+    check_int("q" if mode == "2d" else "degree", degree, 1)
 
 
 def linear_volume_2d(q: int, tokens: int, in_features: int, out_features: int) -> dict[str, float]:

@@ -67,6 +67,7 @@ import torch
 from torch import nn
 
 from ..core.costs import LayerCost, ModelCosts
+from ..core.fields import check_int, is_int
 from ..models import LayerSequence, build_model, sample_batch
 from ..models.boundary import stage_input
 from . import cache as profile_cache
@@ -108,7 +109,7 @@ def as_sequence(model: LayerSequence | nn.Module | str) -> LayerSequence:
 def _as_batch(seq: LayerSequence, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
     if batch is None:
         return sample_batch(seq, DEFAULT_BATCH)
-    if isinstance(batch, int) and not isinstance(batch, bool):
+    if is_int(batch):
         return sample_batch(seq, batch)
     if (isinstance(batch, (tuple, list)) and len(batch) == 2
             and all(isinstance(t, torch.Tensor) for t in batch)):
@@ -339,10 +340,8 @@ def _measure(seq: LayerSequence, inputs: torch.Tensor, targets: torch.Tensor, de
 
 
 def _check_settings(warmup: Any, repeats: Any, optimizer: Any) -> None:
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    check_int("warmup", warmup, 0)
+    check_int("repeats", repeats, 1)
     if optimizer not in OPTIMIZER_STATES:
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATES)}, got {optimizer!r}")
 

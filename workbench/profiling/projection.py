@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..core.costs import DeviceSpec, LayerCost, ModelCosts
+from ..core.fields import check_number
 from .devices import get_device
 
 __all__ = ["project", "fit_efficiency", "DTYPE_BYTES"]
@@ -108,8 +109,7 @@ def project(costs: ModelCosts, device: DeviceSpec | str, *, dtype: str = "float3
     spec = get_device(device)
     peak = spec.tflops(dtype) * 1e12  # FLOP/s
     efficiency = spec.efficiency if efficiency is None else efficiency
-    if isinstance(efficiency, bool) or not isinstance(efficiency, (int, float)) or not 0 < efficiency <= 1:
-        raise ValueError(f"efficiency must be in (0, 1], got {efficiency!r}")
+    check_number("efficiency", efficiency, 0, 1, strict=True, expected="in (0, 1]")
     if not isinstance(overhead_us, (int, float)) or overhead_us < 0:
         raise ValueError(f"overhead_us must be >= 0, got {overhead_us!r}")
     if costs.total("flops") == 0 and costs.total("param_bytes") + costs.total("activation_bytes") == 0:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.costs import ClusterSpec
+from ..core.fields import check, check_int, integer, optional
 from .generators import ASYNC_MODES, async_1f1b, async_inflight
 from .memory import peak_memory_bytes
 from .simulate import simulate
@@ -81,11 +82,8 @@ def choose_inflight(stage_costs: StageCosts, num_microbatches: int, *, memory_ca
                     mode: str = "stash", cluster: ClusterSpec | None = None,
                     tolerance: float = 0.02) -> InflightChoice:
     """Micro-batches in flight per stage: the fewest that run within ``tolerance`` of the fastest and fit."""
-    if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int) or num_microbatches < 1:
-        raise ValueError(f"num_microbatches must be an int >= 1, got {num_microbatches!r}")
-    if memory_cap_bytes is not None and (isinstance(memory_cap_bytes, bool) or not isinstance(memory_cap_bytes, int)
-                                         or memory_cap_bytes < 1):
-        raise ValueError(f"memory_cap_bytes must be an int >= 1 or None, got {memory_cap_bytes!r}")
+    check_int("num_microbatches", num_microbatches, 1)
+    check("memory_cap_bytes", memory_cap_bytes, optional(integer(1)))
     if mode not in ASYNC_MODES:
         raise ValueError(f"mode must be one of {', '.join(ASYNC_MODES)}, got {mode!r}")
     if not 0 <= tolerance < 1:

@@ -23,6 +23,7 @@ from statistics import fmean
 from typing import Any
 
 from ..core.costs import ClusterSpec
+from ..core.fields import check_int
 from ..core.ir import Schedule
 from ..core.timeline import Timeline
 from .registry import schedule_for
@@ -70,8 +71,7 @@ def stage_costs_from_timeline(timeline: Timeline, num_stages: int, sharing: Core
     are read from the ``nbytes`` its SEND_F and AR events recorded (0 when
     the run did not record them).
     """
-    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
-        raise ValueError(f"num_stages must be an int >= 1, got {num_stages!r}")
+    check_int("num_stages", num_stages, 1)
     events = list(timeline)
     solo = solo_durations(events, sharing) if sharing is not None else {}
     samples: dict[tuple[int, str], dict[int, list[float]]] = {}

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..core.fields import check_int, is_int
 from ..core.ir import Action, Op, Schedule, ScheduleMeta
 from ..core.topology import Topology
 
@@ -39,11 +40,6 @@ __all__ = [
     "gpipe", "one_f_one_b", "interleaved", "async_1f1b", "async_inflight", "ASYNC_MODES", "gropipe", "data_parallel",
     "tensor2d_step", "pipeline_order",
 ]
-
-
-def _check_positive(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
 # -- per-stage orders ------------------------------------------------------------------
@@ -77,8 +73,8 @@ def pipeline_order(kind: str, num_stages: int, stage: int, num_microbatches: int
 
 
 def _single_pipeline(name: str, num_stages: int, num_microbatches: int) -> Schedule:
-    _check_positive("num_stages", num_stages)
-    _check_positive("num_microbatches", num_microbatches)
+    check_int("num_stages", num_stages, 1)
+    check_int("num_microbatches", num_microbatches, 1)
     ranks = []
     for s in range(num_stages):
         order = pipeline_order(name, num_stages, s, num_microbatches)
@@ -105,9 +101,9 @@ def interleaved(num_ranks: int, num_microbatches: int, num_chunks: int) -> Sched
     multiple of ``num_ranks``; the bubble shrinks to
     ``(p - 1) / (v * m + p - 1)`` of the iteration.
     """
-    _check_positive("num_ranks", num_ranks)
-    _check_positive("num_microbatches", num_microbatches)
-    _check_positive("num_chunks", num_chunks)
+    check_int("num_ranks", num_ranks, 1)
+    check_int("num_microbatches", num_microbatches, 1)
+    check_int("num_chunks", num_chunks, 1)
     p, v, m = num_ranks, num_chunks, num_microbatches
     if m % p:
         raise ValueError(f"num_microbatches must be a multiple of num_ranks={p} for the interleaved schedule, got {m} "
@@ -168,18 +164,18 @@ def async_inflight(num_stages: int, inflight: int | Sequence[int] | None = None)
     forward ``j + k_{s+1} - 1``, so ``k_{s+1} <= k_s`` keeps the order
     deadlock-free.
     """
-    _check_positive("num_stages", num_stages)
+    check_int("num_stages", num_stages, 1)
     if inflight is None:
         caps = [num_stages - s for s in range(num_stages)]
-    elif isinstance(inflight, int) and not isinstance(inflight, bool):
-        _check_positive("inflight", inflight)
+    elif is_int(inflight):
+        check_int("inflight", inflight, 1)
         caps = [min(num_stages - s, inflight) for s in range(num_stages)]
     else:
         caps = list(inflight)
         if len(caps) != num_stages:
             raise ValueError(f"inflight must have one entry per stage ({num_stages}), got {caps!r}")
         for s, k in enumerate(caps):
-            _check_positive(f"inflight[{s}]", k)
+            check_int(f"inflight[{s}]", k, 1)
         caps = [min(num_stages - s, k) for s, k in enumerate(caps)]
         for s in range(1, num_stages):
             if caps[s] > caps[s - 1]:
@@ -217,10 +213,10 @@ def async_1f1b(num_stages: int, num_microbatches: int, num_iterations: int, *,
     on its share of the batch; each stage all-reduces its gradients across the
     pipelines (``sAR i t``) right before its step.
     """
-    _check_positive("num_stages", num_stages)
-    _check_positive("num_microbatches", num_microbatches)
-    _check_positive("num_iterations", num_iterations)
-    _check_positive("num_groups", num_groups)
+    check_int("num_stages", num_stages, 1)
+    check_int("num_microbatches", num_microbatches, 1)
+    check_int("num_iterations", num_iterations, 1)
+    check_int("num_groups", num_groups, 1)
     if mode not in ASYNC_MODES:
         raise ValueError(f"mode must be one of {', '.join(ASYNC_MODES)}, got {mode!r}")
     if not isinstance(vertical_sync, bool):
@@ -280,10 +276,10 @@ def gropipe(num_groups: int, num_stages: int, num_microbatches: int, *, inner: s
     """
     from .passes import add_grad_sync
 
-    _check_positive("num_groups", num_groups)
-    _check_positive("num_stages", num_stages)
-    _check_positive("num_microbatches", num_microbatches)
-    _check_positive("num_iterations", num_iterations)
+    check_int("num_groups", num_groups, 1)
+    check_int("num_stages", num_stages, 1)
+    check_int("num_microbatches", num_microbatches, 1)
+    check_int("num_iterations", num_iterations, 1)
     if isinstance(inner, Schedule):
         if inner.num_ranks != num_stages or inner.num_stages != num_stages:
             raise ValueError(f"GroPipe's inner schedule must hold one stage per rank on {num_stages} ranks, got "
@@ -295,8 +291,7 @@ def gropipe(num_groups: int, num_stages: int, num_microbatches: int, *, inner: s
         inner_name = inner
     else:
         raise ValueError(f"inner must be one of {sorted(_INNER_ORDERS)} or a one-pipeline Schedule, got {inner!r}")
-    if isinstance(first_iteration, bool) or not isinstance(first_iteration, int) or first_iteration < 0:
-        raise ValueError(f"first_iteration must be an int >= 0, got {first_iteration!r}")
+    check_int("first_iteration", first_iteration, 0)
     G, S, m = num_groups, num_stages, num_microbatches
     ranks = []
     for _g in range(G):
@@ -319,8 +314,8 @@ def data_parallel(num_ranks: int, num_buckets: int) -> Schedule:
     ``num_buckets - 1`` down to 0), and ``0ARb{k}`` follows each, so the
     all-reduce of bucket ``k`` overlaps the backward of the buckets before it.
     """
-    _check_positive("num_ranks", num_ranks)
-    _check_positive("num_buckets", num_buckets)
+    check_int("num_ranks", num_ranks, 1)
+    check_int("num_buckets", num_buckets, 1)
     actions = [Action(0, Op.FORWARD, 0)]
     for k in reversed(range(num_buckets)):
         actions += [Action(0, Op.BACKWARD, 0, bucket=k), Action(0, Op.ALL_REDUCE, bucket=k)]
@@ -339,8 +334,8 @@ def tensor2d_step(q: int, num_layers: int) -> Schedule:
     backward steps in reverse layer order, then one optimizer step per layer.
     Rank ``i * q + j`` is grid cell (row ``i``, column ``j``).
     """
-    _check_positive("q", q)
-    _check_positive("num_layers", num_layers)
+    check_int("q", q, 1)
+    check_int("num_layers", num_layers, 1)
     actions = [Action(l, Op.FORWARD, 0, bucket=t) for l in range(num_layers) for t in range(q)]
     actions += [Action(l, Op.BACKWARD, 0, bucket=t) for l in reversed(range(num_layers)) for t in range(q)]
     actions += [Action(l, Op.STEP) for l in range(num_layers)]

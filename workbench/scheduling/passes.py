@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable
 
+from ..core.fields import check_int
 from ..core.ir import Action, Op, Schedule
 
 __all__ = ["add_p2p", "add_grad_sync", "add_weight_stash", "lower", "dp_groups", "LoweredIterations"]
@@ -114,8 +115,7 @@ def add_grad_sync(schedule: Schedule, *, delay: int = 0, num_buckets: int = 1, d
     """
     if delay not in (0, 1):
         raise ValueError(f"delay must be 0 (synchronous) or 1 (one-iteration delayed update), got {delay!r}")
-    if isinstance(num_buckets, bool) or not isinstance(num_buckets, int) or num_buckets < 1:
-        raise ValueError(f"num_buckets must be an int >= 1, got {num_buckets!r}")
+    check_int("num_buckets", num_buckets, 1)
     buckets = [None] if num_buckets == 1 else list(range(num_buckets))
     groups = dp_groups(schedule)
     iterations_seen: set[int | None] = set()
@@ -210,14 +210,12 @@ class LoweredIterations:
     """
 
     def __init__(self, build: Callable[[int], Schedule], warmup: int = 0) -> None:
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-            raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+        check_int("warmup", warmup, 0)
         self.templates = [lower(build(i)) for i in range(warmup + 1)]
 
     def actions(self, rank: int, iteration: int) -> list[Action]:
         """``rank``'s lowered actions of ``iteration``."""
-        if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
-            raise ValueError(f"iteration must be an int >= 0, got {iteration!r}")
+        check_int("iteration", iteration, 0)
         base = min(iteration, len(self.templates) - 1)
         shift = iteration - base
         template = self.templates[base].actions(rank)

@@ -33,6 +33,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from ..core.fields import check_number
 from ..core.timeline import Event
 
 __all__ = ["CoreSharing", "sharing_slowdown", "wait_fraction", "activity", "runnable_at", "solo_durations",
@@ -69,10 +70,8 @@ class CoreSharing:
     ranks_per_node: int | None = None  # None: every rank of the timeline shares one node
 
     def __post_init__(self) -> None:
-        if isinstance(self.cores, bool) or not isinstance(self.cores, (int, float)) or self.cores <= 0:
-            raise ValueError(f"CoreSharing.cores must be a number > 0, got {self.cores!r}")
-        if isinstance(self.background, bool) or not isinstance(self.background, (int, float)) or self.background < 0:
-            raise ValueError(f"CoreSharing.background must be a number >= 0, got {self.background!r}")
+        check_number("CoreSharing.cores", self.cores, 0, strict=True)
+        check_number("CoreSharing.background", self.background, 0)
 
     def node(self, rank: int) -> int:
         return rank // self.ranks_per_node if self.ranks_per_node else 0

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..core.costs import DeviceSpec, LayerCost, ModelCosts
+from ..core.fields import check_int, check_number, number
 from ..core.partition import Partition
 
 __all__ = ["StageCosts", "layer_times_ms", "OPTIMIZER_STATE_FACTORS", "optimizer_bytes"]
@@ -47,8 +48,7 @@ def _weight_read_gbs(costs: ModelCosts, device: DeviceSpec | None) -> float | No
     value = costs.meta.get("weight_read_gbs")
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError(f"costs.meta['weight_read_gbs'] must be a number > 0 (GB/s), got {value!r}")
+    check_number("costs.meta['weight_read_gbs']", value, 0, strict=True, expected="a number > 0 (GB/s)")
     return float(value)
 
 
@@ -56,8 +56,7 @@ def layer_times_ms(costs: ModelCosts, microbatch_size: int | None = None, *,
                    device: DeviceSpec | None = None) -> tuple[list[float], list[float]]:
     """Forward and backward time of every layer for one micro-batch of ``microbatch_size``."""
     b = costs.batch_size if microbatch_size is None else microbatch_size
-    if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-        raise ValueError(f"microbatch_size must be an int >= 1, got {microbatch_size!r}")
+    check_int("microbatch_size", b, 1)
     scale = b / costs.batch_size
     gbs = _weight_read_gbs(costs, device)
     forward, backward = [], []
@@ -108,7 +107,7 @@ class StageCosts:
             values = tuple(getattr(self, name))
             if len(values) != n:
                 raise ValueError(f"StageCosts.{name} has {len(values)} entries, expected one per stage ({n})")
-            if any(isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 for v in values):
+            if not all(number(0).accepts(v) for v in values):
                 raise ValueError(f"StageCosts.{name} must hold numbers >= 0, got {list(values)}")
             object.__setattr__(self, name, values)
 
@@ -126,8 +125,7 @@ class StageCosts:
                 input_grad_ms: float | None = None, weight_grad_ms: float | None = None) -> "StageCosts":
         """Identical stages (the textbook case for bubble formulas); I and W default to half the backward each,
         and given, set the backward to their sum."""
-        if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
-            raise ValueError(f"num_stages must be an int >= 1, got {num_stages!r}")
+        check_int("num_stages", num_stages, 1)
         opt = int(OPTIMIZER_STATE_FACTORS[optimizer] * param_bytes)
         i = backward_ms / 2 if input_grad_ms is None else input_grad_ms
         w = backward_ms / 2 if weight_grad_ms is None else weight_grad_ms

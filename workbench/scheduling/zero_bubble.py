@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..core.fields import check_int
 from ..core.ir import Action, Op, Schedule, ScheduleMeta
 from .stagecosts import StageCosts
 
@@ -39,11 +40,6 @@ __all__ = ["list_schedule", "zb_h1", "zb_h2", "zb_v", "interleaved_zb", "dualpip
 
 _PRIORITY = {Op.BACKWARD_INPUT: 0, Op.FORWARD: 1, Op.BACKWARD_WEIGHT: 2}
 _EPS = 1e-9
-
-
-def _check_positive(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
 def v_placement(num_ranks: int) -> tuple[int, ...]:
@@ -106,7 +102,7 @@ def list_schedule(placement: Sequence[int], num_microbatches: int, times: dict[O
     ``memory_limits[r]`` what rank ``r`` may keep at once (same unit). A
     limit below one micro-batch of a rank's largest stage is refused.
     """
-    _check_positive("num_microbatches", num_microbatches)
+    check_int("num_microbatches", num_microbatches, 1)
     state = _State(placement, num_microbatches)
     for r, stages in enumerate(state.of_rank):
         need = max((activation[s] for s in stages), default=0.0)
@@ -160,8 +156,8 @@ def zb_h1(num_stages: int, num_microbatches: int) -> Schedule:
     and the deferred W's fill the drain; no stage holds more than ``p``
     micro-batches.
     """
-    _check_positive("num_stages", num_stages)
-    _check_positive("num_microbatches", num_microbatches)
+    check_int("num_stages", num_stages, 1)
+    check_int("num_microbatches", num_microbatches, 1)
     p, m = num_stages, num_microbatches
     lists = []
     for s in range(p):
@@ -182,7 +178,7 @@ def zb_h1(num_stages: int, num_microbatches: int) -> Schedule:
 
 def zb_h2(num_stages: int, num_microbatches: int) -> Schedule:
     """ZB-H2: up to ``2p - 1`` micro-batches in flight, no bubble inside the iteration."""
-    _check_positive("num_stages", num_stages)
+    check_int("num_stages", num_stages, 1)
     return _unit(tuple(range(num_stages)), num_microbatches, 2 * num_stages - 1, "zbh2")
 
 
@@ -196,8 +192,8 @@ def zb_v(num_ranks: int, num_microbatches: int) -> Schedule:
     are written for at least ``2p - 1`` micro-batches; with fewer, the
     actions of the micro-batches that do not exist are left out.
     """
-    _check_positive("num_ranks", num_ranks)
-    _check_positive("num_microbatches", num_microbatches)
+    check_int("num_ranks", num_ranks, 1)
+    check_int("num_microbatches", num_microbatches, 1)
     p, m = num_ranks, num_microbatches
     lists = [[a for a in _zb_v_rank(p, max(2 * p - 1, m), r) if a.microbatch < m] for r in range(p)]
     return _schedule(lists, "zbv", v_placement(p), m)
@@ -245,7 +241,7 @@ def _zb_v_rank(p: int, n: int, rank: int) -> list[Action]:
 
 def interleaved_zb(num_ranks: int, num_microbatches: int, chunks: int = 2) -> Schedule:
     """Looped chunks (interleaved) with split backward, under interleaved 1F1B's peak on the first rank."""
-    _check_positive("num_ranks", num_ranks)
+    check_int("num_ranks", num_ranks, 1)
     p, v = num_ranks, chunks
     return _unit(looped_placement(p, v), num_microbatches, (p - 1) * 2 + (v - 1) * p + 1, "interleaved-zb")
 
@@ -262,8 +258,8 @@ def zb_auto(num_stages: int, num_microbatches: int, stage_costs: StageCosts | No
     and the shortest iteration is kept. Without costs every stage costs one
     unit each of F, I and W.
     """
-    _check_positive("num_stages", num_stages)
-    _check_positive("num_microbatches", num_microbatches)
+    check_int("num_stages", num_stages, 1)
+    check_int("num_microbatches", num_microbatches, 1)
     costs = stage_costs or StageCosts.uniform(num_stages, forward_ms=1.0, backward_ms=2.0, activation_bytes=1)
     if costs.num_stages != num_stages:
         raise ValueError(f"zb-auto: stage_costs has {costs.num_stages} stages, the plan has {num_stages}")
@@ -317,8 +313,8 @@ def dualpipe_v(num_ranks: int, num_microbatches: int) -> Schedule:
     backwards of both chunks, the later half split into I and W; and the
     deferred W's. Weight gradients split off are queued and run oldest first.
     """
-    _check_positive("num_ranks", num_ranks)
-    _check_positive("num_microbatches", num_microbatches)
+    check_int("num_ranks", num_ranks, 1)
+    check_int("num_microbatches", num_microbatches, 1)
     p, m = num_ranks, num_microbatches
     if m < 2 * p:
         raise ValueError(f"DualPipeV needs at least 2 x ranks = {2 * p} micro-batches, got {m}")

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core.fields import check_int
 from ..core.rundir import CONFIG_FILE
 from ..core.timeline import Timeline
 from ..viz.job_figures import (eval_figure, eval_metric, eval_traces, metric_figure, monitor_timeline_figure,
@@ -75,8 +76,7 @@ class JobMonitor:
                  max_points: int = 2000, mode: str | None = None, start: bool = True):
         if not 0.1 <= refresh_hz <= 20:
             raise ValueError(f"refresh_hz must be between 0.1 and 20, got {refresh_hz!r}")
-        if isinstance(log_lines, bool) or not isinstance(log_lines, int) or log_lines < 1:
-            raise ValueError(f"log_lines must be an int >= 1, got {log_lines!r}")
+        check_int("log_lines", log_lines, 1)
         self.job = job
         self.simulated = simulated
         self.refresh_hz = refresh_hz

@@ -49,6 +49,7 @@ import ipywidgets as W
 import plotly.graph_objects as go
 
 from ..core.costs import ClusterSpec, ModelCosts
+from ..core.fields import check_choice, check_int
 from ..core.partition import Partition
 from ..planning.ampa import Projection, solve
 from ..planning.clusters import cluster_names, get_cluster
@@ -61,7 +62,7 @@ from ..viz.balance import balance_figure, update_balance_figure
 from ..viz.timeline import timeline_figure, update_timeline_figure
 from .figure import figure_widget
 from .partition_launch import EditorLaunch
-from .partition_state import EditorState, _check_choice, _check_int, _divisors, _zoo_names
+from .partition_state import EditorState, _divisors, _zoo_names
 from .schedule_explorer import display_view, label, refresh_figure
 
 __all__ = ["PartitionEditor", "EditorState", "EDITOR_SCHEDULES", "EDITOR_ALGORITHMS"]
@@ -89,11 +90,11 @@ class PartitionEditor(EditorLaunch):
         for name, value, minimum in (("num_stages", num_stages, 1), ("num_microbatches", num_microbatches, 1),
                                      ("groups", groups, 1), ("chunks", chunks, 1), ("profile_batch", profile_batch, 1),
                                      ("launch_steps", launch_steps, 1)):
-            _check_int(name, value, minimum)
-        _check_choice("schedule", schedule, EDITOR_SCHEDULES)
-        _check_choice("algorithm", algorithm, EDITOR_ALGORITHMS)
-        _check_choice("delay", delay, (0, 1))
-        _check_choice("launch_backend", launch_backend, ("local", "dryrun"))
+            check_int(f"PartitionEditor {name}", value, minimum)
+        check_choice("PartitionEditor schedule", schedule, EDITOR_SCHEDULES)
+        check_choice("PartitionEditor algorithm", algorithm, EDITOR_ALGORITHMS)
+        check_choice("PartitionEditor delay", delay, (0, 1))
+        check_choice("PartitionEditor launch_backend", launch_backend, ("local", "dryrun"))
         cluster_name = self._known_clusters(cluster)
         self.profile_batch, self.launch_steps = profile_batch, launch_steps
         self.run_root, self.launch_backend = run_root, launch_backend
@@ -126,7 +127,7 @@ class PartitionEditor(EditorLaunch):
             self._clusters[cluster.name] = cluster
             return cluster.name
         cluster_name = NO_CLUSTER if cluster is None else cluster
-        _check_choice("cluster", cluster_name, list(self._clusters))
+        check_choice("PartitionEditor cluster", cluster_name, list(self._clusters))
         return cluster_name
 
     def _build_controls(self, models: Sequence[str], num_stages: int, num_microbatches: int, schedule: str,

@@ -7,7 +7,6 @@ optimum and the simulated pipeline).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
 
 from ..core.partition import Partition
 from ..planning.ampa import PartitionResult
@@ -52,16 +51,6 @@ class EditorState:
     def gap(self) -> float:
         """How much slower the projected pipeline is than AMPA's: ``bottleneck / optimum - 1`` (0 at AMPA's cut)."""
         return self.result.bottleneck_ms / self.optimum.bottleneck_ms - 1.0
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"PartitionEditor {name} must be an int >= {minimum}, got {value!r}")
-
-
-def _check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
-    if value not in choices:
-        raise ValueError(f"PartitionEditor {name} must be one of {', '.join(map(str, choices))}; got {value!r}")
 
 
 def _divisors(n: int) -> list[int]:

@@ -35,6 +35,7 @@ import ipywidgets as W
 import plotly.graph_objects as go
 
 from ..core.costs import ModelCosts
+from ..core.fields import check, check_int, number, optional
 from ..planning import PlanResult, cluster_names, plan
 from ..viz.plan import layer_strip_figure, plan_breakdown_figure, select_plan
 from ..viz.timeline import timeline_figure, update_timeline_figure
@@ -68,13 +69,9 @@ class PlanExplorer:
             model = ModelCosts.load(model)
         if cluster not in cluster_names():
             raise ValueError(f"PlanExplorer cluster must be one of {', '.join(cluster_names())}; got {cluster!r}")
-        if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
-            raise ValueError(f"PlanExplorer global_batch must be an int >= 1, got {global_batch!r}")
-        if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= 50:
-            raise ValueError(f"PlanExplorer top must be an int from 1 to 50, got {top!r}")
-        if memory_cap_gib is not None and (isinstance(memory_cap_gib, bool) or
-                                           not isinstance(memory_cap_gib, (int, float)) or memory_cap_gib <= 0):
-            raise ValueError(f"PlanExplorer memory_cap_gib must be a number > 0 or None, got {memory_cap_gib!r}")
+        check_int("PlanExplorer global_batch", global_batch, 1)
+        check_int("PlanExplorer top", top, 1, 50)
+        check("PlanExplorer memory_cap_gib", memory_cap_gib, optional(number(0, strict=True)))
         self.costs = model
         self.plan_options = plan_options
         style = {"description_width": "initial"}

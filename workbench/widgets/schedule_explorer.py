@@ -39,6 +39,7 @@ import ipywidgets as W
 import plotly.graph_objects as go
 
 from ..core.costs import ClusterSpec, LinkSpec
+from ..core.fields import check_int, check_number
 from ..core.ir import Schedule
 from ..core.timeline import Timeline
 from ..planning.clusters import get_device
@@ -126,8 +127,7 @@ def uniform_stage_costs(schedule: Schedule, *, backward_ratio: float = 2.0,
     many gradient bytes over the same link.
     """
     for name, value in (("backward_ratio", backward_ratio), ("comm_ratio", comm_ratio)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        check_number(name, value, 0)
     chunks = schedule.meta.chunks
     forward = 1.0 / chunks
     nbytes = MESSAGE_BYTES if comm_ratio > 0 else 0
@@ -167,13 +167,11 @@ class ScheduleExplorer:
                              f"got {compare!r}")
         for name, value, top in (("stages", stages, 16), ("microbatches", microbatches, 64), ("chunks", chunks, 4),
                                  ("groups", groups, 4), ("iterations", iterations, 4)):
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
-                raise ValueError(f"ScheduleExplorer {name} must be an int from 1 to {top}, got {value!r}")
+            check_int(f"ScheduleExplorer {name}", value, 1, top)
         if delay not in (0, 1):
             raise ValueError(f"ScheduleExplorer delay must be 0 or 1, got {delay!r}")
         for name, value, top in (("backward_ratio", backward_ratio, 4.0), ("comm_ratio", comm_ratio, 2.0)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= top:
-                raise ValueError(f"ScheduleExplorer {name} must be a number from 0 to {top}, got {value!r}")
+            check_number(f"ScheduleExplorer {name}", value, 0, top)
         self.schedule = W.Dropdown(options=list(EXPLORER_SCHEDULES), value=schedule, description="schedule")
         self.compare = W.Dropdown(options=["none", *EXPLORER_SCHEDULES], value=compare or "none",
                                   description="compare with")

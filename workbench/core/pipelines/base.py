@@ -9,30 +9,16 @@ import re
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
+from ..fields import ErrorForm, check_choice, field_error, reject_unknown
+
 __all__ = ["PipelineSpec", "OnePipeline", "PIPELINE_KINDS", "register_kind", "plan_error", "pipeline_from_dict",
            "pipeline_to_dict", "inner_kinds"]
 
 PIPELINE_KINDS: dict[str, type["PipelineSpec"]] = {}
 
 
-def plan_error(field_name: str, value: Any, valid: str) -> ValueError:
-    """A ValueError that names the field, the value and what would be valid."""
-    return ValueError(f"plan field {field_name!r} = {value!r} is invalid: {valid}")
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise plan_error(name, value, f"expected an int >= {minimum}")
-
-
-def _check_choice(name: str, value: Any, choices: tuple) -> None:
-    if value not in choices:
-        raise plan_error(name, value, f"valid options are {', '.join(map(str, choices))}")
-
-
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise plan_error(name, value, "expected true or false")
+plan_error: ErrorForm = field_error("plan")
+"""A ValueError that names the plan field, the value and what would be valid."""
 
 
 def register_kind(cls: type["PipelineSpec"]) -> type["PipelineSpec"]:
@@ -169,14 +155,11 @@ def pipeline_from_dict(data: Any) -> PipelineSpec:
     if not isinstance(data, dict) or "kind" not in data:
         raise plan_error("pipeline", data, f"expected a table with 'kind' = one of {', '.join(PIPELINE_KINDS)}")
     kind = data["kind"]
-    _check_choice("pipeline.kind", kind, tuple(PIPELINE_KINDS))
+    check_choice("pipeline.kind", kind, tuple(PIPELINE_KINDS), error=plan_error)
     cls = PIPELINE_KINDS[kind]
-    known = {f.name for f in fields(cls)}
     options = {k: v for k, v in data.items() if k != "kind"}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise plan_error(f"pipeline.{unknown[0]}", options[unknown[0]],
-                         f"pipeline kind {kind!r} has no such field; its fields are {sorted(known) or 'none'}")
+    reject_unknown(options, [f.name for f in fields(cls)], "pipeline.", plan_error,
+                   unknown=f"pipeline kind {kind!r} has no such field; its fields are")
     return cls(**options)
 
 

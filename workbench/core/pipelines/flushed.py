@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .base import OnePipeline, PipelineSpec, _check_int, plan_error, register_kind
+from ..fields import integer, spec, validate
+from .base import OnePipeline, PipelineSpec, plan_error, register_kind
 
 __all__ = ["NoPipeline", "GPipe", "OneFOneB", "Interleaved"]
 
@@ -64,13 +65,13 @@ class OneFOneB(_Flushed):
 class Interleaved(PipelineSpec):
     """Interleaved 1F1B: each rank holds ``chunks`` virtual stages, shrinking the bubble by that factor."""
 
-    chunks: int = 2
+    chunks: int = spec(2, integer(2))
     kind: ClassVar[str] = "interleaved"
     token: ClassVar[str] = "interleaved"
     per_layer: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        _check_int("pipeline.chunks", self.chunks, 2)
+        validate(self, "pipeline.", plan_error)
 
     def check(self, plan: Any) -> None:
         super().check(plan)

@@ -6,8 +6,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .base import (PIPELINE_KINDS, PipelineSpec, _check_bool, _check_choice, _check_int, inner_kinds, plan_error,
-                   register_kind)
+from ..fields import Rule, boolean, check_choice, choice, integer, number, spec, validate
+from .base import PIPELINE_KINDS, PipelineSpec, inner_kinds, plan_error, register_kind
 
 __all__ = ["GroPipe", "AsyncPipeline"]
 
@@ -19,7 +19,7 @@ class GroPipe(PipelineSpec):
     0 (applied this iteration) or 1 (applied next iteration, hidden behind its forwards)."""
 
     inner: str = "1f1b"
-    delay: int = 0
+    delay: int = spec(0, choice((0, 1)))
     kind: ClassVar[str] = "gropipe"
     token: ClassVar[str] = "gropipe"
     family: ClassVar[str] = "gropipe"
@@ -27,8 +27,8 @@ class GroPipe(PipelineSpec):
     replicated: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        _check_choice("pipeline.inner", self.inner, inner_kinds())
-        _check_choice("pipeline.delay", self.delay, (0, 1))
+        validate(self, "pipeline.", plan_error)
+        check_choice("pipeline.inner", self.inner, inner_kinds(), error=plan_error)  # the kinds registered by now
 
     @property
     def delayed_update(self) -> bool:
@@ -83,12 +83,16 @@ class AsyncPipeline(PipelineSpec):
     choice.
     """
 
-    mode: str = "stash"
-    stash: bool = True
-    vertical_sync: bool = False
-    inflight: str | int | tuple[int, ...] = "auto"
-    memory_cap_mb: float = 0.0
-    adapt_every: int = 0
+    mode: str = spec("stash", choice(("stash", "2bw")))
+    stash: bool = spec(True, boolean())
+    vertical_sync: bool = spec(False, boolean())
+    inflight: str | int | tuple[int, ...] = spec("auto", Rule(
+        lambda v: v == "auto" or integer(1).accepts(v) or (isinstance(v, (list, tuple)) and bool(v)
+                                                          and all(integer(1).accepts(d) for d in v)),
+        "'auto', an int >= 1 (micro-batches in flight on every stage) or one such int per stage",
+        convert=lambda v: tuple(v) if isinstance(v, list) else v))
+    memory_cap_mb: float = spec(0.0, number(0, expected="a number >= 0 (0: no cap)"))
+    adapt_every: int = spec(0, integer(0))
     kind: ClassVar[str] = "async"
     token: ClassVar[str] = "async"
     family: ClassVar[str] = "async"
@@ -99,20 +103,7 @@ class AsyncPipeline(PipelineSpec):
     accumulates: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        _check_choice("pipeline.mode", self.mode, ("stash", "2bw"))
-        _check_bool("pipeline.stash", self.stash)
-        _check_bool("pipeline.vertical_sync", self.vertical_sync)
-        if isinstance(self.inflight, list):
-            object.__setattr__(self, "inflight", tuple(self.inflight))
-        depths = self.inflight if isinstance(self.inflight, tuple) else (self.inflight,)
-        if self.inflight != "auto" and (not depths or any(isinstance(d, bool) or not isinstance(d, int) or d < 1
-                                                          for d in depths)):
-            raise plan_error("pipeline.inflight", self.inflight, "expected 'auto', an int >= 1 (micro-batches in "
-                             "flight on every stage) or one such int per stage")
-        if isinstance(self.memory_cap_mb, bool) or not isinstance(self.memory_cap_mb, (int, float)) \
-                or self.memory_cap_mb < 0:
-            raise plan_error("pipeline.memory_cap_mb", self.memory_cap_mb, "expected a number >= 0 (0: no cap)")
-        _check_int("pipeline.adapt_every", self.adapt_every, 0)
+        validate(self, "pipeline.", plan_error)
         self._check_modes()
 
     def _check_modes(self) -> None:

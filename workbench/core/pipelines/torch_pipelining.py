@@ -6,7 +6,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .base import PipelineSpec, _check_choice, register_kind
+from ..fields import choice, spec, validate
+from .base import PipelineSpec, plan_error, register_kind
 
 __all__ = ["TorchPipelining", "TORCH_SCHEDULES"]
 
@@ -25,7 +26,7 @@ class TorchPipelining(PipelineSpec):
     the others in a V, as the workbench's own kinds of those names.
     """
 
-    schedule: str = "1f1b"
+    schedule: str = spec("1f1b", choice(TORCH_SCHEDULES))
     kind: ClassVar[str] = "torch"
     token: ClassVar[str] = "torchpp"
     family: ClassVar[str] = "torch"
@@ -35,7 +36,7 @@ class TorchPipelining(PipelineSpec):
     searched: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        _check_choice("pipeline.schedule", self.schedule, tuple(TORCH_SCHEDULES))
+        validate(self, "pipeline.", plan_error)
 
     @property
     def chunks(self) -> int:

@@ -6,12 +6,12 @@ chunks per rank, and the automatic schedule built from the stages' costs.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .base import OnePipeline, _check_int, plan_error, register_kind
+from ..fields import integer, number, spec, validate
+from .base import OnePipeline, plan_error, register_kind
 
 __all__ = ["ZBH1", "ZBH2", "ZBV", "DualPipeV", "ZBAuto"]
 
@@ -65,11 +65,11 @@ class ZBH2(OnePipeline):
 class _VShape(OnePipeline):
     """Two chunks per rank folded into a V: rank ``r`` holds stages ``r`` and ``2p - 1 - r``."""
 
-    chunks: int = 2
+    chunks: int = spec(2, integer(2))
     min_stages: ClassVar[int] = 2
 
     def __post_init__(self) -> None:
-        _check_int("pipeline.chunks", self.chunks, 2)
+        validate(self, "pipeline.", plan_error)
         if self.chunks % 2:
             raise plan_error("pipeline.chunks", self.chunks, "a V-shaped schedule folds the stages back onto the "
                              "same ranks, so each rank holds an even number of chunks (2)")
@@ -119,17 +119,15 @@ class ZBAuto(OnePipeline):
     per-rank activation memory limit (``memory_limit_mb``; 0: the most any rank keeps under 1F1B or ZB-H1,
     so by default it is never slower than ZB-H1)."""
 
-    memory_limit_mb: float = 0.0
+    memory_limit_mb: float = spec(0.0, number(0, finite=True, expected="a number of MB >= 0 (0: the memory 1F1B or "
+                                                             "ZB-H1 keeps in flight)"))
     kind: ClassVar[str] = "zb-auto"
     token: ClassVar[str] = "zbauto"
     split_backward: ClassVar[bool] = True
     uses_costs: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        limit = self.memory_limit_mb
-        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not math.isfinite(limit) or limit < 0:
-            raise plan_error("pipeline.memory_limit_mb", limit, "expected a number of MB >= 0 (0: the memory 1F1B "
-                             "or ZB-H1 keeps in flight)")
+        validate(self, "pipeline.", plan_error)
 
     def tokens(self) -> list[str]:
         return [f"mem{self.memory_limit_mb:g}"] if self.memory_limit_mb else []

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ....core.fields import check_int
 from .comm import Grid2D, all_gather
 from .layers import splits_over_column
 from .models import Bert2D, GPT2LMHead2D
@@ -119,8 +120,7 @@ def model_dims(model_or_config: Any) -> dict[str, int]:
 
 def check_grid_size(dims: dict[str, int], q: int, *, extra: dict[str, int] | None = None, name: str = "q") -> None:
     """Refuse a grid side (or 1D degree) ``q`` that does not divide every size, naming the nearest valid one."""
-    if isinstance(q, bool) or not isinstance(q, int) or q < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {q!r}")
+    check_int(name, q, 1)
     sizes = {**dims, **(extra or {})}
     bad = {k: v for k, v in sizes.items() if v % q}
     if not bad:

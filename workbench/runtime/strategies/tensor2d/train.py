@@ -20,12 +20,13 @@ dense run step for step.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
+from ....core.fields import check_int, check_number, to_dict
 from ....core.topology import Topology
 from ...groups import pick_device
 from .comm import LINEAR_ALGORITHMS, CommCounter, GroupAxis, Grid2D, all_reduce
@@ -70,10 +71,8 @@ class TensorParallelConfig:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         for name in ("q", "dp", "n_embd", "n_head", "n_layer", "vocab_size", "n_positions", "batch_size", "seq_len", "steps"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if not (isinstance(self.lr, (int, float)) and self.lr > 0):
-            raise ValueError(f"lr must be a number > 0, got {self.lr!r}")
+            check_int(name, value, 1)
+        check_number("lr", self.lr, 0, strict=True)
         if self.seq_len > self.n_positions:
             raise ValueError(f"seq_len={self.seq_len} exceeds n_positions={self.n_positions}")
         if self.n_embd % self.n_head:
@@ -99,7 +98,7 @@ class TensorParallelConfig:
         return Topology(dp=self.dp)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return to_dict(self)
 
 
 def dense_gpt2(config: TensorParallelConfig) -> nn.Module:
