@@ -41,10 +41,10 @@ import os
 from workbench.core.config import RunConfig
 from workbench.jobs import LaunchSpec, launch
 config = RunConfig.from_dict({{
-    "name": "monitor-live", "model": "mlp", "model_overrides": {{"hidden": 2048, "depth": 4}},
-    "plan": "pp2-1f1b-m4", "global_batch": 64, "steps": {steps}, "data": {{"kind": "digits"}},
-    "optimizer": {{"name": "adam", "lr": 0.001}}, "events": {{"heartbeat_s": 1.0}},
-    "eval_every": {eval_every}, "eval_batches": 4, "target_accuracy": 0.5}})
+    "name": "monitor-live", "model": {{"name": "mlp", "overrides": {{"hidden": 2048, "depth": 4}}}},
+    "plan": "pp2-1f1b-m4", "data": {{"kind": "digits"}}, "events": {{"heartbeat_s": 1.0}},
+    "training": {{"global_batch": 64, "steps": {steps}, "optimizer": {{"name": "adam", "lr": 0.001}}}},
+    "evaluation": {{"every": {eval_every}, "batches": 4, "target_accuracy": 0.5}}}})
 job = launch(LaunchSpec(config=config, run_root=os.environ["WORKBENCH_RUN_ROOT"], name="monitor-live"))
 monitor = job.monitor(refresh_hz=3.0)
 monitor"""

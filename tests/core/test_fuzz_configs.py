@@ -113,11 +113,13 @@ def valid_configs(draw) -> dict:
     # its tensors on a tensor-parallel mesh
     replicas = plan.dp * (plan.tp if not plan.is_uniform else 1)
     global_batch = replicas * plan.microbatches * draw(st.integers(1, 3))
-    return {"model": model, "plan": plan.name, "global_batch": global_batch, "steps": draw(st.integers(1, 500)),
-            "seed": draw(st.integers(0, 2**31 - 1)), "data": {"kind": MODELS[model]},
-            "optimizer": {"name": draw(st.sampled_from(["sgd", "adam"])),
-                          "lr": draw(st.floats(1e-5, 1.0, allow_nan=False))},
-            "checkpoint_every": draw(st.sampled_from([0, 5])), "tensorboard": draw(st.booleans())}
+    return {"model": model, "plan": plan.name, "data": {"kind": MODELS[model]},
+            "training": {"global_batch": global_batch, "steps": draw(st.integers(1, 500)),
+                         "seed": draw(st.integers(0, 2**31 - 1)),
+                         "optimizer": {"name": draw(st.sampled_from(["sgd", "adam"])),
+                                       "lr": draw(st.floats(1e-5, 1.0, allow_nan=False))},
+                         "checkpoint_every": draw(st.sampled_from([0, 5]))},
+            "events": {"tensorboard": draw(st.booleans())}}
 
 
 @SETTINGS
@@ -130,20 +132,26 @@ def test_every_config_built_by_the_rules_is_accepted(fields):
         assert any(words in str(exc) for words in ("per-layer options", "trains one batch per step",
                                                    "does not recompute", "grad_accum", "evaluat")), (fields, exc)
         assume(False)
-    assert config.plan.name == fields["plan"] and config.global_batch == fields["global_batch"]
+    assert config.plan.name == fields["plan"] and config.training.global_batch == fields["training"]["global_batch"]
     assert RunConfig.from_dict(config.to_dict()) == config
 
 
 # one field made invalid: (dotted field, value, words the refusal must contain)
 INVALID = [
-    ("steps", 0, "steps"), ("steps", -3, "steps"), ("steps", "ten", "steps"), ("steps", 1.5, "steps"),
-    ("steps", True, "steps"), ("global_batch", 0, "global_batch"), ("global_batch", 7, "global_batch"),
-    ("seed", "x", "seed"), ("seed", -1, "seed"), ("checkpoint_every", -2, "checkpoint_every"),
-    ("eval_every", -1, "eval_every"), ("precision", "fp8", "precision"), ("tensorboard", "yes", "tensorboard"),
+    ("training.steps", 0, "training.steps"), ("training.steps", -3, "training.steps"),
+    ("training.steps", "ten", "training.steps"), ("training.steps", 1.5, "training.steps"),
+    ("training.steps", True, "training.steps"), ("training.global_batch", 0, "training.global_batch"),
+    ("training.global_batch", 7, "training.global_batch"), ("training.seed", "x", "training.seed"),
+    ("training.seed", -1, "training.seed"), ("training.checkpoint_every", -2, "training.checkpoint_every"),
+    ("evaluation.every", -1, "evaluation.every"), ("training.precision", "fp8", "training.precision"),
+    ("events.tensorboard", "yes", "events.tensorboard"),
     ("plan", "pp0-1f1b-m4", "plan"), ("plan", "nonsense-plan", "plan"), ("plan", "pp2-1f1b-m0", "microbatches"),
-    ("optimizer.lr", -0.1, "lr"), ("optimizer.lr", "fast", "lr"), ("optimizer.name", "lion", "optimizer.name"),
-    ("model", "no-such-model", "model"), ("data.kind", "imagenet-online", "data.kind"), ("stepz", 3, "stepz"),
-    ("optimizer.momentun", 0.9, "momentun"), ("model_overrides.widht", 3, "widht"), ("grad_accum", 0, "grad_accum"),
+    ("training.optimizer.lr", -0.1, "lr"), ("training.optimizer.lr", "fast", "lr"),
+    ("training.optimizer.name", "lion", "training.optimizer.name"),
+    ("model.name", "no-such-model", "model"), ("data.kind", "imagenet-online", "data.kind"), ("stepz", 3, "stepz"),
+    ("training.optimizer.momentun", 0.9, "momentun"), ("model.overrides.widht", 3, "widht"),
+    ("training.grad_accum", 0, "training.grad_accum"), ("training.stepz", 3, "training.stepz"),
+    ("run.device", "tpu", "run.device"), ("faults.step", "x", "faults.step"),
 ]
 
 
@@ -164,7 +172,8 @@ def _set(fields: dict, dotted: str, value) -> dict:
 def test_one_invalid_field_is_refused_by_workbench_run_with_one_line_naming_it(tmp_path_factory, monkeypatch_module,
                                                                                 capsys, invalid, plan, rounds):
     dotted, value, words = invalid
-    base = {"model": "mlp", "plan": plan, "global_batch": 8 * rounds, "steps": 5, "data": {"kind": "digits"}}
+    base = {"model": {"name": "mlp"}, "plan": plan, "training": {"global_batch": 8 * rounds, "steps": 5},
+            "data": {"kind": "digits"}}
     RunConfig.from_dict(base)  # the base is valid: the refusal below is the mutated field's
     folder = tmp_path_factory.mktemp("fuzz")
     path = folder / "run.toml"

@@ -23,7 +23,8 @@ NAMES = ["dp8", "dp4-m2", "pp4-1f1b-m8", "pp4-gpipe-m8", "pp4-interleaved-v2-m8"
 
 def _through_toml(plan: ParallelPlan) -> ParallelPlan:
     batch = plan.dp * plan.microbatches * plan.q
-    config = RunConfig(model="mlp", plan=plan, global_batch=batch) if plan.is_uniform and plan.layer.dp == "replicate" \
+    config = RunConfig(model="mlp", plan=plan, training={"global_batch": batch}) \
+        if plan.is_uniform and plan.layer.dp == "replicate" \
         and (plan.tp == 1 or isinstance(plan.pipeline, NoPipeline)) and not (plan.tp > 1 and plan.recompute) else None
     if config is not None:
         assert RunConfig.from_dict(tomllib.loads(config.to_toml())) == config
@@ -166,7 +167,7 @@ def test_the_runtime_refuses_what_it_cannot_run_before_launch():
                           ("gropipe-2x2-1f1b-m4-d0-tp1d2", "tensor parallelism inside a pipeline"),
                           ("tp2d-2x2-dp1-rc", "does not recompute")):
         with pytest.raises(ValueError, match=message):
-            RunConfig(model="gpt2-tiny", plan=name, global_batch=8)
+            RunConfig(model="gpt2-tiny", plan=name, training={"global_batch": 8})
 
 
 def test_strategy_names_live_only_in_the_plan_module():

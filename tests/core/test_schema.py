@@ -46,14 +46,18 @@ def test_every_documented_run_config_validates(data):
 
 def test_written_configs_validate_with_every_field():
     config = RunConfig.from_dict({"model": "gpt2-tiny", "plan": "pp2-1f1b-m4-tp1d2-L[0=fsdp;1-3=ddp.rc]",
-                                  "global_batch": 16, "data": {"kind": "bytes-lm", "seq_len": 16}})
+                                  "training": {"global_batch": 16}, "data": {"kind": "bytes-lm", "seq_len": 16}})
     assert _errors(json.loads(json.dumps(config.to_dict()))) == []
     assert _errors(tomllib.loads(config.to_toml())) == []
 
 
 @pytest.mark.parametrize(("change", "where"), [
-    ({"stepz": 3}, ""), ({"precision": "fp8"}, "precision"), ({"optimizer": {"name": "lion"}}, "optimizer/name"),
-    ({"steps": "ten"}, "steps"), ({"plan": {"mesh": {"dp": 2, "qq": 2}}}, "plan"),
+    ({"stepz": 3}, ""), ({"training": {"precision": "fp8"}}, "training/precision"),
+    ({"training": {"optimizer": {"name": "lion"}}}, "training/optimizer/name"),
+    ({"training": {"steps": "ten"}}, "training/steps"), ({"training": {"stepz": 3}}, "training"),
+    ({"evaluation": {"every": -1}}, "evaluation/every"), ({"run": {"device": "tpu"}}, "run/device"),
+    ({"model": {"name": "mlp", "overrides": []}}, "model"), ({"steps": "ten"}, "steps"),
+    ({"plan": {"mesh": {"dp": 2, "qq": 2}}}, "plan"),
     ({"plan": {"mesh": {"pp": 2}, "pipeline": {"kind": "1f1b", "chunks": 2}}}, "plan"),
     ({"data": {"kind": "digits", "shuffle": True}}, "data"),
 ])
@@ -70,3 +74,13 @@ def test_workbench_schema_prints_and_writes_it(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out) == run_config_schema()
     assert main(["schema", "--out", str(tmp_path / "s.json")]) == 0
     assert json.loads((tmp_path / "s.json").read_text())["title"] == "workbench run config"
+
+
+def test_the_earlier_flat_keys_validate_as_deprecated_and_load_into_their_tables():
+    flat = {"model": "mlp", "plan": "dp2", "steps": 3, "global_batch": 8, "eval_every": 2, "run_dir": "x"}
+    assert _errors(flat) == []
+    schema = run_config_schema()["properties"]
+    assert schema["steps"]["deprecated"] and "[training] steps" in schema["steps"]["description"]
+    assert RunConfig.from_dict(flat) == RunConfig.from_dict({"model": "mlp", "plan": "dp2", "run": {"dir": "x"},
+                                                             "training": {"steps": 3, "global_batch": 8},
+                                                             "evaluation": {"every": 2}})

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from workbench.core.config import RunConfig
+from workbench.core.config import RunConfig, merge_changes
 from workbench.jobs import LaunchSpec, launch
 from workbench.runtime.events import read_events
 
@@ -28,13 +28,14 @@ REHEARSAL = os.environ.get("WORKBENCH_GPU_TIER_REHEARSAL") == "1"
 DEVICE = "cpu" if REHEARSAL else "cuda"
 ON_GPU = not REHEARSAL
 
-MLP = {"model": "mlp", "global_batch": 16}
-DIGITS = {"model": "mlp", "global_batch": 64, "data": {"kind": "digits"}}  # a task that learns in a few steps
-GPT2 = {"model": "gpt2-tiny", "data": {"kind": "bytes-lm", "seq_len": 16}, "global_batch": 8,
-        "model_overrides": {"n_layer": 2, "seq_len": 16, "n_head": 4, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
-                            "attn_pdrop": 0.0}}
-COMMON = {"steps": 4, "seed": 3, "dump_params": True, "collective_timeout_s": 120.0, "tensorboard": False,
-          "optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9}}
+MLP = {"model": "mlp", "training": {"global_batch": 16}}
+# a task that learns in a few steps
+DIGITS = {"model": "mlp", "training": {"global_batch": 64}, "data": {"kind": "digits"}}
+GPT2 = {"model": {"name": "gpt2-tiny", "overrides": {"n_layer": 2, "seq_len": 16, "n_head": 4, "resid_pdrop": 0.0,
+                                                    "embd_pdrop": 0.0, "attn_pdrop": 0.0}},
+        "data": {"kind": "bytes-lm", "seq_len": 16}, "training": {"global_batch": 8}}
+COMMON = {"training": {"steps": 4, "seed": 3, "optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9}},
+          "run": {"dump_params": True, "collective_timeout_s": 120.0}, "events": {"tensorboard": False}}
 
 
 def expected_backend(world_size: int) -> str:
@@ -49,15 +50,15 @@ def launch_run(root: Path, fields: dict, *, device: str = DEVICE, timeout: float
     name = "".join(c if c.isalnum() or c in "-_." else "-" for c in fields["plan"])[:48]
     backend = "staged" if REHEARSAL and device == "cpu" and fields.get("_staged", True) else "auto"
     fields = {k: v for k, v in fields.items() if not k.startswith("_")}
-    job = launch(LaunchSpec(config={**COMMON, **fields, "device": device, "name": name}, name=name,
-                            run_root=str(root), dist_backend=backend))
+    config = merge_changes(COMMON, merge_changes(fields, {"run": {"device": device}, "name": name}))
+    job = launch(LaunchSpec(config=config, name=name, run_root=str(root), dist_backend=backend))
     status = job.wait(timeout=timeout)
     if not status.finished:
         job.cancel()
     assert status.state == "SUCCEEDED", (f"{fields['plan']}: {status.state} {status.reason}\n"
                                          + "\n".join(job.logs(tail=60)))
     config = RunConfig.from_json(job.run_dir / "config.json")
-    return config.replace(run_dir=str(job.run_dir))
+    return config.replace(run={"dir": str(job.run_dir)})
 
 
 def start_event(run_dir: Path, rank: int) -> dict:
@@ -66,7 +67,7 @@ def start_event(run_dir: Path, rank: int) -> dict:
 
 def assert_ran_where_expected(config: RunConfig) -> None:
     """Each rank's start event names the device, the backend and the GPU sharing the rules give this machine."""
-    run_dir = Path(config.run_dir)
+    run_dir = Path(config.run.dir)
     backend = expected_backend(config.world_size)
     gpus = torch.cuda.device_count() if ON_GPU else 0
     for rank in range(config.world_size):

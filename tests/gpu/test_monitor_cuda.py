@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from gpu_tier import COMMON, DEVICE, DIGITS, ON_GPU, REHEARSAL, assert_ran_where_expected
-from workbench.core.config import RunConfig
+from workbench.core.config import RunConfig, merge_changes
 from workbench.jobs import LaunchSpec, attach, launch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multiproc, pytest.mark.slow]
@@ -24,13 +24,14 @@ pytestmark = [pytest.mark.gpu, pytest.mark.multiproc, pytest.mark.slow]
 
 @pytest.mark.timeout(300)
 def test_monitor_state_of_a_shared_gpu_run(tmp_path):
-    fields = {**COMMON, **DIGITS, "plan": "pp2-1f1b-m4", "steps": 6, "device": DEVICE, "name": "monitor",
-              "events": {"stage_events": True, "heartbeat_s": 0.5}}
+    fields = merge_changes(merge_changes(COMMON, DIGITS), {
+        "plan": "pp2-1f1b-m4", "training": {"steps": 6}, "run": {"device": DEVICE}, "name": "monitor",
+        "events": {"stage_events": True, "heartbeat_s": 0.5}})
     job = launch(LaunchSpec(config=fields, name="monitor", run_root=str(tmp_path),
                             dist_backend="staged" if REHEARSAL else "auto"))
     status = job.wait(timeout=240)
     assert status.state == "SUCCEEDED", "\n".join(job.logs(tail=60))
-    config = RunConfig.from_json(job.run_dir / "config.json").replace(run_dir=str(job.run_dir))
+    config = RunConfig.from_json(job.run_dir / "config.json").replace(run={"dir": str(job.run_dir)})
     assert_ran_where_expected(config)
 
     fresh = attach(job.run_dir)  # a new handle reads the run directory from the start, as a restarted kernel does

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 
 from gpu_tier import DIGITS, GPT2, MLP, assert_ran_where_expected, launch_run  # noqa: E402
 from runtime_launch import dumped_params, plan_id, stashing_reference, step_losses  # noqa: E402
-from workbench.core.config import RunConfig  # noqa: E402
+from workbench.core.config import RunConfig, merge_changes  # noqa: E402
 from workbench.runtime.events import read_events  # noqa: E402
 from workbench.runtime.reference import reference_train  # noqa: E402
 
@@ -61,7 +61,7 @@ def cpu_reference(root: Path, config: RunConfig, fields: dict, kind: str
         return stashing_reference(config), None
     if kind == "cpu-run":
         on_cpu = launch_run(root / "cpu", {**fields, "_staged": False}, device="cpu")
-        return dumped_params(Path(on_cpu.run_dir), list(range(on_cpu.world_size))), step_losses(Path(on_cpu.run_dir))
+        return dumped_params(Path(on_cpu.run.dir), list(range(on_cpu.world_size))), step_losses(Path(on_cpu.run.dir))
     reference = reference_train(config)
     return reference.params, reference.losses
 
@@ -69,10 +69,10 @@ def cpu_reference(root: Path, config: RunConfig, fields: dict, kind: str
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("plan", "base", "kind"), FP32_RUNS, ids=[plan_id(p) for p, _, _ in FP32_RUNS])
 def test_fp32_run_equals_the_cpu_reference(tmp_path, plan, base, kind):
-    fields = {**base, "plan": plan, "precision": "fp32"}
+    fields = merge_changes(base, {"plan": plan, "training": {"precision": "fp32"}})
     config = launch_run(tmp_path / "gpu", fields)
     params, losses = cpu_reference(tmp_path, config, fields, kind)
-    run_dir = Path(config.run_dir)
+    run_dir = Path(config.run.dir)
     if losses is not None:
         torch.testing.assert_close(step_losses(run_dir), losses, **RELATIVE)
     dumped = dumped_params(run_dir, list(range(config.world_size)))
@@ -100,14 +100,14 @@ def falls(losses: list[float]) -> bool:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("plan", "base"), BF16_RUNS, ids=[plan_id(p) for p, _ in BF16_RUNS])
 def test_bf16_run_learns_with_finite_losses(tmp_path, plan, base):
-    config = launch_run(tmp_path, {**base, "plan": plan, "precision": "bf16", "steps": 9,
-                                   "optimizer": {"name": "adam", "lr": 3e-3}})
-    run_dir = Path(config.run_dir)
+    config = launch_run(tmp_path, merge_changes(base, {"plan": plan, "training": {
+        "precision": "bf16", "steps": 9, "optimizer": {"name": "adam", "lr": 3e-3}}}))
+    run_dir = Path(config.run.dir)
     losses = step_losses(run_dir)
-    assert len(losses) == config.steps and all(math.isfinite(x) for x in losses), losses
+    assert len(losses) == config.training.steps and all(math.isfinite(x) for x in losses), losses
     assert falls(losses), losses
     for rank in range(config.world_size):
         steps = [e for e in read_events(run_dir, rank) if e["kind"] == "step"]
         assert steps and all(e["memory_bytes"] > 0 for e in steps)  # the allocator's high-water mark on CUDA
     assert_ran_where_expected(config)
-    assert json.loads((run_dir / "config.json").read_text())["precision"] == "bf16"
+    assert json.loads((run_dir / "config.json").read_text())["training"]["precision"] == "bf16"

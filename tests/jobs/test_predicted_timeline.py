@@ -13,8 +13,8 @@ pytestmark = [pytest.mark.multiproc,
 # wide enough that compute (milliseconds per micro-batch), not per-call overhead (a fraction of a
 # millisecond that the simulator does not model), makes the iteration; the compared iteration is
 # past the warm-up
-CONFIG = {"name": "pred", "model": "mlp", "model_overrides": {"hidden": 2048}, "plan": "pp2-1f1b-m4",
-          "global_batch": 64, "steps": 6, "data": {"kind": "synthetic"}}
+CONFIG = {"name": "pred", "model": {"name": "mlp", "overrides": {"hidden": 2048}}, "plan": "pp2-1f1b-m4",
+          "training": {"global_batch": 64, "steps": 6}, "data": {"kind": "synthetic"}}
 
 
 def test_monitor_prediction_uses_the_runs_own_schedule_and_stage_times(tmp_path):

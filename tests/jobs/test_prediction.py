@@ -21,8 +21,8 @@ from workbench.jobs.prediction import predict_run  # noqa: E402
 def _run(tmp_path, plan, ranks=2):
     run_dir = write_synthetic_run(tmp_path, run_id=f"run-{plan}", ranks=ranks)
     if plan is not None:
-        (run_dir / "config.json").write_text(json.dumps({"model": "mlp", "plan": plan, "global_batch": 8,
-                                                         "steps": 5}))
+        (run_dir / "config.json").write_text(json.dumps({"model": "mlp", "plan": plan,
+                                                         "training": {"global_batch": 8, "steps": 5}}))
     return attach(run_dir)
 
 

@@ -46,8 +46,8 @@ def test_a_real_run_logs_rank_0_progress_in_the_console(tmp_path):
     from workbench.core.config import RunConfig
     from workbench.jobs import LaunchSpec, launch
 
-    config = RunConfig.from_dict({"name": "progress", "model": "mlp", "plan": "pp2-1f1b-m4", "steps": 6,
-                                  "global_batch": 16, "events": {"stage_events": False}})
+    config = RunConfig.from_dict({"name": "progress", "model": "mlp", "plan": "pp2-1f1b-m4",
+                                  "training": {"steps": 6, "global_batch": 16}, "events": {"stage_events": False}})
     job = launch(LaunchSpec(config=config, run_root=str(tmp_path), name="progress"))
     assert job.wait(timeout=90).state == "SUCCEEDED"
     lines = [line for line in job.logs(rank=0) if line.startswith("step ")]

@@ -22,9 +22,9 @@ pytestmark = [pytest.mark.multiproc, pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("workbench.runtime.entry") is None,
                                  reason="needs the training entry workbench.runtime.entry")]
 
-CONFIG = {"name": "ft", "model": "mlp", "plan": "dp2", "steps": 1200, "checkpoint_every": 20,
-          "resume": True, "collective_timeout_s": 20.0, "global_batch": 16,
-          "data": {"kind": "synthetic"}}
+CONFIG = {"name": "ft", "model": "mlp", "plan": "dp2", "data": {"kind": "synthetic"},
+          "training": {"steps": 1200, "checkpoint_every": 20, "resume": True, "global_batch": 16},
+          "run": {"collective_timeout_s": 20.0}}
 
 
 def events(run_dir, rank, kind):
@@ -56,7 +56,7 @@ def test_killed_worker_restarts_from_checkpoint_and_matches_an_uninterrupted_twi
     assert last_start["restart"] >= 1 and last_start["resumed_from"] is not None
     steps = [e["step"] for e in events(faulty.run_dir, 0, "step")]
     assert steps.count(steps[0]) == 1  # the steps before the checkpoint were not run again
-    assert last_start["resumed_from"] < CONFIG["steps"], "the kill landed after the last step; nothing to resume"
+    assert last_start["resumed_from"] < CONFIG["training"]["steps"], "the kill landed after the last step"
     monitor = JobMonitor(faulty, mode="widget", start=False)
     monitor.update()
     assert f"restarts: {done_faulty.restarts}" in monitor.header.value

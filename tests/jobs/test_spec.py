@@ -102,7 +102,7 @@ def test_multinode_dryrun_renders_one_command_per_node(tmp_path):
 
 def test_default_entry_config_is_validated_by_run_config(tmp_path):
     pytest.importorskip("workbench.core.config")
-    ddp = {"name": "ddp", "model": "mlp", "plan": "dp2-m4", "steps": 2}
+    ddp = {"name": "ddp", "model": "mlp", "plan": "dp2-m4", "training": {"steps": 2}}
     spec = LaunchSpec(config=ddp, run_root=str(tmp_path))
     assert spec.nproc_per_node == 2  # taken from the plan's world size
     with pytest.raises(ValueError, match="world size 1 x 3 = 3 does not match the 2 processes"):
@@ -113,5 +113,6 @@ def test_default_entry_config_is_validated_by_run_config(tmp_path):
         LaunchSpec(config={**ddp, "plan": "magic"})
     with pytest.raises(ValueError, match="'strategy' has moved into the parallel plan"):  # the earlier flat format
         LaunchSpec(config={"name": "ddp", "model": "mlp", "strategy": "ddp", "groups": 2, "steps": 2})
-    job = launch(spec.replace(max_restarts=1, config={**ddp, "resume": True}), backend="dryrun")
+    job = launch(spec.replace(max_restarts=1, config={**ddp, "training": {"steps": 2, "resume": True}}),
+                 backend="dryrun")
     assert "-m workbench.runtime.entry" in job.commands[0]

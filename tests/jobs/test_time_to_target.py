@@ -13,7 +13,7 @@ from workbench.jobs.status import JobStatus
 
 
 def _start(**config):
-    return make_event("start", 0, t=100.0, world_size=1, config={"eval_every": 2, **config})
+    return make_event("start", 0, t=100.0, world_size=1, config={"evaluation": {"every": 2, **config}})
 
 
 def _eval(step, t, **fields):

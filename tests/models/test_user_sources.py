@@ -12,7 +12,7 @@ import torch
 import torchvision
 from torch import nn
 
-from workbench.core.config import RunConfig
+from workbench.core.config import RunConfig, merge_changes
 from workbench.models.datasets import load_datasets
 from workbench.models.sequence import LayerSequence
 from workbench.models.source import model_from_factory
@@ -68,8 +68,9 @@ def user_package(tmp_path, monkeypatch):
 
 
 def _config(**fields) -> RunConfig:
-    return RunConfig.from_dict({"model": "userpkg:chain", "plan": "pp2-1f1b-m2", "global_batch": 8,
-                                "data": "userpkg:blobs", **fields})
+    """A factory model on factory data with ``fields`` (a table's dict changes the entries it names)."""
+    return RunConfig.from_dict(merge_changes({"model": "userpkg:chain", "plan": "pp2-1f1b-m2",
+                                              "training": {"global_batch": 8}, "data": "userpkg:blobs"}, fields))
 
 
 def test_factory_kinds_become_layer_sequences(user_package):
@@ -81,7 +82,7 @@ def test_factory_kinds_become_layer_sequences(user_package):
         model_from_factory("userpkg:branchy")
     with pytest.raises(ValueError, match=r"factory returned a dict; it must return an nn.Module"):
         model_from_factory("userpkg:not_a_module")
-    with pytest.raises(ValueError, match=r"'model_args' has unknown key 'depth' for factory 'userpkg:chain'; "
+    with pytest.raises(ValueError, match=r"'model.args' has unknown key 'depth' for factory 'userpkg:chain'; "
                                          r"it takes \['width', 'classes'\]"):
         model_from_factory("userpkg:chain", {"depth": 2})
     with pytest.raises(ValueError, match=r"cannot import module 'nopkg.models' \(ModuleNotFoundError"):
@@ -138,21 +139,22 @@ def test_model_objects_and_notebook_factories_are_refused_with_what_to_do():
     with pytest.raises(ValueError, match=r"defined in the notebook \(or nested\)"):
         RunConfig(model=local_factory, plan="dp2")
     config = RunConfig(model=torchvision.models.squeezenet1_1, plan="dp2")
-    assert config.model == "torchvision.models.squeezenet:squeezenet1_1"
+    assert config.model.name == "torchvision.models.squeezenet:squeezenet1_1"
     assert RunConfig.from_dict(config.to_dict()) == config
 
 
 def test_config_fields_for_factories_and_data():
-    config = _config(model_args={"width": 32}, split_points=[], eval_every=2, target_accuracy=0.5)
+    config = _config(model={"args": {"width": 32}, "split_points": []},
+                     evaluation={"every": 2, "target_accuracy": 0.5})
     assert config.data.kind == "factory" and config.data.factory == "userpkg:blobs"
     assert RunConfig.from_dict(config.to_dict()) == config
     assert RunConfig.from_dict(__import__("tomllib").loads(config.to_toml())) == config
-    bad = [({"model_args": {"a": 1}, "model": "mlp"}, "model_args"),
-           ({"model_overrides": {"hidden": 3}}, "model_overrides"),
-           ({"split_points": ["layer2"], "model": "mlp"}, "split_points"),
-           ({"split_points": "layer2"}, "split_points"),
-           ({"target_accuracy": 0.9}, "eval_every"),
-           ({"target_accuracy": 1.5, "eval_every": 1}, "target_accuracy"),
+    bad = [({"model": {"name": "mlp", "args": {"a": 1}}}, "model.args"),
+           ({"model": {"overrides": {"hidden": 3}}}, "model.overrides"),
+           ({"model": {"name": "mlp", "split_points": ["layer2"]}}, "model.split_points"),
+           ({"model": {"split_points": "layer2"}}, "model.split_points"),
+           ({"evaluation": {"target_accuracy": 0.9}}, "evaluation.every"),
+           ({"evaluation": {"target_accuracy": 1.5, "every": 1}}, "evaluation.target_accuracy"),
            ({"data": {"kind": "image-folder"}}, "data.path"),
            ({"data": {"kind": "factory", "factory": "not a path"}}, "data.factory"),
            ({"data": {"kind": "digits", "args": {"n": 1}}}, "data.args"),
@@ -170,7 +172,7 @@ def test_data_factory_checks(user_package):
 
 
 def test_dataset_batches_are_deterministic_and_shared_by_replica(user_package):
-    config = _config(plan={"mesh": {"dp": 2, "pp": 1}}, global_batch=8, grad_accum=2)
+    config = _config(plan={"mesh": {"dp": 2, "pp": 1}}, training={"global_batch": 8, "grad_accum": 2})
     model = run_model(config)
     whole = [next(global_batches(config, model, step)) for step in range(9)]  # 64 samples: 8 steps per epoch
     assert torch.equal(whole[3][0], next(global_batches(config, model, 3))[0])  # resumable at any step
@@ -187,17 +189,18 @@ def test_dataset_batches_are_deterministic_and_shared_by_replica(user_package):
 
 
 def test_validation_batches_are_held_out(user_package):
-    config = _config(eval_batches=2)
+    config = _config(evaluation={"batches": 2})
     model = run_model(config)
     val = list(validation_batches(config, model))
     assert [b[0].shape[0] for b in val] == [8, 8]
     train_rows = {tuple(r.tolist()) for r in load_datasets(config.data)[0].tensors[0]}
     assert not any(tuple(r.tolist()) in train_rows for b in val for r in b[0])
-    digits = RunConfig(model="vgg-tiny", plan="dp2", data={"kind": "digits"}, global_batch=16, eval_batches=3)
+    digits = RunConfig(model="vgg-tiny", plan="dp2", data={"kind": "digits"}, training={"global_batch": 16},
+                       evaluation={"batches": 3})
     batches = list(validation_batches(digits, run_model(digits)))
     assert [tuple(b[0].shape) for b in batches] == [(16, 3, 32, 32)] * 3
-    lm = RunConfig(model="gpt2-tiny", plan="dp2", data={"kind": "bytes-lm", "seq_len": 16}, global_batch=4,
-                   eval_batches=2)
+    lm = RunConfig(model="gpt2-tiny", plan="dp2", data={"kind": "bytes-lm", "seq_len": 16},
+                   training={"global_batch": 4}, evaluation={"batches": 2})
     assert [tuple(b[1].shape) for b in validation_batches(lm, run_model(lm))] == [(4, 16)] * 2
 
 

@@ -116,7 +116,7 @@ def test_bad_calibration_input_is_explained(tmp_path):
     with pytest.raises(ValueError, match="not a run directory"):
         calibrate_from_run(COSTS, tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"name": "t", "model": "gpt2-tiny", "plan": "torchpp2-1f1b-m4",
-                                                      "global_batch": 8}))
+                                                      "training": {"global_batch": 8}}))
     with pytest.raises(ValueError, match="cannot calibrate compute from a run of 'torchpp2-1f1b-m4'"):
         calibrate_from_run(COSTS, tmp_path)
     with pytest.raises(ValueError, match="needs the transformer's shape"):
@@ -194,8 +194,8 @@ def test_calibration_from_a_real_pipeline_run(tmp_path, capsys):
     from workbench.jobs import LaunchSpec, launch
     from workbench.profiling import profile
 
-    config = {"name": "cal", "model": "mlp", "plan": "pp2-1f1b-m4", "global_batch": 16,
-              "steps": 4, "data": {"kind": "synthetic"}}
+    config = {"name": "cal", "model": "mlp", "plan": "pp2-1f1b-m4", "training": {"global_batch": 16, "steps": 4},
+              "data": {"kind": "synthetic"}}
     job = launch(LaunchSpec(config=config, name="cal", run_root=str(tmp_path)))
     assert job.wait(timeout=180).state == "SUCCEEDED"
     costs = profile("mlp", batch=8, repeats=3, cache=False, progress=False)
@@ -228,8 +228,8 @@ def test_calibration_from_a_real_tensor_parallel_run(tmp_path, capsys):
     from workbench.profiling import profile
 
     overrides, seq = {"n_embd": 128, "n_layer": 2, "n_head": 2}, 64  # compute well above the charged communication
-    config = {"name": "tp1d-2-dp1", "model": "gpt2-tiny", "model_overrides": overrides, "plan": "tp1d-2-dp1",
-              "global_batch": 8, "steps": 4, "data": {"kind": "bytes-lm", "seq_len": seq}}
+    config = {"name": "tp1d-2-dp1", "model": {"name": "gpt2-tiny", "overrides": overrides}, "plan": "tp1d-2-dp1",
+              "training": {"global_batch": 8, "steps": 4}, "data": {"kind": "bytes-lm", "seq_len": seq}}
     job = launch(LaunchSpec(config=config, name="tp-cal", run_root=str(tmp_path)))
     assert job.wait(timeout=180).state == "SUCCEEDED"
     costs = profile(build_model("gpt2-tiny", **overrides), batch=8, repeats=3, cache=False, progress=False)

@@ -46,23 +46,25 @@ def test_emit_config_is_compact_records_the_command_and_reads_back(tmp_path, cap
     text = out.read_text()
     assert text.splitlines()[0] == "# Written by: workbench " + " ".join(args)
     config = RunConfig.from_dict(tomllib.loads(text))
-    assert config.model == "gpt2-tiny" and config.model_overrides == {"n_layer": 2}, "the model the plan was made for"
-    assert config.plan.pp == 2 and config.plan.world_size == 4 and config.global_batch == 16
+    assert config.model.name == "gpt2-tiny" and config.model.overrides == {"n_layer": 2}, "the model the plan is for"
+    assert config.plan.pp == 2 and config.plan.world_size == 4 and config.training.global_batch == 16
     assert config.plan.replace(partition="uniform").name == \
         RunConfig.from_dict({"model": "x", "plan": best.split("@")[0]}).plan.replace(partition="uniform").name
     body = tomllib.loads(text)
-    assert "tensorboard" not in body and "eval_batches" not in body, "defaults are left out"
+    assert "events" not in body and "evaluation" not in body and "run" not in body, "defaults are left out"
+    assert set(body["training"]) <= {"global_batch", "steps", "optimizer"}
     # the header names every layer with its options
     layers = [line[4:] for line in text.splitlines() if line.startswith("#   ")]
     assert [l.split(":")[0] for l in layers] == ["embeddings", "block_0", "block_1", "head"]
 
     # over an existing config of the same model: its run settings stay, its plan is replaced
-    kept = config.replace(steps=7, name="mine", optimizer={"name": "sgd", "lr": 0.5}).to_dict()
+    kept = config.replace(name="mine", training={"steps": 7, "optimizer": {"name": "sgd", "lr": 0.5}}).to_dict()
     kept["plan"] = "dp4"
     out.write_text(RunConfig.from_dict(kept).to_toml())
     assert main(args) == 0
     again = RunConfig.from_toml(out)
-    assert (again.steps, again.name, again.optimizer.name, again.optimizer.lr) == (7, "mine", "sgd", 0.5)
+    assert (again.training.steps, again.name, again.training.optimizer.name, again.training.optimizer.lr) == \
+        (7, "mine", "sgd", 0.5)
     assert again.plan == config.plan
     assert "kept from the config this file held" in out.read_text()
 

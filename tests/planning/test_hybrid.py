@@ -227,7 +227,7 @@ def test_a_searched_per_layer_plan_runs_exactly_as_planned(tmp_path):
     from workbench.planning.search import RankedPlan
 
     run_config = RankedPlan(chosen.plan, as_estimate(chosen), costs.model, 16).to_config(
-        model_overrides=overrides, steps=2, data={"kind": "bytes-lm", "seq_len": 32})
+        model={"overrides": overrides}, training={"steps": 2}, data={"kind": "bytes-lm", "seq_len": 32})
     job = launch(LaunchSpec(config=run_config.to_dict(), name="per-layer", run_root=str(tmp_path)))
     assert job.wait(timeout=200).state == "SUCCEEDED"
     planned = chosen.plan.layers_for(costs.num_layers)
@@ -248,4 +248,4 @@ def test_every_searched_plan_is_one_the_runtime_accepts(cluster):
     result = search_hybrid(mixed_model(), get_cluster(cluster), 64, budget_bytes=3 * GIB)
     assert result.plans
     for found in result.plans:
-        RunConfig.from_dict({"model": "mlp", "global_batch": 64, "plan": found.plan.to_dict()})
+        RunConfig.from_dict({"model": "mlp", "training": {"global_batch": 64}, "plan": found.plan.to_dict()})

@@ -140,4 +140,4 @@ def test_the_planner_times_a_pipeline_on_the_placement_it_chose_and_the_config_c
     monkeypatch.undo()
     # the run config launches the processes where the estimate put them
     found = plan(costs, cluster, 64, strategies=[strategy.name]).plans[0]
-    assert list(found.to_config().placement) == device_of
+    assert list(found.to_config().run.placement) == device_of

@@ -58,12 +58,12 @@ def test_delay_one_hides_the_gradient_all_reduce():
 def test_plans_turn_into_launch_configs():
     result = plan(COSTS, "8xV100-PCIe", 64, shape=GPT, strategies=["dp8", "gropipe-2x4-1f1b-m8-d1", "tp2d-2x2-dp2",
                                                                    "pp8-interleaved-v2-m8"])
-    configs = {p.name: p.to_config(steps=3) for p in result.plans}
+    configs = {p.name: p.to_config(training={"steps": 3}) for p in result.plans}
     assert configs["dp8"].plan == ParallelPlan.parse("dp8") and configs["dp8"].world_size == 8
     g = configs["gropipe-2x4-1f1b-m8-d1"].plan
     assert (g.dp, g.pp, g.microbatches, g.pipeline) == (2, 4, 8, GroPipe(inner="1f1b", delay=1))
     assert g.partition == str(result["gropipe-2x4-1f1b-m8-d1"].estimate.partition)
-    assert configs["gropipe-2x4-1f1b-m8-d1"].steps == 3
+    assert configs["gropipe-2x4-1f1b-m8-d1"].training.steps == 3
     assert g.replace(partition="uniform") == result["gropipe-2x4-1f1b-m8-d1"].plan
     t = configs["tp2d-2x2-dp2"].plan
     assert (t.tp_kind, t.tp, t.q, t.dp) == ("2d", 4, 2, 2)

@@ -10,19 +10,22 @@ from typing import Sequence
 
 import torch
 
-from workbench.core.config import RunConfig
+from workbench.core.config import RunConfig, merge_changes
 from workbench.core.rundir import DIST_BACKEND_ENV
 from workbench.runtime.events import read_events
 
-BASE = {"model": "mlp", "steps": 5, "global_batch": 16, "seed": 3, "dump_params": True,
-        "collective_timeout_s": 60.0, "events": {"stage_events": True, "heartbeat_s": 1.0}}
+BASE = {"model": "mlp", "training": {"steps": 5, "global_batch": 16, "seed": 3},
+        "run": {"dump_params": True, "collective_timeout_s": 60.0},
+        "events": {"stage_events": True, "heartbeat_s": 1.0}}
 
 
 def make_config(run_dir: Path, base: dict | None = None, **fields) -> RunConfig:
-    """``fields`` over ``base`` (default :data:`BASE`); ``plan`` a plan name (``"pp2-1f1b-m4"``), a [plan] dict or
+    """``fields`` over ``base`` (default :data:`BASE`) as ``RunConfig.replace`` takes them (a table's dict changes
+    the entries it names: ``training={"steps": 3}``); ``plan`` a plan name (``"pp2-1f1b-m4"``), a [plan] dict or
     a ParallelPlan."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    config = RunConfig.from_dict({**(BASE if base is None else base), **fields, "run_dir": str(run_dir)})
+    data = merge_changes(BASE if base is None else base, fields)
+    config = RunConfig.from_dict(merge_changes(data, {"run": {"dir": str(run_dir)}}))
     config.save_json(run_dir / "config.json")
     return config
 
@@ -146,7 +149,7 @@ def stashing_reference(config: RunConfig, versions: dict[tuple[int, int, int], i
 
     S, m = config.plan.pp, config.plan.microbatches
     model = run_model(config)
-    torch.manual_seed(config.seed + 1)
+    torch.manual_seed(config.training.seed + 1)
     text = config.plan.partition
     partition = Partition.uniform(len(model), S) if text == "uniform" else Partition.parse(text, len(model))
     blocks = [model.stage(*partition.bounds[s]) for s in range(S)]
@@ -154,11 +157,11 @@ def stashing_reference(config: RunConfig, versions: dict[tuple[int, int, int], i
     history = [[{n: p.detach().clone() for n, p in b.named_parameters()}] for b in blocks]
     spec = config.plan.pipeline
     inflight = spec.inflight if isinstance(spec.inflight, int) else None
-    plan = async_1f1b(S, m, config.steps, inflight=inflight, mode=spec.mode, vertical_sync=spec.vertical_sync)
+    plan = async_1f1b(S, m, config.training.steps, inflight=inflight, mode=spec.mode, vertical_sync=spec.vertical_sync)
     version = versions if versions is not None else {
         (s, a.iteration, a.microbatch): a.version for s in range(S) for a in plan.actions(s) if a.op.value == "F"}
     batches = global_batches(config, model, 0)
-    for t in range(config.steps):
+    for t in range(config.training.steps):
         data = split_rounds(next(batches), config, 0)[0]
         for mb, (x, y) in enumerate(zip(data.inputs, data.targets)):
             h, leaves = x, []

@@ -23,7 +23,7 @@ from workbench.scheduling.adaptive import adapt_inflight
 from workbench.scheduling.stagecosts import StageCosts
 from workbench.viz.timeline import timeline_figure
 
-ADAPT = {"plan": "async-1x2-m4-if1-adapt2", "steps": 9, "global_batch": 16}
+ADAPT = {"plan": "async-1x2-m4-if1-adapt2", "training": {"steps": 9, "global_batch": 16}}
 
 
 def test_adapt_deepens_a_shallow_pipeline_and_keeps_a_fitting_one():
@@ -60,11 +60,11 @@ def test_a_run_that_adapts_records_the_change_and_trains_exactly(tmp_path):
     # a decision at the end of every stream but the last: the first changes the depths, so the next comes
     # adapt_every steps later; the interval doubles after a decision that changes nothing
     expected, step, interval = [], 2, 2
-    while step < ADAPT["steps"] and len(expected) < len(adapts):
+    while step < ADAPT["training"]["steps"] and len(expected) < len(adapts):
         expected.append(step)
         interval = 2 if adapts[len(expected) - 1]["changed"] else 2 * interval
         step += interval
-    assert [r["step"] for r in adapts] == expected and step >= ADAPT["steps"], [r["step"] for r in adapts]
+    assert [r["step"] for r in adapts] == expected and step >= ADAPT["training"]["steps"], [r["step"] for r in adapts]
     first = adapts[0]
     assert first["inflight_from"] == [1, 1] and first["changed"] and sum(first["inflight_to"]) > 2, first
     assert all(ms > 0 for ms in first["measured"]["forward_ms"] + first["measured"]["backward_ms"])
@@ -96,7 +96,7 @@ def test_a_run_that_adapts_records_the_change_and_trains_exactly(tmp_path):
         elif e.op == "B":
             backward[(e.stage, e.iteration, e.microbatch)] = e.version
     assert versions == backward, "every backward reads its forward's version"
-    assert len(versions) == 2 * 4 * ADAPT["steps"]
+    assert len(versions) == 2 * 4 * ADAPT["training"]["steps"]
     reference = stashing_reference(config, versions)
     params = dumped_params(tmp_path, [0, 1])
     for name, value in reference.items():

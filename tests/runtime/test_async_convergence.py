@@ -36,8 +36,8 @@ from runtime_launch import Sweep, step_losses
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
-TASK = {"model": "mlp", "global_batch": 32, "seed": 0, "data": {"kind": "digits"},
-        "dump_params": False, "events": {"stage_events": False, "heartbeat_s": 5.0}}
+TASK = {"model": "mlp", "training": {"global_batch": 32, "seed": 0}, "data": {"kind": "digits"},
+        "run": {"dump_params": False}, "events": {"stage_events": False, "heartbeat_s": 5.0}}
 
 
 def async_plan(microbatches: int, *tokens: str) -> str:
@@ -51,8 +51,8 @@ def final_loss(run_dir) -> float:
     return final if math.isfinite(final) else math.inf
 
 
-LEARN = {**TASK, "steps": 200, "optimizer": {"name": "sgd", "lr": 0.05}}
-HOT = {**TASK, "steps": 150, "optimizer": {"name": "sgd", "lr": 0.4}}
+LEARN = {**TASK, "training": {**TASK["training"], "steps": 200, "optimizer": {"name": "sgd", "lr": 0.05}}}
+HOT = {**TASK, "training": {**TASK["training"], "steps": 150, "optimizer": {"name": "sgd", "lr": 0.4}}}
 
 
 @pytest.fixture(scope="module")

@@ -27,8 +27,10 @@ STASHING = {"stash": "async-1x4-m4-if4", "2bw": "async-1x4-m4-2bw-if4"}
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     """The module's three 4-rank runs in one sweep."""
-    runs = {"if1": (4, {"plan": "async-1x4-m4-if1", "steps": 3, "checkpoint_every": 1, "optimizer": SGD})}
-    runs.update({key: (4, {"plan": plan, "steps": 4, "optimizer": SGD}) for key, plan in STASHING.items()})
+    runs = {"if1": (4, {"plan": "async-1x4-m4-if1",
+                        "training": {"steps": 3, "checkpoint_every": 1, "optimizer": SGD}})}
+    runs.update({key: (4, {"plan": plan, "training": {"steps": 4, "optimizer": SGD}})
+                 for key, plan in STASHING.items()})
     return Sweep(tmp_path_factory.mktemp("async_sync"), runs)
 
 
@@ -36,7 +38,7 @@ def test_one_in_flight_equals_synchronous_after_every_step(sweep):
     config, tmp_path = sweep.run("if1"), sweep.dir("if1")
     reference = reference_train(config)
     torch.testing.assert_close(step_losses(tmp_path), reference.losses, rtol=1e-6, atol=1e-6)
-    for step in range(1, config.steps + 1):
+    for step in range(1, config.training.steps + 1):
         expected = reference_train(config, steps=step).params
         saved: dict[str, torch.Tensor] = {}
         for rank in range(4):

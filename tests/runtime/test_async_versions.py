@@ -24,7 +24,7 @@ from workbench.scheduling.generators import async_1f1b
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
-ASYNC = {"plan": "async-1x4-m4-if4", "steps": 4, "global_batch": 16}
+ASYNC = {"plan": "async-1x4-m4-if4", "training": {"steps": 4, "global_batch": 16}}
 
 
 def versions_by_microbatch(run_dir):
@@ -54,7 +54,7 @@ SGD = {"name": "sgd", "lr": 0.1, "momentum": 0.9}
 RUNS = {"stash": (4, ASYNC), "vertical-sync": (4, {**ASYNC, "plan": "async-1x4-m4-vsync-if4"}),
         "2bw": (4, {**ASYNC, "plan": "async-1x4-m4-2bw-if4"}),
         "nostash": (4, {**ASYNC, "plan": "async-1x4-m4-nostash-if4"}),
-        "groups": (4, {"plan": "async-2x2-m2", "steps": 4, "global_batch": 16, "optimizer": SGD})}
+        "groups": (4, {"plan": "async-2x2-m2", "training": {"steps": 4, "global_batch": 16, "optimizer": SGD}})}
 
 
 @pytest.fixture(scope="module")
@@ -71,10 +71,10 @@ def stashed(sweep):
 def test_every_backward_reads_its_forwards_version_on_every_stage(stashed):
     run_dir, config = stashed
     versions = versions_by_microbatch(run_dir)
-    assert len(versions) == config.steps * config.plan.microbatches * config.plan.pp
+    assert len(versions) == config.training.steps * config.plan.microbatches * config.plan.pp
     assert all(v["B"] == v["F"] for v in versions.values())
-    assert {v["F"] for v in versions.values()} == set(range(config.steps))  # several versions really in use
-    plan = async_1f1b(4, 4, config.steps)
+    assert {v["F"] for v in versions.values()} == set(range(config.training.steps))  # several versions really in use
+    plan = async_1f1b(4, 4, config.training.steps)
     for rank in range(4):  # the runtime bound exactly the planned versions, in the schedule's order
         planned = [(a.iteration, a.microbatch, a.version) for a in plan.actions(rank) if a.op.value == "F"]
         recorded = [(e.iteration, e.microbatch, e.version) for e in sorted(
@@ -85,7 +85,7 @@ def test_every_backward_reads_its_forwards_version_on_every_stage(stashed):
 
 def test_versions_kept_match_the_microbatches_in_flight(stashed):
     run_dir, config = stashed
-    plan = async_1f1b(4, 4, config.steps)
+    plan = async_1f1b(4, 4, config.training.steps)
     for rank in range(4):
         report = json.loads((run_dir / "memory" / f"rank{rank}.json").read_text())
         assert report["versions"] == versions_in_flight(plan, rank)
@@ -122,6 +122,6 @@ def test_without_stashing_backward_reads_newer_weights(sweep):
 def test_async_pipelines_in_groups_stay_identical(sweep):
     config, run_dir = sweep.run("groups"), sweep.dir("groups")
     versions = versions_by_microbatch(run_dir)
-    assert len(versions) == 2 * config.steps * config.plan.microbatches * config.plan.pp
+    assert len(versions) == 2 * config.training.steps * config.plan.microbatches * config.plan.pp
     assert all(v["B"] == v["F"] for v in versions.values())
     torch.testing.assert_close(dumped_params(run_dir, [2, 3]), dumped_params(run_dir, [0, 1]), rtol=0, atol=0)

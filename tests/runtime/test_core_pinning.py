@@ -49,7 +49,7 @@ def test_no_pinning_where_ranks_must_share_or_it_is_switched_off(monkeypatch, fa
 
 @pytest.mark.multiproc
 def test_two_ranks_of_a_real_run_report_cores_of_their_own(tmp_path):
-    run_ok(tmp_path, 2, plan="pp2-1f1b-m2", steps=2)
+    run_ok(tmp_path, 2, plan="pp2-1f1b-m2", training={"steps": 2})
     cores = [[e for e in read_events(tmp_path, r) if e["kind"] == "start"][-1]["cores"] for r in range(2)]
     if len(os.sched_getaffinity(0)) < 2:
         assert cores == [None, None]

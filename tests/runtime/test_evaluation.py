@@ -23,14 +23,19 @@ import torch
 from torch import nn
 
 from runtime_launch import Sweep, make_config, torchrun
-from workbench.core.config import RunConfig
+from workbench.core.config import RunConfig, merge_changes
 from workbench.runtime.batches import run_model, validation_batches
 from workbench.runtime.evaluation import evaluate_model, load_dense_state
 from workbench.runtime.events import read_events
 from workbench.runtime.reference import reference_train
 
-DIGITS = {"data": {"kind": "digits"}, "global_batch": 32, "eval_batches": 4,
-          "optimizer": {"name": "adam", "lr": 0.01}}
+DIGITS = {"data": {"kind": "digits"}, "training": {"global_batch": 32, "optimizer": {"name": "adam", "lr": 0.01}},
+          "evaluation": {"batches": 4}}
+
+
+def digits(**tables) -> dict:
+    """:data:`DIGITS` with ``tables`` (a table's dict changes the entries it names)."""
+    return merge_changes(DIGITS, tables)
 EVAL_FIELDS = {"step", "val_loss", "accuracy", "perplexity", "samples", "eval_s", "train_s", "wall_s"}
 
 
@@ -89,9 +94,10 @@ def test_missing_parameters_are_an_error_not_a_default():
 
 @pytest.mark.parametrize("plan", ["tp1d-2-dp2", "tp2d-2x2-dp1"])
 def test_uniform_tensor_parallel_plans_refuse_evaluation(plan):
-    with pytest.raises(ValueError, match="eval_every.*shards"):
-        RunConfig.from_dict({"model": "mlp", "plan": plan, "global_batch": 16, "eval_every": 2})
-    RunConfig.from_dict({"model": "mlp", "plan": plan, "global_batch": 16})  # fine without evaluation
+    with pytest.raises(ValueError, match="evaluation.every.*shards"):
+        RunConfig.from_dict({"model": "mlp", "plan": plan, "training": {"global_batch": 16},
+                             "evaluation": {"every": 2}})
+    RunConfig.from_dict({"model": "mlp", "plan": plan, "training": {"global_batch": 16}})  # fine without evaluation
 
 
 # -- real runs -------------------------------------------------------------------------------------------------------
@@ -103,8 +109,8 @@ def test_job_learns_writes_eval_events_tensorboard_and_time_to_target(tmp_path, 
     from workbench.cli import main as cli
     from workbench.jobs import LaunchSpec, launch
 
-    config = RunConfig.from_dict({"model": "mlp", "plan": "dp2", "steps": 10, "eval_every": 4, "seed": 3,
-                                  "target_accuracy": 0.6, "events": {"heartbeat_s": 1.0}, **DIGITS})
+    config = RunConfig.from_dict(digits(model="mlp", plan="dp2", training={"steps": 10, "seed": 3},
+                                        evaluation={"every": 4, "target_accuracy": 0.6}, events={"heartbeat_s": 1.0}))
     job = launch(LaunchSpec(config=config, run_root=str(tmp_path), name="eval"))
     status = job.wait(timeout=150)
     assert status.state == "SUCCEEDED", status.text()
@@ -152,11 +158,12 @@ def sweep(tmp_path_factory):
     patch = pytest.MonkeyPatch()
     patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
     patch.syspath_prepend(here)
-    runs = {plan: (nproc, {"plan": plan, "steps": 5, "eval_every": 3, "tensorboard": False, **DIGITS})
+    quiet = {"events": {"tensorboard": False}}
+    runs = {plan: (nproc, digits(plan=plan, training={"steps": 5}, evaluation={"every": 3}, **quiet))
             for plan, nproc in PIPELINES}
-    runs["in-flight"] = (2, {"plan": "async-1x2-m4", "steps": 5, "eval_every": 2, "tensorboard": False, **DIGITS})
-    runs["batchnorm"] = (2, {"model": "eval_models:conv_bn", "plan": "pp2-1f1b-m4", "steps": 4, "eval_every": 4,
-                             "tensorboard": False, **DIGITS})
+    runs["in-flight"] = (2, digits(plan="async-1x2-m4", training={"steps": 5}, evaluation={"every": 2}, **quiet))
+    runs["batchnorm"] = (2, digits(model="eval_models:conv_bn", plan="pp2-1f1b-m4", training={"steps": 4},
+                                   evaluation={"every": 4}, **quiet))
     yield Sweep(tmp_path_factory.mktemp("evaluation"), runs)
     patch.undo()
 
@@ -177,12 +184,12 @@ def test_pipelines_evaluate_what_the_reference_evaluates(sweep, plan, nproc):
 @pytest.mark.multiproc
 @pytest.mark.slow
 def test_resumed_run_evaluates_the_resumed_weights_and_keeps_its_clock(tmp_path):
-    fields = {"plan": "pp2-1f1b-m4", "steps": 6, "eval_every": 2, "checkpoint_every": 2, **DIGITS}
-    make_config(tmp_path, **fields, fail_at_step=3, fail_rank=1)
+    fields = digits(plan="pp2-1f1b-m4", training={"steps": 6, "checkpoint_every": 2}, evaluation={"every": 2})
+    make_config(tmp_path, **fields, faults={"step": 3, "rank": 1})
     assert torchrun(tmp_path, 2).returncode != 0
     before = evals(tmp_path)
     assert [e["step"] for e in before] == [2]
-    config = make_config(tmp_path, **fields, resume=True)
+    config = make_config(tmp_path, **merge_changes(fields, {"training": {"resume": True}}))
     proc = torchrun(tmp_path, 2)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = evals(tmp_path)

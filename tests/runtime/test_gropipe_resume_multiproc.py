@@ -19,13 +19,14 @@ import pytest
 import torch
 
 from runtime_launch import dumped_params, make_config, processes_mentioning, run_ok, step_losses, torchrun
+from workbench.core.config import merge_changes
 from workbench.runtime.events import read_events
 from workbench.runtime.reference import reference_train
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
-GROPIPE = {"plan": "gropipe-2x2-1f1b-m4-d1", "checkpoint_every": 2,
-           "optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9}}
+GROPIPE = {"plan": "gropipe-2x2-1f1b-m4-d1",
+           "training": {"checkpoint_every": 2, "optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9}}}
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,7 @@ def test_delay1_equals_stale_update_reference(uninterrupted):
 
 def test_fault_then_resume_reaches_uninterrupted_losses(uninterrupted, tmp_path):
     run_dir, _ = uninterrupted
-    make_config(tmp_path, **GROPIPE, fail_at_step=3, fail_rank=1)
+    make_config(tmp_path, **GROPIPE, faults={"step": 3, "rank": 1})
     started = time.monotonic()
     failed = torchrun(tmp_path, 4, timeout=120)
     assert failed.returncode != 0
@@ -59,13 +60,13 @@ def test_fault_then_resume_reaches_uninterrupted_losses(uninterrupted, tmp_path)
     assert (tmp_path / "checkpoints" / "step2" / "COMPLETE").is_file()
     assert not (tmp_path / "checkpoints" / "step4").exists()
 
-    config = make_config(tmp_path, **GROPIPE, resume=True)
+    config = make_config(tmp_path, **merge_changes(GROPIPE, {"training": {"resume": True}}))
     resumed = torchrun(tmp_path, 4)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     starts = [e for e in read_events(tmp_path, 0) if e["kind"] == "start"]
     assert starts[-1]["resumed_from"] == 2
     all_losses = step_losses(tmp_path)  # 3 steps before the fault, then steps 3..5 after the resume
-    assert len(all_losses) == 3 + config.steps - 2
+    assert len(all_losses) == 3 + config.training.steps - 2
     assert all_losses[3:] == step_losses(run_dir)[2:]
     for name, value in dumped_params(run_dir, [0, 1, 2, 3]).items():
         assert torch.equal(dumped_params(tmp_path, [0, 1, 2, 3])[name], value), name

@@ -22,8 +22,8 @@ def test_the_launch_folder_ships_configs():
 def sweep(tmp_path_factory):
     runs = {}
     for path in CONFIGS:
-        config = RunConfig.from_toml(path).replace(steps=2, checkpoint_every=0)
-        runs[path.stem] = (config.world_size, {k: v for k, v in config.to_dict().items() if k != "run_dir"})
+        config = RunConfig.from_toml(path).replace(training={"steps": 2, "checkpoint_every": 0})
+        runs[path.stem] = (config.world_size, config.to_dict())
     return Sweep(tmp_path_factory.mktemp("launch_configs"), runs, base={})
 
 

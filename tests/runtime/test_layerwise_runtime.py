@@ -14,15 +14,16 @@ import pytest
 import torch
 
 from runtime_launch import Sweep, dumped_params, step_losses
-from workbench.core.config import RunConfig
+from workbench.core.config import RunConfig, merge_changes
 from workbench.core.plan import ParallelPlan
 from workbench.core.rundir import make_event
 from workbench.runtime.events import read_events
 from workbench.runtime.reference import reference_train
 
-GPT2 = {"model": "gpt2-tiny", "data": {"kind": "bytes-lm", "seq_len": 16}, "global_batch": 8,
-        "model_overrides": {"n_layer": 2, "seq_len": 16, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0},
-        "optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9}, "steps": 3}
+GPT2 = {"model": {"name": "gpt2-tiny", "overrides": {"n_layer": 2, "seq_len": 16, "resid_pdrop": 0.0,
+                                                    "embd_pdrop": 0.0, "attn_pdrop": 0.0}},
+        "data": {"kind": "bytes-lm", "seq_len": 16},
+        "training": {"global_batch": 8, "optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9}, "steps": 3}}
 
 
 def assert_equals_reference(run_dir, config):
@@ -49,7 +50,7 @@ PIPELINED = "pp2-1f1b-m4-tp1d2-L[0=ddp;1=ddp.tp1d2;2=fsdp;3=zero2.rc;4=fsdp.tp1d
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     """Both 4-rank runs in one sweep."""
-    deeper = {**GPT2, "model_overrides": {**GPT2["model_overrides"], "n_layer": 4}}
+    deeper = merge_changes(GPT2, {"model": {"overrides": {**GPT2["model"]["overrides"], "n_layer": 4}}})
     return Sweep(tmp_path_factory.mktemp("layerwise"), {"mixed": (4, {"plan": MIXED, **GPT2}),
                                                        "pipelined": (4, {"plan": PIPELINED, **deeper})})
 
@@ -109,7 +110,7 @@ def test_dispatch_sends_per_layer_and_sharded_plans_to_the_layerwise_runtime(pla
 
 @pytest.mark.parametrize(("fields", "words"), [
     ({"plan": "tp2d-2x2-dp1-L[0=ddp.tp2d4;1-3=ddp]"}, ["'layers[1]'", "2D tensor-parallel mesh"]),
-    ({"plan": "tp1d-4-dp1-L[0=ddp;1=ddp.tp1d4;2-3=ddp]", "model_overrides": {"n_head": 2}},
+    ({"plan": "tp1d-4-dp1-L[0=ddp;1=ddp.tp1d4;2-3=ddp]", "model": {"name": "gpt2-tiny", "overrides": {"n_head": 2}}},
      ["'layers[1].tp_degree'", "option 'ddp.tp1d4'", "does not divide the 2 attention heads", "[2]"]),
     ({"plan": "async-1x2-m4-L[0-1=ddp;2-3=fsdp]"}, ["'pipeline.kind'", "'async'", "1f1b"]),
     ({"plan": "torchpp2-1f1b-m4-fsdp"}, ["'pipeline.kind'", "kind 'torch' runs one option for all layers"]),
@@ -117,7 +118,7 @@ def test_dispatch_sends_per_layer_and_sharded_plans_to_the_layerwise_runtime(pla
 ])
 def test_what_the_layerwise_runtime_cannot_run_is_refused_before_launch(fields, words):
     with pytest.raises(ValueError) as info:
-        RunConfig.from_dict({"model": "gpt2-tiny", "global_batch": 8, **fields})
+        RunConfig.from_dict({"model": "gpt2-tiny", "training": {"global_batch": 8}, **fields})
     for word in words:
         assert word in str(info.value)
 
@@ -196,8 +197,8 @@ def _memory_worker(rank: int, world: int, init_file: str, plan: str, queue) -> N
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        config = RunConfig.from_dict({**GPT2, "plan": plan, "steps": 2})
-        model = build_model(config.model, seed=config.seed, **config.model_overrides)
+        config = RunConfig.from_dict(merge_changes(GPT2, {"plan": plan, "training": {"steps": 2}}))
+        model = build_model(config.model.name, seed=config.training.seed, **config.model.overrides)
         dense = {name: sum(p.numel() * p.element_size() for p in model[i].parameters())
                  for i, name in enumerate(model.layer_names)}
         batches = global_batches(config, model, 0)

@@ -40,30 +40,30 @@ def assert_events_follow_schedule(run_dir, config):
     assert timeline.ranks == list(range(config.world_size))
     start = next(e for e in read_events(run_dir, 0) if e["kind"] == "start")
     costs = StageCosts(**start["stage_costs"]) if "stage_costs" in start else None
-    for step in range(config.steps):
+    for step in range(config.training.steps):
         schedule = lowered_schedule(config, step, costs)
-        for r in range(config.grad_accum):
+        for r in range(config.training.grad_accum):
             executed = schedule
-            if r < config.grad_accum - 1:
+            if r < config.training.grad_accum - 1:
                 executed = replace(schedule, ranks=tuple(
                     tuple(a for a in schedule.actions(rank) if a.op not in (Op.ALL_REDUCE, Op.STEP))
                     for rank in range(schedule.num_ranks)))
-            check_events_follow_schedule(timeline, executed, iteration=step * config.grad_accum + r)
+            check_events_follow_schedule(timeline, executed, iteration=step * config.training.grad_accum + r)
 
 
 PIPELINES = [
-    ("pp2-gpipe-m2", {"grad_accum": 2}),
-    ("torchpp2-1f1b-m4", {"optimizer": {"name": "adam", "lr": 0.01}}),
-    ("pp4-gpipe-m4", {"optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9}}),
+    ("pp2-gpipe-m2", {"training": {"grad_accum": 2}}),
+    ("torchpp2-1f1b-m4", {"training": {"optimizer": {"name": "adam", "lr": 0.01}}}),
+    ("pp4-gpipe-m4", {"training": {"optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9}}}),
     ("pp4-1f1b-m4", {}),
     ("pp2-interleaved-v2-m4", {}),
-    ("pp4-interleaved-v2-m4", {"model_overrides": {"depth": 7}}),
+    ("pp4-interleaved-v2-m4", {"model": {"name": "mlp", "overrides": {"depth": 7}}}),
 ]
 RUNS = {plan: (ParallelPlan.parse(plan).pp, {"plan": plan, **extra}) for plan, extra in PIPELINES}
 RUNS["gropipe-2x2-gpipe-m4-d0"] = (4, {"plan": "gropipe-2x2-gpipe-m4-d0",
-                                       "optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9}})
-RUNS["dp2-m2"] = (2, {"plan": "dp2-m2", "grad_accum": 2})
-RUNS["dp2-m2-rc"] = (2, {"plan": "dp2-m2-rc", "grad_accum": 2})
+                                       "training": {"optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9}}})
+RUNS["dp2-m2"] = (2, {"plan": "dp2-m2", "training": {"grad_accum": 2}})
+RUNS["dp2-m2-rc"] = (2, {"plan": "dp2-m2-rc", "training": {"grad_accum": 2}})
 
 
 @pytest.fixture(scope="module")

@@ -53,14 +53,15 @@ def _pipe(kind: str, pp: int = 2, dp: int = 1, **options) -> dict:
     ({"plan": _pipe("1f1b", dp=2)}, ["'mesh.dp'", "set dp = 1"]),
     ({"plan": {"mesh": {"dp": 2, "pp": 2}}}, ["'mesh.pp'", "set pp = 1"]),
     ({"plan": {"mesh": {"dp": 0}}}, ["'dp'", "int >= 1"]),
-    ({"plan": "pp2-gpipe-m4", "global_batch": 30}, ["'global_batch'", "30", "divisible"]),
-    ({"plan": "pp2-gpipe-m4", "optimizer": {"name": "lamb"}}, ["'optimizer.name'", "sgd, adam"]),
+    ({"plan": "pp2-gpipe-m4", "training": {"global_batch": 30}}, ["'training.global_batch'", "30", "divisible"]),
+    ({"plan": "pp2-gpipe-m4", "training": {"optimizer": {"name": "lamb"}}},
+     ["'training.optimizer.name'", "sgd, adam"]),
     ({"plan": "pp2-gpipe-m4", "data": {"kind": "imagenet"}}, ["'data.kind'", "digits"]),
     ({"plan": _pipe("gpipe", delay=1)}, ["'pipeline.delay'", "'gpipe' has no such field"]),
     ({"plan": _pipe("gropipe", dp=2, delay=2)}, ["'pipeline.delay'", "0, 1"]),
     ({"plan": _pipe("gropipe", dp=2, inner="zb")}, ["'pipeline.inner'", "gpipe, 1f1b"]),
     ({"plan": _pipe("interleaved", chunks=1)}, ["'pipeline.chunks'", ">= 2"]),
-    ({"plan": {**_pipe("interleaved", chunks=2), "microbatches": 3}, "global_batch": 30},
+    ({"plan": {**_pipe("interleaved", chunks=2), "microbatches": 3}, "training": {"global_batch": 30}},
      ["'microbatches'", "multiple of pp (2)"]),
     ({"plan": {**_pipe("1f1b"), "microbatches": 0}}, ["'microbatches'", "int >= 1"]),
     ({"plan": "pp2-gpipe-m4", "microbatchs": 4}, ["'microbatchs'", "unknown field"]),
@@ -68,25 +69,27 @@ def _pipe(kind: str, pp: int = 2, dp: int = 1, **options) -> dict:
     ({"plan": {"mesh": {"dp": 2, "pp": 2, "tp": 2}, "pipeline": {"kind": "gropipe"}}},
      ["'pipeline.kind'", "tensor parallelism inside a pipeline"]),
     ({"plan": _pipe("torch", pp=1)}, ["'mesh.pp'", "pp >= 2"]),
-    ({"plan": "torchpp2-1f1b-m4", "grad_accum": 2}, ["'grad_accum'", "set grad_accum = 1"]),
-    ({"plan": "tp1d-2-dp2", "grad_accum": 2}, ["'grad_accum'", "set grad_accum = 1"]),
+    ({"plan": "torchpp2-1f1b-m4", "training": {"grad_accum": 2}}, ["'training.grad_accum'", "set grad_accum = 1"]),
+    ({"plan": "tp1d-2-dp2", "training": {"grad_accum": 2}}, ["'training.grad_accum'", "set grad_accum = 1"]),
     ({"plan": "tp2d-2x2-dp1-rc"}, ["'layers.recompute'", "set recompute = false"]),
     ({"plan": {"mesh": {"dp": 2}, "layers": [{"layers": "all", "recompute": "yes"}]}},
      ["'layers.recompute'", "true or false"]),
-    ({"plan": "tp2d-2x2-dp1-fsdp", "global_batch": 8}, ["'layers.dp'", "'fsdp'", "sharded data parallelism"]),
+    ({"plan": "tp2d-2x2-dp1-fsdp", "training": {"global_batch": 8}},
+     ["'layers.dp'", "'fsdp'", "sharded data parallelism"]),
     ({"plan": "gropipe-2x2-1f1b-m4-d0-L[0-1=ddp.rc;2-3=ddp]"}, ["'pipeline.kind'", "per-layer options"]),
-    ({"plan": "tp2d-2x2-dp1-L[0-1=ddp.tp2d4;2-3=ddp]", "global_batch": 8}, ["'layers[2]'", "2D tensor-parallel mesh"]),
-    ({"plan": "tp1d-4-dp1-L[0-1=ddp;2-3=ddp.tp1d4]", "model_overrides": {"n_head": 2}},
+    ({"plan": "tp2d-2x2-dp1-L[0-1=ddp.tp2d4;2-3=ddp]", "training": {"global_batch": 8}},
+     ["'layers[2]'", "2D tensor-parallel mesh"]),
+    ({"plan": "tp1d-4-dp1-L[0-1=ddp;2-3=ddp.tp1d4]", "model": {"name": "mlp", "overrides": {"n_head": 2}}},
      ["'layers[2].tp_degree'", "does not divide the 2 attention heads", "[2]"]),
-    ({"plan": "tp1d-2-dp1-L[0-1=fsdp;2-3=ddp.tp1d2]", "global_batch": 3}, ["'global_batch'", "layers[0]",
-                                                                          "multiple of 2"]),
+    ({"plan": "tp1d-2-dp1-L[0-1=fsdp;2-3=ddp.tp1d2]", "training": {"global_batch": 3}},
+     ["'training.global_batch'", "layers[0]", "multiple of 2"]),
     ({"plan": {**_pipe("1f1b"), "partition": ""}}, ["'partition'", "'uniform', 'ampa'"]),
     ({"plan": "pp2-1f1b-m4@0|1|2-3"}, ["'partition'", "3 stages", "this plan has 2"]),
-    ({"plan": "dp2", "fail_at_step": 1, "fail_rank": 2}, ["'fail_rank'", "below world size 2"]),
-    ({"plan": "dp2", "precision": "fp8"}, ["'precision'", "fp32"]),
-    ({"plan": "dp2", "grad_accum": 0}, ["'grad_accum'", "int >= 1"]),
-    ({"plan": "dp2", "resume": "yes"}, ["'resume'", "true or false"]),
-    ({"plan": "dp2", "device": "tpu"}, ["'device'", "cuda:N"]),
+    ({"plan": "dp2", "faults": {"step": 1, "rank": 2}}, ["'faults.rank'", "below world size 2"]),
+    ({"plan": "dp2", "training": {"precision": "fp8"}}, ["'training.precision'", "fp32"]),
+    ({"plan": "dp2", "training": {"grad_accum": 0}}, ["'training.grad_accum'", "int >= 1"]),
+    ({"plan": "dp2", "training": {"resume": "yes"}}, ["'training.resume'", "true or false"]),
+    ({"plan": "dp2", "run": {"device": "tpu"}}, ["'run.device'", "cuda:N"]),
     ({}, ["'plan'", "missing"]),
 ])
 def test_bad_fields_are_named(fields, words):
@@ -161,7 +164,7 @@ def test_prepare_run_writes_the_contract(tmp_path):
     config = RunConfig.from_dict({"model": "mlp", "plan": "pp2-1f1b-m4", "name": "t"})
     run_dir, command = prepare_run(config, tmp_path)
     saved = RunConfig.from_json(run_dir / "config.json")
-    assert saved.run_dir == str(run_dir) and saved.replace(run_dir="") == config
+    assert saved.run.dir == str(run_dir) and saved.replace(run={"dir": ""}) == config
     assert saved.plan == ParallelPlan.parse("pp2-1f1b-m4")
     text = (run_dir / "command.txt").read_text()
     assert "--standalone" in text and "workbench.runtime.entry" in text and "29500" not in text
@@ -177,8 +180,8 @@ def test_workbench_run_1f1b_two_stages_equals_reference(tmp_path):
     import sys
 
     path = tmp_path / "tiny.toml"
-    path.write_text('model = "mlp"\nplan = "pp2-1f1b-m4"\nsteps = 4\nglobal_batch = 16\n'
-                    'dump_params = true\n[optimizer]\nname = "adam"\nlr = 0.01\n'
+    path.write_text('model = "mlp"\nplan = "pp2-1f1b-m4"\n[training]\nsteps = 4\nglobal_batch = 16\n'
+                    '[training.optimizer]\nname = "adam"\nlr = 0.01\n[run]\ndump_params = true\n'
                     '[data]\nkind = "digits"\n')
     proc = subprocess.run([sys.executable, "-m", "workbench.cli", "run", str(path), "--run-root", str(tmp_path / "r")],
                           capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))

@@ -22,19 +22,20 @@ from workbench.runtime.reference import reference_train
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
 SGD = {"optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9}}
-GPT2 = {"model": "gpt2-tiny", "data": {"kind": "bytes-lm", "seq_len": 16}, "global_batch": 8, "steps": 3,
-        "model_overrides": {"n_layer": 2, "seq_len": 16, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}}
+GPT2 = {"model": {"name": "gpt2-tiny", "overrides": {"n_layer": 2, "seq_len": 16, "resid_pdrop": 0.0,
+                                                    "embd_pdrop": 0.0, "attn_pdrop": 0.0}},
+        "data": {"kind": "bytes-lm", "seq_len": 16}, "training": {"global_batch": 8, "steps": 3, **SGD}}
 
 # (plan, ranks, config fields, what it must equal)
 RUNS = [
     ("pp2-1f1b-m4", 2, {}, "reference"),
-    ("pp4-1f1b-m4", 4, SGD, "reference"),
-    ("gropipe-1x2-gpipe-m4-d0", 2, SGD, "reference"),
-    ("gropipe-2x2-1f1b-m4-d1", 4, SGD, "delayed"),  # the all-reduce overlaps the next iteration, staged
-    ("async-1x2-m4", 2, {**SGD, "steps": 4}, "stashing"),
-    ("async-1x4-m4-2bw-if4", 4, {**SGD, "steps": 4}, "stashing"),
-    ("dp2-m2", 2, {"grad_accum": 2}, "reference"),  # torch DDP's reducer on the staged group
-    ("tp1d-2-dp2-m2-L[0=ddp;1=fsdp.tp1d2.rc;2=ddp.tp1d2;3=zero2]", 4, {**GPT2, **SGD}, "reference"),
+    ("pp4-1f1b-m4", 4, {"training": SGD}, "reference"),
+    ("gropipe-1x2-gpipe-m4-d0", 2, {"training": SGD}, "reference"),
+    ("gropipe-2x2-1f1b-m4-d1", 4, {"training": SGD}, "delayed"),  # the all-reduce overlaps the next iteration
+    ("async-1x2-m4", 2, {"training": {**SGD, "steps": 4}}, "stashing"),
+    ("async-1x4-m4-2bw-if4", 4, {"training": {**SGD, "steps": 4}}, "stashing"),
+    ("dp2-m2", 2, {"training": {"grad_accum": 2}}, "reference"),  # torch DDP's reducer on the staged group
+    ("tp1d-2-dp2-m2-L[0=ddp;1=fsdp.tp1d2.rc;2=ddp.tp1d2;3=zero2]", 4, GPT2, "reference"),
 ]
 
 

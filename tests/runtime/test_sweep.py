@@ -17,8 +17,9 @@ def _errors(folder, ranks=(0, 1)) -> list[str]:
             for e in read_events(folder, r) if e["kind"] == "error"]
 
 
-PLANS = {"pp2-1f1b-m4": {}, "dp2": {"model": "vgg-tiny", "global_batch": 8}, "pp2-zbh1-m4": {"seed": 5},
-         "tp1d-2-dp1": {"model": "gpt2-tiny", "global_batch": 4, "dump_params": False}}
+PLANS = {"pp2-1f1b-m4": {}, "dp2": {"model": "vgg-tiny", "training": {"global_batch": 8}},
+         "pp2-zbh1-m4": {"training": {"seed": 5}},
+         "tp1d-2-dp1": {"model": "gpt2-tiny", "training": {"global_batch": 4}, "run": {"dump_params": False}}}
 
 
 def test_each_run_of_a_sweep_equals_its_reference_and_keeps_its_own_directory(tmp_path):
@@ -30,7 +31,7 @@ def test_each_run_of_a_sweep_equals_its_reference_and_keeps_its_own_directory(tm
         events = read_events(folder, 0)
         assert [e["kind"] for e in events if e["kind"] in ("start", "end")] == ["start", "end"]
         assert next(e for e in events if e["kind"] == "start")["strategy"] == config.plan.name
-        assert [e["step"] for e in events if e["kind"] == "step"] == list(range(1, config.steps + 1))
+        assert [e["step"] for e in events if e["kind"] == "step"] == list(range(1, config.training.steps + 1))
         if config.plan.tp_kind != "none":
             continue  # the tensor-parallel shards have their own equality tests; here: it ran after the others
         reference = reference_train(config)
@@ -43,7 +44,7 @@ def test_each_run_of_a_sweep_equals_its_reference_and_keeps_its_own_directory(tm
 
 def test_a_failed_run_stops_the_sweep_and_the_runs_after_it_say_why(tmp_path):
     failing, after = tmp_path / "failing", tmp_path / "after"
-    make_config(failing, plan="pp2-1f1b-m4", fail_at_step=2, fail_rank=1)
+    make_config(failing, plan="pp2-1f1b-m4", faults={"step": 2, "rank": 1})
     make_config(after, plan="dp2")
     proc = torchrun([failing, after], 2)
     assert proc.returncode != 0

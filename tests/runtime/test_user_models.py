@@ -204,14 +204,13 @@ def sweep(tmp_path_factory):
     """The module's runs, one sweep per process count; the workers import ``fixtures.user_models``."""
     patch = pytest.MonkeyPatch()
     patch.setenv("PYTHONPATH", user_models.worker_env_pythonpath())
-    common = {"data": DATA, "global_batch": 8, "optimizer": SGD}
-    runs = {key: (2, {"model": f"{MODULE}:{factory}", "plan": plan, "steps": 2, **common})
-            for key, (factory, plan) in zip(ONE_F_ONE_B_IDS, ONE_F_ONE_B)}
-    # stage 1 starts with features' ReLU(inplace=True)
-    runs["gropipe"] = (4, {"model": f"{MODULE}:squeezenet", "plan": "gropipe-2x2-1f1b-m2-d1@0-0|1-17", "steps": 3,
-                           **common})
-    # stage 1 starts with conv1's ReLU(inplace=True)
-    runs["async"] = (2, {"model": f"{MODULE}:shufflenet", "plan": "async-1x2-m4-if2@0-1|2-24", "steps": 3, **common})
+    def run(factory: str, plan: str, steps: int) -> dict:
+        return {"model": f"{MODULE}:{factory}", "plan": plan, "data": DATA,
+                "training": {"global_batch": 8, "optimizer": SGD, "steps": steps}}
+
+    runs = {key: (2, run(factory, plan, 2)) for key, (factory, plan) in zip(ONE_F_ONE_B_IDS, ONE_F_ONE_B)}
+    runs["gropipe"] = (4, run("squeezenet", "gropipe-2x2-1f1b-m2-d1@0-0|1-17", 3))  # stage 1 starts with a ReLU
+    runs["async"] = (2, run("shufflenet", "async-1x2-m4-if2@0-1|2-24", 3))  # stage 1 starts with conv1's ReLU
     yield Sweep(tmp_path_factory.mktemp("user_models"), runs)
     patch.undo()
 

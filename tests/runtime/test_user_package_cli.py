@@ -49,19 +49,18 @@ def a_dict():
 
 TOML = '''
 name = "own"
-model = "labpkg.models:net"
+model = { name = "labpkg.models:net", args = { width = 48 } }
 data = "labpkg.models:blobs"
+plan = "pp2-1f1b-m4"
+
+[training]
 global_batch = 32
 steps = 12
 seed = 5
-plan = "pp2-1f1b-m4"
+optimizer = { lr = 0.1 }
+
+[run]
 dump_params = true
-
-[model_args]
-width = 48
-
-[optimizer]
-lr = 0.1
 '''
 
 
@@ -93,31 +92,31 @@ def test_own_package_runs_from_toml_and_matches_the_reference(project, monkeypat
     from workbench.runtime.reference import reference_train
 
     config = RunConfig.from_json(run_dir / "config.json")
-    assert config.model_args == {"width": 48} and config.data.factory == "labpkg.models:blobs"
+    assert config.model.args == {"width": 48} and config.data.factory == "labpkg.models:blobs"
     reference = reference_train(config)
     assert losses == pytest.approx(reference.losses, rel=1e-5, abs=1e-6)
     assert losses[-1] < 0.5 * losses[0]  # it learns the blobs
 
 
 REFUSALS = [
-    ("model_args", 'model_args = { width = 8, depth = 3 }',
-     "config field 'model_args' has unknown key 'depth' for factory 'labpkg.models:net'"),
-    ("model", 'model = "labpkg.nothere:net"', "config field 'model' = 'labpkg.nothere:net': cannot import module"),
+    ("model.args", 'model = { name = "labpkg.models:net", args = { width = 8, depth = 3 } }',
+     "config field 'model.args' has unknown key 'depth' for factory 'labpkg.models:net'"),
+    ("model", 'model = "labpkg.nothere:net"', "config field 'model.name' = 'labpkg.nothere:net': cannot import "
+                                             "module"),
     ("model", 'model = "labpkg.models:a_dict"', "the factory returned a dict; it must return an nn.Module"),
     ("data", 'data = "labpkg.models:wide_blobs"', "config field 'data': data (labpkg.models:wide_blobs) does not fit"),
     ("data", 'data = "labpkg.models:float_targets"', "config field 'data': the targets of"),
     ("data.factory", 'data = "labpkg.models:net"', "config field 'data.factory' = 'labpkg.models:net' returned"),
-    ("model_overrides", 'model = "mlp"\ndata = { kind = "digits" }\nmodel_overrides = { hidden = 8, widht = 3 }',
-     "config field 'model_overrides': unknown config keys ['widht'] for model 'mlp'"),
+    ("model.overrides", 'model = { name = "mlp", overrides = { hidden = 8, widht = 3 } }\ndata = { kind = "digits" }',
+     "config field 'model.overrides': unknown config keys ['widht'] for model 'mlp'"),
 ]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("field,change,message", REFUSALS, ids=[f"{r[0]}-{i}" for i, r in enumerate(REFUSALS)])
 def test_bad_configs_are_refused_before_launch(project, field, change, message):
-    text = TOML.replace("[model_args]\nwidth = 48\n", "")
     keys = {line.split("=")[0].strip() for line in change.splitlines()}
-    text = "\n".join(line for line in text.splitlines() if line.split("=")[0].strip() not in keys)
+    text = "\n".join(line for line in TOML.splitlines() if line.split("=")[0].strip() not in keys)
     (project / "bad.toml").write_text(change + "\n" + text)
     proc = cli(project, "run", "bad.toml", "--run-root", "runs", timeout=120)
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
@@ -135,9 +134,10 @@ def test_job_launch_checks_the_factory_where_the_ranks_run(project, tmp_path, mo
     monkeypatch.syspath_prepend(str(project))  # the notebook can import it...
     monkeypatch.chdir(tmp_path.parent)  # ...but the ranks' working folder and PYTHONPATH cannot
     monkeypatch.delenv("PYTHONPATH", raising=False)
-    config = RunConfig.from_toml(project / "run.toml").replace(steps=3, dump_params=False, eval_every=3)
+    config = RunConfig.from_toml(project / "run.toml").replace(training={"steps": 3}, run={"dump_params": False},
+                                                               evaluation={"every": 3})
     root = tmp_path / "jobs"
-    with pytest.raises(ValueError, match=r"config field '(model|data.factory)' = 'labpkg.models:(net|blobs)': "
+    with pytest.raises(ValueError, match=r"config field '(model.name|data.factory)' = 'labpkg.models:(net|blobs)': "
                                          r"cannot import module 'labpkg.models' \(ModuleNotFoundError"):
         launch(LaunchSpec(config=config, name="own", run_root=str(root)))
     assert not root.exists()
@@ -155,7 +155,8 @@ def test_each_replica_loads_its_share_with_workers(project, tmp_path, monkeypatc
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(project), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.syspath_prepend(str(project))
-    config = run_ok(tmp_path / "run", 2, model="labpkg.models:net", model_args={"width": 24},
-                    data={"kind": "factory", "factory": "labpkg.models:blobs", "workers": 2},
-                    plan="dp2", global_batch=32, steps=10, optimizer={"name": "sgd", "lr": 0.1}, dump_params=False)
+    config = run_ok(tmp_path / "run", 2, model={"name": "labpkg.models:net", "args": {"width": 24}},
+                    data={"kind": "factory", "factory": "labpkg.models:blobs", "workers": 2}, plan="dp2",
+                    training={"global_batch": 32, "steps": 10, "optimizer": {"name": "sgd", "lr": 0.1}},
+                    run={"dump_params": False})
     assert step_losses(tmp_path / "run") == pytest.approx(reference_train(config).losses, rel=1e-5, abs=1e-6)

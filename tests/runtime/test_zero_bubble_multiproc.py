@@ -20,8 +20,8 @@ from workbench.runtime.events import read_events
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
-SGD = {"optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9}}
-DEEP = {"model_overrides": {"depth": 7}}  # 8 layers: 4 ranks of a V hold 8 stages
+SGD = {"training": {"optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9}}}
+DEEP = {"model": {"name": "mlp", "overrides": {"depth": 7}}}  # 8 layers: 4 ranks of a V hold 8 stages
 
 RUNS = [
     ("pp2-zbh1-m4", {}),
@@ -31,7 +31,7 @@ RUNS = [
     ("pp2-zbv-m4", SGD),
     ("pp4-zbv-m4", {**SGD, **DEEP}),
     ("pp2-dualpipev-m4", {}),
-    ("pp4-dualpipev-m8", {**SGD, **DEEP, "global_batch": 32}),
+    ("pp4-dualpipev-m8", {**DEEP, "training": {**SGD["training"], "global_batch": 32}}),
     ("pp2-zbauto-m4", SGD),
     ("pp4-zbauto-m4-mem1", {}),
     ("gropipe-1x2-zbh1-m4-d1", SGD),

@@ -8,10 +8,9 @@ from workbench.scheduling.from_config import predict_from_measured, schedule_for
 from workbench.scheduling.stagecosts import StageCosts
 
 
-def config(plan="pp2-1f1b-m4", **kw):
-    base = {"name": "t", "model": "mlp", "plan": plan, "global_batch": 8, "steps": 1}
-    base.update(kw)
-    return RunConfig.from_dict(base)
+def config(plan="pp2-1f1b-m4", steps=1):
+    return RunConfig.from_dict({"name": "t", "model": "mlp", "plan": plan,
+                                "training": {"global_batch": 8, "steps": steps}})
 
 
 def test_config_maps_to_the_generator_schedules():

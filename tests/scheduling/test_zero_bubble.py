@@ -164,6 +164,7 @@ def test_a_launch_whose_memory_limit_no_schedule_meets_is_refused_before_any_pro
     from workbench.jobs import LaunchSpec, launch
 
     with pytest.raises(ValueError, match="'pipeline.memory_limit_mb' = 0.001 is invalid: one micro-batch"):
-        launch(LaunchSpec(config={"model": "mlp", "plan": "pp2-zbauto-m4-mem0.001", "global_batch": 16, "steps": 2},
+        launch(LaunchSpec(config={"model": "mlp", "plan": "pp2-zbauto-m4-mem0.001",
+                                  "training": {"global_batch": 16, "steps": 2}},
                           name="refused", run_root=str(tmp_path)))
     assert not any(tmp_path.iterdir())  # no run directory left behind

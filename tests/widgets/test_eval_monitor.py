@@ -29,7 +29,7 @@ def test_runs_without_evaluation_have_no_validation_chart(tmp_path):
 
 def test_validation_chart_gains_points_live_and_draws_the_target(tmp_path):
     run_dir = write_synthetic_run(tmp_path, steps=3, with_end=False)
-    (run_dir / "config.json").write_text(json.dumps({"eval_every": 2, "target_accuracy": 0.7}))
+    (run_dir / "config.json").write_text(json.dumps({"evaluation": {"every": 2, "target_accuracy": 0.7}}))
     monitor = JobMonitor(attach(run_dir), mode="widget", start=False)
     assert monitor.eval_fig is not None and "wb-monitor-eval" in monitor.eval_fig._dom_classes
     assert [len(t.x) for t in monitor.eval_fig.data] == [0, 0, 2]  # all three traces; the target from the start
@@ -49,7 +49,7 @@ def test_validation_chart_gains_points_live_and_draws_the_target(tmp_path):
 
 def test_language_model_chart_shows_perplexity(tmp_path):
     run_dir = write_synthetic_run(tmp_path, steps=2, with_end=False)
-    (run_dir / "config.json").write_text(json.dumps({"eval_every": 1}))
+    (run_dir / "config.json").write_text(json.dumps({"evaluation": {"every": 1}}))
     monitor = JobMonitor(attach(run_dir), mode="widget", start=False)
     _append(run_dir, make_event("eval", 0, step=1, val_loss=3.0, accuracy=0.2, perplexity=20.1, train_s=1.0,
                                 wall_s=1.0, eval_s=0.1, samples=8))

@@ -175,7 +175,7 @@ def test_run_config_carries_the_edited_partition_and_dry_run_launch_writes_it(tm
     editor.set_cuts([3])
     config = editor.run_config()
     assert config.plan == ParallelPlan.parse("gropipe-2x2-1f1b-m4-d1@0-2|3-3")
-    assert config.global_batch == 32 and config.plan.microbatches == 4
+    assert config.training.global_batch == 32 and config.plan.microbatches == 4
     job = editor.launch()
     written = json.loads((Path(job.run_dir) / "config.json").read_text())
     assert ParallelPlan.from_dict(written["plan"]) == config.plan

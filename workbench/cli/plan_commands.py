@@ -30,8 +30,8 @@ def _run_configs(run_dirs: list[str] | None):
 
 def _run_model(run_dirs: list[str] | None, model: str):
     """(overrides, sequence length, run directory) of the first ``--calibrate`` run of zoo ``model``, or None."""
-    return next(((dict(config.model_overrides), config.data.seq_len, run_dir)
-                 for run_dir, config in _run_configs(run_dirs) if config.model == model), None)
+    return next(((dict(config.model.overrides), config.data.seq_len, run_dir)
+                 for run_dir, config in _run_configs(run_dirs) if config.model.name == model), None)
 
 
 def _model_costs(model: str, cluster, profile_batch: int, model_args: list[str] | None = None,
@@ -87,8 +87,8 @@ def _shape_of_runs(run_dirs: list[str] | None, batch: int):
     from ..models.zoo import list_models
 
     for _, config in _run_configs(run_dirs):
-        if config.plan.tp > 1 and config.model in list_models():
-            shape = _zoo_shape(config.model, dict(config.model_overrides), batch, config.data.seq_len)
+        if config.plan.tp > 1 and config.model.name in list_models():
+            shape = _zoo_shape(config.model.name, dict(config.model.overrides), batch, config.data.seq_len)
             if shape is not None:
                 return shape
     return None
@@ -146,8 +146,9 @@ def _pipeline_degrees(text: str | None) -> list[int] | None:
     return degrees
 
 
-# what a plan decides in a run config; an existing config's other settings (steps, data, optimizer, ...) are kept
-_PLANNED_KEYS = ("name", "model", "model_overrides", "global_batch", "plan", "placement")
+# what a plan decides in a run config (the name, the model, the plan, and training.global_batch and run.placement,
+# set below); an existing config's other settings (steps, data, optimizer, ...) are kept
+_PLANNED_KEYS = ("name", "model", "plan")
 
 
 def _emit_config(best, args: argparse.Namespace, overrides: dict, shape) -> str:
@@ -156,15 +157,17 @@ def _emit_config(best, args: argparse.Namespace, overrides: dict, shape) -> str:
     are at their defaults; the line to print."""
     import shlex
 
-    from ..core.config import RunConfig
+    from ..core.config import RunConfig, merge_changes
 
     path = Path(args.emit_config)
-    planned = {"global_batch": args.batch, "name": best.name.replace("@", "-at-"), "model_overrides": overrides}
+    planned = {"name": best.name.replace("@", "-at-"), "model": {"name": best.model, "overrides": overrides},
+               "training": {"global_batch": args.batch}}
     kept: dict = {}
     if path.is_file():
         previous = RunConfig.from_toml(path)
-        if previous.model == best.model:
+        if previous.model.name == best.model:
             kept = {k: v for k, v in previous.to_dict().items() if k not in _PLANNED_KEYS}
+            kept["run"] = {k: v for k, v in kept["run"].items() if k != "placement"}  # the plan's, if it has one
             planned["name"] = previous.name  # the file keeps its own run name
     notes = []
     if shape is not None:  # the run's sequences are the ones the profile timed
@@ -172,7 +175,7 @@ def _emit_config(best, args: argparse.Namespace, overrides: dict, shape) -> str:
         if data.get("seq_len", shape.seq) != shape.seq:
             notes.append(f"Sequence length {shape.seq}, as profiled (the config this file held had {data['seq_len']}).")
         kept["data"] = {**data, "seq_len": shape.seq}
-    config = best.to_config(**kept, **planned)
+    config = best.to_config(**merge_changes(kept, planned))
     e = best.estimate
     header = [f"Written by: workbench {shlex.join(getattr(args, 'argv', ['plan', '...']))}",
               f"Plan {best.name}: predicted {e.iteration_ms:.1f} ms per iteration, {e.memory_gib * 1024:.1f} MiB "

@@ -64,7 +64,7 @@ def prepare_run(config: RunConfig, run_root: str | Path, nproc: int | None = Non
             continue
     run_dir = run_dir.resolve()
     (run_dir / LOGS_DIR).mkdir()
-    resolved = config.replace(run_dir=str(run_dir))
+    resolved = config.replace(run={"dir": str(run_dir)})
     resolved.save_json(run_dir / CONFIG_FILE)
     command = torchrun_command(run_dir / CONFIG_FILE, nproc)
     (run_dir / COMMAND_FILE).write_text("OMP_NUM_THREADS=1 " + shlex.join(command) + "\n")

@@ -44,7 +44,7 @@ from typing import Any
 __all__ = ["Rule", "ErrorForm", "field_error", "config_error", "argument_error", "is_int", "is_number",
            "integer", "number", "at_least", "choice", "boolean", "string", "tuple_of", "optional", "table", "check",
            "check_int", "check_number", "check_choice", "check_bool", "check_str", "check_tuple", "spec",
-           "rule_of", "validate", "to_dict", "from_dict", "reject_unknown", "require"]
+           "rule_of", "table_class", "validate", "to_dict", "from_dict", "merged", "reject_unknown", "require"]
 
 
 # -- rules ----------------------------------------------------------------------------------------------------------
@@ -368,8 +368,8 @@ def to_dict(obj: Any) -> dict[str, Any]:
     return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
 
 
-def _table_type(hint: Any) -> type | None:
-    """The dataclass a field's annotation names (also inside ``X | None``), else None."""
+def table_class(hint: Any) -> type | None:
+    """The dataclass a field's annotation names (also inside ``X | None``), else None: a nested table."""
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return hint
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
@@ -385,7 +385,7 @@ def _layout(cls: type) -> tuple[frozenset[str], tuple[str, ...], dict[str, type]
     required = tuple(n for n, f in known.items()
                      if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
     hints = typing.get_type_hints(cls)
-    nested = {n: t for n in known if (t := _table_type(hints.get(n))) is not None}
+    nested = {n: t for n in known if (t := table_class(hints.get(n))) is not None}
     return frozenset(known), required, nested
 
 
@@ -413,3 +413,18 @@ def from_dict(cls: type, data: Any, prefix: str = "", error: ErrorForm = argumen
             values[name] = table_cls.from_dict(values[name]) if hasattr(table_cls, "from_dict") else \
                 from_dict(table_cls, values[name], f"{prefix}{name}.", error, owner)
     return cls(**values)
+
+
+def merged(cls: type, data: Mapping[str, Any], changes: Mapping[str, Any], whole: Iterable[str] = ()) -> dict[str, Any]:
+    """``data`` (a dict of the dataclass ``cls``) with ``changes``: a dict given for a nested table changes only
+    the entries it names (the same way down its own tables); any other value, and a table named in ``whole``,
+    replaces the entry."""
+    out = dict(data)
+    _, _, nested = _layout(cls)
+    for key, value in changes.items():
+        current = out.get(key)
+        if key in nested and key not in whole and isinstance(value, Mapping) and isinstance(current, Mapping):
+            out[key] = merged(nested[key], current, value)
+        else:
+            out[key] = value
+    return out

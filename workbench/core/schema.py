@@ -3,12 +3,16 @@
 Taplo and VS Code's Even Better TOML validate and complete a TOML file
 against it (a ``#:schema ./run-config.schema.json`` first line, or the
 editor's schema settings). It is derived from the dataclasses themselves:
-every field of :class:`~workbench.core.config.RunConfig` and its tables with
-its type and default, the choices the config accepts (optimizers, data
-kinds, precisions, pipeline kinds and each kind's own options), unknown keys
-refused as the config refuses them. The schema checks the shape of a file;
-what depends on several fields at once (a batch that splits over the
-replicas, a plan against its model) is checked when the config loads.
+every field of :class:`~workbench.core.config.RunConfig` and its tables
+(``[model]``, ``[training]``, ...) with its type, bounds and default from
+the rule the field declares (:mod:`~workbench.core.fields`): the choices the
+config accepts (optimizers, data kinds, precisions, pipeline kinds and each
+kind's own options), the ranges of its numbers, unknown keys refused as the
+config refuses them. The earlier flat keys (``steps`` beside ``model``) are
+accepted and marked deprecated, as the config loads them into their tables.
+The schema checks the shape of a file; what depends on several fields at
+once (a batch that splits over the replicas, a plan against its model) is
+checked when the config loads.
 """
 
 from __future__ import annotations
@@ -18,35 +22,28 @@ import types
 import typing
 from typing import Any
 
-from .config import PRECISIONS, RunConfig
-from .config_tables import DATA_KINDS, OPTIMIZERS, DataConfig, EventsConfig, OptimizerConfig
-from .layer_plan import DP_KINDS, TP_KINDS, LayerPlan
+from .config import RunConfig
+from .config_tables import DataConfig, ModelConfig
+from .config_upgrade import FLAT_KEYS
+from .fields import rule_of, table_class
+from .layer_plan import LayerPlan
 from .pipelines import PIPELINE_KINDS
 
 __all__ = ["run_config_schema"]
 
 SCHEMA_URI = "https://json-schema.org/draft/2020-12/schema"
-CHOICES = {("RunConfig", "precision"): PRECISIONS, ("OptimizerConfig", "name"): OPTIMIZERS,
-           ("DataConfig", "kind"): DATA_KINDS, ("LayerPlan", "dp"): DP_KINDS, ("LayerPlan", "tp"): TP_KINDS}
-TABLES = {"optimizer": OptimizerConfig, "events": EventsConfig}
 
 
 def _type_schema(hint: Any) -> dict[str, Any]:
-    """The JSON Schema of a field's annotation (the types the config fields use)."""
+    """The JSON Schema of a field's annotation, for a field that declares no rule."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is bool:
-        return {"type": "boolean"}
-    if hint is int:
-        return {"type": "integer"}
-    if hint is float:
-        return {"type": "number"}
-    if hint is str:
-        return {"type": "string"}
+    simple = {bool: "boolean", int: "integer", float: "number", str: "string"}
+    if hint in simple:
+        return {"type": simple[hint]}
     if origin is dict:
         return {"type": "object"}
     if origin is tuple:
-        item = _type_schema(args[0]) if args else {}
-        return {"type": "array", "items": item}
+        return {"type": "array", "items": _type_schema(args[0]) if args else {}}
     if origin in (typing.Union, types.UnionType):
         return {"anyOf": [_type_schema(a) for a in args]}
     return {}
@@ -56,23 +53,25 @@ def _jsonable(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
-def _table(cls: type, skip: tuple[str, ...] = ()) -> dict[str, Any]:
-    """An object schema of a dataclass: one property per field, its default, no other keys."""
+def _table(cls: type) -> dict[str, Any]:
+    """An object schema of a dataclass: one property per field (its declared rule's schema, a nested table's own
+    object schema, else its annotation's), its default, no other keys."""
     hints = typing.get_type_hints(cls)
     properties: dict[str, Any] = {}
     required = []
     for f in dataclasses.fields(cls):
-        if f.name in skip or f.name.startswith("_"):
+        if f.name.startswith("_"):
             continue
-        prop = _type_schema(hints[f.name])
-        if (cls.__name__, f.name) in CHOICES:
-            prop = {"enum": list(CHOICES[(cls.__name__, f.name)])}
+        rule, nested = rule_of(f), table_class(hints[f.name])
+        prop = rule.json_schema if rule is not None else _table(nested) if nested else _type_schema(hints[f.name])
         if f.default is not dataclasses.MISSING:
-            prop["default"] = _jsonable(f.default)
-        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-            prop["default"] = _jsonable(f.default_factory())  # type: ignore[misc]
-        else:
+            prop = {**prop, "default": _jsonable(f.default)}
+        elif f.default_factory is not dataclasses.MISSING and nested is None:  # type: ignore[misc]
+            prop = {**prop, "default": _jsonable(f.default_factory())}  # type: ignore[misc]
+        elif f.default_factory is dataclasses.MISSING:  # type: ignore[misc]
             required.append(f.name)
+        if nested is not None and nested.__doc__:
+            prop["description"] = " ".join(nested.__doc__.replace("``", "`").split())
         properties[f.name] = prop
     out: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
     if required:
@@ -110,16 +109,31 @@ def _plan_schema() -> dict[str, Any]:
     return {"anyOf": [{"type": "string", "description": "a plan name, e.g. 'pp2-1f1b-m4' or 'dp4'"}, table]}
 
 
+def _flat_keys(tables: dict[str, Any]) -> dict[str, Any]:
+    """The earlier flat keys: accepted (each moves into its table when the file loads), marked deprecated."""
+    out = {}
+    for key, (table, name) in FLAT_KEYS.items():
+        target = tables[table]
+        target = next(b for b in target["anyOf"] if b.get("type") == "object") if "anyOf" in target else target
+        out[key] = {**target["properties"][name], "deprecated": True,
+                    "description": f"the earlier flat form of [{table}] {name}: write it there"}
+        out[key].pop("default", None)
+    return out
+
+
 def run_config_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of a run config file (TOML or JSON)."""
-    schema = _table(RunConfig, skip=("plan", "optimizer", "data", "events"))
+    schema = _table(RunConfig)
     properties = schema["properties"]
     properties["plan"] = _plan_schema()
-    for name, cls in TABLES.items():
-        properties[name] = _table(cls)
+    properties["model"] = {"anyOf": [{"type": "string", "description": "a zoo model name, or a factory "
+                                                                      "'package.module:function'"},
+                                     _table(ModelConfig)], "description": properties["model"].get("description", "")}
     properties["data"] = {"anyOf": [{"type": "string", "description": "a factory 'package.module:function'"},
-                                    _table(DataConfig)]}
-    properties["model"]["description"] = "a zoo model name, or a factory 'package.module:function'"
+                                    _table(DataConfig)], "description": properties["data"].get("description", "")}
+    properties["plugins"] = {"type": "array", "items": {"type": "string"}, "default": [],
+                             "description": "modules every process imports before it reads the plan"}
+    properties.update(_flat_keys(properties))
     properties["launch"] = {"type": "object", "description": "read by `workbench launch`: LaunchSpec fields and "
                                                               "a [launch.slurm] table"}
     schema["required"] = ["model", "plan"]

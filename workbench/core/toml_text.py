@@ -51,23 +51,26 @@ def _toml_value(value: Any) -> str:
     raise ValueError(f"TOML cannot hold a {type(value).__name__}: {value!r}")
 
 
-def to_toml(data: dict[str, Any], _prefix: str = "") -> str:
+def to_toml(data: dict[str, Any], _prefix: str = "", *, sections: tuple[str, ...] = ()) -> str:
     """A dict of TOML-able values as TOML text: scalars first, then ``[tables]`` and ``[[arrays of tables]]``.
 
     Small (flat) tables without nested tables are written inline, the way
-    ``mesh = { dp = 2, pp = 2 }`` reads best; the rest as sections.
+    ``mesh = { dp = 2, pp = 2 }`` reads best; the rest, and the top-level
+    tables named in ``sections`` (a run config's ``[training]``, ...), as
+    sections.
     """
     def is_table_list(v: Any) -> bool:
         return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
 
-    def inline(v: Any) -> bool:
-        return isinstance(v, dict) and len(v) <= 4 and not any(isinstance(x, (dict, list)) for x in v.values())
+    def inline(v: Any, key: str = "") -> bool:
+        return isinstance(v, dict) and len(v) <= 4 and not any(isinstance(x, (dict, list)) for x in v.values()) \
+            and not (key in sections and not _prefix)
 
     lines = [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in data.items()
-             if not (isinstance(v, dict) and not inline(v)) and not is_table_list(v)]
+             if not (isinstance(v, dict) and not inline(v, k)) and not is_table_list(v)]
     for key, value in data.items():
         name = f"{_prefix}{_toml_key(key)}"
-        if isinstance(value, dict) and not inline(value):
+        if isinstance(value, dict) and not inline(value, key):
             lines += ["", f"[{name}]", to_toml(value, f"{name}.").strip("\n")]
         elif is_table_list(value):
             for entry in value:

@@ -18,6 +18,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from ..core.config_upgrade import upgrade
 from ..core.fields import is_number
 from ..core.rundir import adaptation_text
 from ..core.timeline import Event, Timeline
@@ -101,13 +102,18 @@ class EvalTargets:
 
     @classmethod
     def from_config(cls, config: Any) -> "EvalTargets":
-        config = config if isinstance(config, dict) else {}
+        """From a run config's dict, grouped (``[evaluation]``) or of the earlier flat format."""
+        try:
+            evaluation = upgrade(config).get("evaluation") if isinstance(config, dict) else None
+        except ValueError:  # a config that does not load has no targets to show
+            evaluation = None
+        evaluation = evaluation if isinstance(evaluation, dict) else {}
 
         def number(name: str) -> float:
-            value = config.get(name)
+            value = evaluation.get(name)
             return float(value) if is_number(value) else 0.0
 
-        return cls(int(number("eval_every")), number("target_accuracy"), number("target_perplexity"))
+        return cls(int(number("every")), number("target_accuracy"), number("target_perplexity"))
 
     @property
     def metric(self) -> str | None:

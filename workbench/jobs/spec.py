@@ -224,7 +224,7 @@ def _needs_model_check(config: Any) -> bool:
     a schedule built from the stages' costs under a memory limit (a zoo model on built-in data with defaults
     cannot fail the preflight's checks, so it skips the subprocess)."""
     plan = config.plan
-    return bool(config.model_from_factory or config.data.is_dataset or config.model_overrides
+    return bool(config.model.from_factory or config.data.is_dataset or config.model.overrides
                 or (plan.partition not in ("uniform", "ampa") and plan.num_virtual_stages > 1)
                 or (plan.pipeline.uses_costs and getattr(plan.pipeline, "memory_limit_mb", 0)))
 
@@ -261,10 +261,10 @@ def _check_restarts_resume(spec: LaunchSpec) -> None:
     if not spec.max_restarts or spec.entry != DEFAULT_ENTRY or run_config is None:
         return
     config = spec.config if isinstance(spec.config, run_config) else run_config.from_dict(config_dict(spec.config))
-    if not getattr(config, "resume", True):
-        raise ValueError(f"LaunchSpec.max_restarts is {spec.max_restarts} but the run config has resume = false, so "
-                         f"a restarted attempt would start again from step 0; set resume = true in the config (and "
-                         f"checkpoint_every > 0), or max_restarts = 0")
+    if not config.training.resume:
+        raise ValueError(f"LaunchSpec.max_restarts is {spec.max_restarts} but the run config has [training] resume = "
+                         f"false, so a restarted attempt would start again from step 0; set resume = true in the "
+                         f"config's [training] (and checkpoint_every > 0), or max_restarts = 0")
 
 
 def _check_entry_importable(spec: LaunchSpec) -> None:

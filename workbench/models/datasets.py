@@ -215,18 +215,18 @@ def load_datasets(data, *, seed: int = 0) -> tuple[Dataset, Dataset]:
 
 
 def builtin_validation(config, model, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Held-out batches of a built-in data kind (``config.eval_batches`` of them), never trained on."""
+    """Held-out batches of a built-in data kind (``config.evaluation.batches`` of them), never trained on."""
     from . import data as streams
     from .data import sample_batch
 
-    kind, count = config.data.kind, config.eval_batches
+    kind, count = config.data.kind, config.evaluation.batches
     if kind == "synthetic":
         # training step s draws seed seed * 1_000_003 + s; these seeds are negative, so never the same
         for i in range(count):
-            yield sample_batch(model, batch_size, seed=-(config.seed * 1_000_003 + i + 1))
+            yield sample_batch(model, batch_size, seed=-(config.training.seed * 1_000_003 + i + 1))
         return
     if kind == "bytes-lm":
-        batches = streams.bytes_lm_batches(batch_size, config.data.seq_len, seed=config.seed, train=False)
+        batches = streams.bytes_lm_batches(batch_size, config.data.seq_len, seed=config.training.seed, train=False)
         for _ in range(count):
             yield next(batches)
         return

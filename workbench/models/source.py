@@ -31,7 +31,7 @@ from .sequence import InputSpec, LayerSequence
 __all__ = ["load_factory", "check_factory_args", "model_from_factory", "build_run_model"]
 
 
-def load_factory(path: str, field: str = "model") -> Callable[..., Any]:
+def load_factory(path: str, field: str = "model.name") -> Callable[..., Any]:
     """Import ``package.module:function``; a ValueError naming ``field`` when it cannot."""
     module_name, _, attr = path.partition(":")
     try:
@@ -76,24 +76,24 @@ def model_from_factory(path: str, args: dict[str, Any] | None = None, *, seed: i
     """Call the factory with ``seed`` set and turn what it returns into a :class:`LayerSequence`."""
     args = dict(args or {})
     factory = load_factory(path)
-    check_factory_args(factory, args, "model_args", path)
+    check_factory_args(factory, args, "model.args", path)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         try:
             built = factory(**args)
         except Exception as exc:
-            raise ValueError(f"config field 'model' = {path!r}: the factory raised {type(exc).__name__}: "
+            raise ValueError(f"config field 'model.name' = {path!r}: the factory raised {type(exc).__name__}: "
                              f"{exc}") from exc
     name = path.rpartition(":")[2]
     if isinstance(built, LayerSequence):
         if split_points:
-            raise ValueError(f"config field 'split_points' = {list(split_points)}: factory {path!r} returns a "
+            raise ValueError(f"config field 'model.split_points' = {list(split_points)}: factory {path!r} returns a "
                              "LayerSequence, which is already cut into layers")
         if built.input_spec is None and input_spec is not None:
             built.input_spec = input_spec
         return built
     if not isinstance(built, nn.Module):
-        raise ValueError(f"config field 'model' = {path!r}: the factory returned a {type(built).__name__}; "
+        raise ValueError(f"config field 'model.name' = {path!r}: the factory returned a {type(built).__name__}; "
                          "it must return an nn.Module (an nn.Sequential, a LayerSequence or any module)")
     if split_points:
         from .tracing import split_at_points
@@ -101,29 +101,29 @@ def model_from_factory(path: str, args: dict[str, Any] | None = None, *, seed: i
         try:
             units = split_at_points(built, split_points)
         except ValueError as exc:
-            raise ValueError(f"config field 'split_points' = {list(split_points)}: {exc}") from None
+            raise ValueError(f"config field 'model.split_points' = {list(split_points)}: {exc}") from None
         return LayerSequence(units, name=name, task="custom", input_spec=input_spec)
     try:
         seq = LayerSequence.from_module(built, name=name, input_spec=input_spec)
     except ValueError as exc:
-        raise ValueError(f"config field 'model' = {path!r}: {exc}; or name where to cut it with split_points"
+        raise ValueError(f"config field 'model.name' = {path!r}: {exc}; or name where to cut it with model.split_points"
                          ) from None
     seq.model_name = name
     return seq
 
 
 def build_run_model(config, *, input_spec: InputSpec | None = None) -> LayerSequence:
-    """The model a run config names, as every rank and the reference build it (seeded by ``config.seed``)."""
-    if config.model_from_factory:
-        return model_from_factory(config.model, config.model_args, seed=config.seed,
-                                  split_points=config.split_points, input_spec=input_spec)
+    """The model a run config names, as every rank and the reference build it (seeded by ``config.training.seed``)."""
+    if config.model.from_factory:
+        return model_from_factory(config.model.name, config.model.args, seed=config.training.seed,
+                                  split_points=config.model.split_points, input_spec=input_spec)
     from .zoo import build_model, list_models
 
-    if config.model not in list_models():
-        raise ValueError(f"config field 'model' = {config.model!r} is not in the zoo; valid: "
+    if config.model.name not in list_models():
+        raise ValueError(f"config field 'model.name' = {config.model.name!r} is not in the zoo; valid: "
                          f"{', '.join(list_models())}, or a factory 'package.module:function'")
     try:
-        return build_model(config.model, seed=config.seed, **config.model_overrides)
+        return build_model(config.model.name, seed=config.training.seed, **config.model.overrides)
     except ValueError as exc:
-        raise ValueError(f"config field 'model_overrides': {exc}") from None
+        raise ValueError(f"config field 'model.overrides': {exc}") from None
 

@@ -175,7 +175,7 @@ def calibrate_from_run(costs: ModelCosts, run_dir: str | Path, *, cluster: str |
                          f"use a run of the workbench's pipelines, DDP or tensor parallelism (a pipeline is best)")
     if family in ("tensor2d", "tensor1d"):
         return calibrate_tensor_from_timeline(costs, load_measured_timeline(run_dir), config.plan.name,
-                                              config.global_batch, shape, cluster=cluster,
+                                              config.training.global_batch, shape, cluster=cluster,
                                               background_load=background_load, warmup=warmup, source=str(run_dir),
                                               runtime=family)
     starts = [r for r in read_events(run_dir, rank=0) if r["kind"] == "start"]

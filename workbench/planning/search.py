@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from ..core.config import RunConfig
+from ..core.config import RunConfig, merge_changes
 from ..core.costs import ClusterSpec, ModelCosts
 from ..core.fields import check, check_int, check_number, integer, optional
 from ..core.plan import ParallelPlan
@@ -104,12 +104,11 @@ class RankedPlan:
         plan = self.plan
         if self.estimate.partition is not None and plan.pp > 1:
             plan = plan.replace(partition=str(self.estimate.partition))
-        data: dict[str, Any] = {"model": self.model, "name": self.plan.name, "global_batch": self.global_batch,
-                                "plan": plan.to_dict()}
-        if self.estimate.detail.get("placement"):
-            data["placement"] = list(self.estimate.detail["placement"])  # the devices the estimate's links assumed
-        data.update(overrides)
-        return RunConfig.from_dict(data)
+        data: dict[str, Any] = {"model": self.model, "name": self.plan.name, "plan": plan.to_dict(),
+                                "training": {"global_batch": self.global_batch}}
+        if self.estimate.detail.get("placement"):  # the devices the estimate's links assumed
+            data["run"] = {"placement": list(self.estimate.detail["placement"])}
+        return RunConfig.from_dict(merge_changes(data, overrides))
 
     def layers(self) -> list[dict[str, Any]]:
         """Every layer's options: ``{"name", "tp", "dp_kind", "recompute"}`` (plus the TP kind and grouping)."""

@@ -117,7 +117,7 @@ def ampa_partition(config: RunConfig, model, example_input: torch.Tensor, device
     costs = _profile_copy(model, example_input, device)
     plan = config.plan
     result = ampa(costs, plan.num_virtual_stages, num_microbatches=plan.microbatches, schedule=stage_memory(plan),
-                  batch_size=microbatch * plan.microbatches, optimizer=config.optimizer.name)
+                  batch_size=microbatch * plan.microbatches, optimizer=config.training.optimizer.name)
     return result.partition
 
 
@@ -148,7 +148,7 @@ def measured_stage_costs(config: RunConfig, model, example_input: torch.Tensor, 
 
 
 def _optimizer_kind(config: RunConfig) -> str:
-    opt = config.optimizer
+    opt = config.training.optimizer
     return "adam" if opt.name == "adam" else ("sgd-momentum" if opt.momentum else "sgd")
 
 
@@ -196,20 +196,20 @@ def _build(config: RunConfig, run_dir: Path, writer: EventWriter, cores: list[in
     """The run's strategy, resumed where a checkpoint says, with its start event written; (strategy, model,
     device, first step, checkpoint resumed from)."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    device = pick_device(config.device)
+    device = pick_device(config.run.device)
     model = run_model(config)
-    torch.manual_seed(config.seed + 1)
+    torch.manual_seed(config.training.seed + 1)
     batches_from_start = global_batches(config, model, 0)
     example = split_rounds(next(batches_from_start), config, 0)[0].inputs[0]
     partition = _shared_partition(config, model, example, str(device))
     stage_costs = _shared_stage_costs(config, model, example, partition, str(device))
     ctx = RunContext(config=config, rank=rank, world_size=world_size, device=device,
-                     autocast_dtype=autocast_dtype_for(config.precision, device), model=model,
+                     autocast_dtype=autocast_dtype_for(config.training.precision, device), model=model,
                      partition=partition, example_input=example, record_events=config.events.stage_events,
                      stage_costs=stage_costs)
     strategy = strategy_class(config.plan)(ctx)
     start_step = 0
-    resumed_from = latest_checkpoint(run_dir, world_size) if config.resume else None
+    resumed_from = latest_checkpoint(run_dir, world_size) if config.training.resume else None
     if resumed_from is not None:
         start_step = _restore(run_dir, resumed_from, rank, strategy, device)
     writer.step = start_step
@@ -217,7 +217,7 @@ def _build(config: RunConfig, run_dir: Path, writer: EventWriter, cores: list[in
                  host=socket.gethostname(), restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
                  resumed_from=resumed_from, partition=str(partition), device=str(device), backend=dist.get_backend(),
                  process=int(os.environ.get(PROCESS_RANK_ENV, rank)), cores=cores,
-                 **device_share(device, config.device),
+                 **device_share(device, config.run.device),
                  **({"stage_costs": asdict(stage_costs)} if stage_costs is not None else {}),
                  **({"layers": strategy.layers_report()} if hasattr(strategy, "layers_report") else {}))
     return strategy, model, device, start_step, resumed_from
@@ -231,7 +231,7 @@ class _StepLog:
                  board: ScalarBoard | None) -> None:
         self.config, self.writer, self.strategy, self.device, self.board = config, writer, strategy, device, board
         self.unwritten: list[tuple[int, float | PendingLoss, float]] = []
-        self.progress = ProgressLog(dist.get_rank(), config.steps)
+        self.progress = ProgressLog(dist.get_rank(), config.training.steps)
 
     def add(self, done: int, loss: float | PendingLoss, elapsed: float) -> None:
         self.unwritten.append((done, loss, elapsed))
@@ -239,7 +239,7 @@ class _StepLog:
     def flush(self) -> None:
         for done, loss, elapsed in self.unwritten:
             self.writer.step = done
-            value, rate = loss_value(loss), self.config.global_batch / elapsed
+            value, rate = loss_value(loss), self.config.training.global_batch / elapsed
             self.writer.write("step", step=done, loss=value, samples_per_s=rate, step_ms=elapsed * 1e3,
                               memory_bytes=_memory_bytes(self.device),
                               **(self.strategy.memory_report() if hasattr(self.strategy, "memory_report") else {}))
@@ -253,15 +253,15 @@ def train(config: RunConfig, run_dir: Path, writer: EventWriter, *, cores: list[
     rank = dist.get_rank()
     strategy, model, device, start_step, resumed_from = _build(config, run_dir, writer, cores)
     writer.start_heartbeat(config.events.heartbeat_s)
-    board = ScalarBoard(run_dir) if config.tensorboard and rank == 0 else None
+    board = ScalarBoard(run_dir) if config.events.tensorboard and rank == 0 else None
     evaluation = (Evaluation(config, strategy, writer, device, board=board, run_dir=run_dir, resumed_from=resumed_from)
-                  if config.eval_every else None)  # every rank: evaluating is a collective
+                  if config.evaluation.every else None)  # every rank: evaluating is a collective
     batches = global_batches(config, model, start_step, group=strategy.data_group)
     log = _StepLog(config, writer, strategy, device, board)
-    for step in range(start_step, config.steps):
-        if step == config.fail_at_step and rank == config.fail_rank:
+    for step in range(start_step, config.training.steps):
+        if step == config.faults.step and rank == config.faults.rank:
             log.flush()
-            raise RuntimeError(f"fault injected by config (fail_at_step={step}, fail_rank={rank})")
+            raise RuntimeError(f"fault injected by config (faults.step={step}, faults.rank={rank})")
         batch = next(batches)
         started = time.perf_counter()
         loss = strategy.train_step(step, batch)
@@ -276,7 +276,7 @@ def train(config: RunConfig, run_dir: Path, writer: EventWriter, *, cores: list[
         for kind, fields in strategy.take_records():
             if rank == 0:  # every rank decided the same
                 writer.write(kind, **fields)
-        if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
+        if config.training.checkpoint_every and (step + 1) % config.training.checkpoint_every == 0:
             log.flush()
             folder = _save(run_dir, step + 1, rank, strategy, device)
             writer.write("checkpoint", step=step + 1, path=str(folder))
@@ -290,25 +290,29 @@ def _finish(config: RunConfig, run_dir: Path, writer: EventWriter, strategy: Str
     strategy.close()
     if board is not None:
         board.close()
-    if config.dump_params:
+    if config.run.dump_params:
         folder = run_dir / "params"
         folder.mkdir(exist_ok=True)
         torch.save(strategy.param_state(), folder / f"rank{rank}.pt")
     dist.barrier()
-    writer.write("end", step=config.steps, status="SUCCEEDED")
+    writer.write("end", step=config.training.steps, status="SUCCEEDED")
 
 
 def _check_sweep(configs: list[RunConfig]) -> None:
     """Runs that share processes must agree on what the processes are: world size, device, placement."""
     first = configs[0]
     for config in configs[1:]:
-        for field in ("world_size", "device", "placement", "collective_timeout_s"):
-            if getattr(config, field) != getattr(first, field):
+        for field, ours, theirs in (("world_size", config.world_size, first.world_size),
+                                    ("run.device", config.run.device, first.run.device),
+                                    ("run.placement", config.run.placement, first.run.placement),
+                                    ("run.collective_timeout_s", config.run.collective_timeout_s,
+                                     first.run.collective_timeout_s)):
+            if ours != theirs:
                 raise ValueError(f"runs in one sweep share their processes, so they must agree on {field}: "
-                                 f"{first.plan.name!r} has {getattr(first, field)!r}, {config.plan.name!r} "
-                                 f"{getattr(config, field)!r}; launch them apart")
-        if config.resume:
-            raise ValueError(f"config field 'resume' of {config.plan.name!r}: a run in a sweep cannot resume "
+                                 f"{first.plan.name!r} has {theirs!r}, {config.plan.name!r} {ours!r}; launch them "
+                                 f"apart")
+        if config.training.resume:
+            raise ValueError(f"config field 'training.resume' of {config.plan.name!r}: a run in a sweep cannot resume "
                              "(a restart would run the whole sweep again); launch it on its own")
 
 
@@ -320,7 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     paths = list(args.config)
     configs = [RunConfig.from_json(path) for path in paths]
-    run_dirs = [Path(config.run_dir or Path(path).parent) for config, path in zip(configs, paths)]
+    run_dirs = [Path(config.run.dir or Path(path).parent) for config, path in zip(configs, paths)]
     # under a placement, this process runs the mesh rank the planner put on its device: every later use of
     # RANK (process group, events, strategies) sees the mesh rank; LOCAL_RANK still picks the device
     process = int(os.environ.get("RANK", 0))
@@ -332,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if index == 0:
                 _check_sweep(configs)
                 _start_process_group(config)
-            check_backend_for_plan(_PROCESS["backend"], pick_device(config.device), config.plan)
+            check_backend_for_plan(_PROCESS["backend"], pick_device(config.run.device), config.plan)
             train(config, run_dir, writer, cores=_PROCESS["cores"])
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the run directory
             writer.error(exc)
@@ -359,10 +363,10 @@ def _start_process_group(config: RunConfig) -> None:
                          f"processes, torchrun started {world_size}; launch with --nproc-per-node "
                          f"{config.world_size}")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 1)))
-    device = pick_device(config.device)
+    device = pick_device(config.run.device)
     _PROCESS["cores"] = pin_cpu_rank(device)
-    _PROCESS["backend"] = init_distributed(device, timeout_s=config.collective_timeout_s,
-                                           requested_device=config.device)
+    _PROCESS["backend"] = init_distributed(device, timeout_s=config.run.collective_timeout_s,
+                                           requested_device=config.run.device)
 
 
 if __name__ == "__main__":

@@ -136,8 +136,8 @@ class Evaluation:
         self.results: list[dict[str, Any]] = []
 
     def due(self, step: int) -> bool:
-        every = self.config.eval_every
-        return every > 0 and (step % every == 0 or step == self.config.steps)
+        every = self.config.evaluation.every
+        return every > 0 and (step % every == 0 or step == self.config.training.steps)
 
     def after_step(self, step: int, step_s: float) -> dict[str, Any] | None:
         """Count a finished step's time; evaluate if ``step`` (steps done) is due. Returns rank 0's result."""

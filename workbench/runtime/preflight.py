@@ -28,18 +28,19 @@ def _first_samples(config: RunConfig, model, count: int = 2) -> tuple[torch.Tens
 
         from ..models.datasets import load_datasets
 
-        train, _ = load_datasets(config.data, seed=config.seed)
+        train, _ = load_datasets(config.data, seed=config.training.seed)
         inputs, targets = default_collate([train[i] for i in range(min(count, len(train)))])
         return torch.as_tensor(inputs), torch.as_tensor(targets)
     if config.data.kind == "synthetic" and getattr(model, "input_spec", None) is None:
-        raise ValueError(f"config field 'data.kind' = 'synthetic' needs the input shape of model {config.model!r}, "
+        raise ValueError(f"config field 'data.kind' = 'synthetic' needs the input shape of model "
+                         f"{config.model.name!r}, "
                          "which its factory does not give: return a LayerSequence with an input_spec, or train "
                          "on a dataset (data = 'package.module:function')")
-    if not config.model_from_factory:
+    if not config.model.from_factory:
         return None  # the zoo's models and the built-in data are made for each other
     from .batches import validation_batches
 
-    inputs, targets = next(iter(validation_batches(config.replace(eval_batches=1), model)))
+    inputs, targets = next(iter(validation_batches(config.replace(evaluation={"batches": 1}), model)))
     return inputs[:count], targets[:count]
 
 
@@ -48,35 +49,35 @@ def check_run(config: RunConfig) -> None:
     from ..models.zoo import get_entry, list_models
 
     limited = config.plan.pipeline.uses_costs and getattr(config.plan.pipeline, "memory_limit_mb", 0)
-    needs_model = (config.model_from_factory or config.data.is_dataset or limited
+    needs_model = (config.model.from_factory or config.data.is_dataset or limited
                    or (config.plan.partition not in ("uniform", "ampa") and config.plan.num_virtual_stages > 1))
-    if not config.model_from_factory:
-        if config.model not in list_models():
-            raise ValueError(f"config field 'model' = {config.model!r} is not in the zoo; valid: "
+    if not config.model.from_factory:
+        if config.model.name not in list_models():
+            raise ValueError(f"config field 'model.name' = {config.model.name!r} is not in the zoo; valid: "
                              f"{', '.join(list_models())}, or a factory 'package.module:function'")
         try:
-            sizes = get_entry(config.model).config(config.model_overrides)
+            sizes = get_entry(config.model.name).config(config.model.overrides)
         except ValueError as exc:
-            raise ValueError(f"config field 'model_overrides': {exc}") from None
+            raise ValueError(f"config field 'model.overrides': {exc}") from None
         check_tensor_parallel_model(config, sizes)
     if not needs_model:
         return
     from .batches import run_model
 
     model = run_model(config)
-    if config.model_from_factory:
+    if config.model.from_factory:
         check_tensor_parallel_model(config, getattr(model, "config", None))
     text = config.plan.partition
     if text not in ("uniform", "ampa") and config.plan.num_virtual_stages > 1:
         try:
             Partition.parse(text, len(model))  # its stage count was checked with the plan
         except ValueError as exc:
-            raise ValueError(f"plan field 'partition' = {text!r} does not fit model {config.model!r} "
+            raise ValueError(f"plan field 'partition' = {text!r} does not fit model {config.model.name!r} "
                              f"with {len(model)} layers (0-{len(model) - 1}): {exc}") from None
     if len(model) < config.plan.num_virtual_stages:
         raise ValueError(f"config field 'plan' = {config.plan.name!r} has {config.plan.num_virtual_stages} stages, "
-                         f"model {config.model!r} only {len(model)} layers ({', '.join(model.layer_names)}); "
-                         "use fewer stages or more split_points")
+                         f"model {config.model.name!r} only {len(model)} layers ({', '.join(model.layer_names)}); "
+                         "use fewer stages or more model.split_points")
     if limited:
         _check_schedule_fits(config, model)
     samples = _first_samples(config, model)
@@ -89,16 +90,17 @@ def check_run(config: RunConfig) -> None:
         try:
             out = model(inputs)
         except ValueError as exc:
-            raise ValueError(f"config field 'data': {where} does not fit model {config.model!r}: {exc}") from None
+            raise ValueError(f"config field 'data': {where} does not fit model {config.model.name!r}: {exc}") from None
         try:
             loss = model.loss_fn(out, targets)
         except (RuntimeError, ValueError, IndexError, TypeError) as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise ValueError(f"config field 'data': the targets of {where} (shape {tuple(targets.shape)}, "
-                             f"{targets.dtype}) do not fit the loss of model {config.model!r}, whose output has "
+                             f"{targets.dtype}) do not fit the loss of model {config.model.name!r}, whose output has "
                              f"shape {tuple(out.shape)}: {first}") from None
     if not torch.isfinite(loss):
-        raise ValueError(f"config field 'data': the loss of model {config.model!r} on the first samples of {where} "
+        raise ValueError(f"config field 'data': the loss of model {config.model.name!r} on the first samples of "
+                         f"{where} "
                          f"is {float(loss)}")
 
 

@@ -33,21 +33,21 @@ class ReferenceResult:
 
 
 def reference_train(config: RunConfig, *, steps: int | None = None, delay: int | None = None) -> ReferenceResult:
-    """Train ``steps`` steps (default ``config.steps``) in this process, fp32 on CPU."""
-    steps = config.steps if steps is None else steps
+    """Train ``steps`` steps (default ``config.training.steps``) in this process, fp32 on CPU."""
+    steps = config.training.steps if steps is None else steps
     delay = (config.plan.pipeline.delay if config.plan.delayed_update else 0) if delay is None else delay
     model = run_model(config)
-    torch.manual_seed(config.seed + 1)
+    torch.manual_seed(config.training.seed + 1)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(params, config)
     batches = global_batches(config, model, 0)
-    total_mb = config.plan.dp * config.plan.microbatches * config.grad_accum
+    total_mb = config.plan.dp * config.plan.microbatches * config.training.grad_accum
     previous: list[torch.Tensor] | None = None
     losses = []
     for _ in range(steps):
         batch = next(batches)
         loss_sum = 0.0
-        for r in range(config.grad_accum):
+        for r in range(config.training.grad_accum):
             for g in range(config.plan.dp):
                 data = split_rounds(batch, config, g)[r]
                 for x, y in zip(data.inputs, data.targets):

@@ -21,6 +21,6 @@ def check_tensor_parallel_model(config: RunConfig, sizes) -> None:
         return
     missing = [k for k in GPT2_SIZES if k not in (sizes or {})]
     if missing:
-        raise ValueError(f"config field 'model' = {config.model!r} is invalid for plan {config.plan.name!r}: "
+        raise ValueError(f"config field 'model.name' = {config.model.name!r} is invalid for plan {config.plan.name!r}: "
                          f"uniform tensor parallelism needs a GPT-2 model such as 'gpt2-tiny' (lacks {missing}); "
                          "other models take tensor parallelism per layer ([[plan.layers]] with tp = '1d')")

@@ -52,7 +52,7 @@ def schedule_for_config(config: Any, iteration: int = 0, stage_costs: StageCosts
                          f"for the pipelines its interpreter runs (GPipe, 1F1B, interleaved, zero-bubble, GroPipe and "
                          f"asynchronous)")
     if plan.iterates_across_steps:
-        return schedule_for(plan, num_iterations=config.steps, stage_costs=stage_costs)
+        return schedule_for(plan, num_iterations=config.training.steps, stage_costs=stage_costs)
     return schedule_for(plan, first_iteration=iteration, stage_costs=stage_costs)
 
 

@@ -44,6 +44,7 @@ import numpy as np
 from ..core.fields import check_int
 from ..core.rundir import CONFIG_FILE
 from ..core.timeline import Timeline
+from ..jobs.monitor_model import EvalTargets
 from ..viz.job_figures import (eval_figure, eval_metric, eval_traces, metric_figure, monitor_timeline_figure,
                                restart_steps, thin)
 from ..viz.style import STATE_COLORS, palette_color
@@ -222,12 +223,12 @@ class JobMonitor:
             config = json.loads((Path(self.job.run_dir) / CONFIG_FILE).read_text())
         except (OSError, ValueError, TypeError, AttributeError):
             pass
-        targets = state.targets
-        every = config.get("eval_every") or targets.eval_every
+        found, targets = EvalTargets.from_config(config), state.targets
+        every = found.eval_every or targets.eval_every
         if not every and not len(state.evals):
             return None
-        return {"accuracy": float(config.get("target_accuracy") or targets.target_accuracy),
-                "perplexity": float(config.get("target_perplexity") or targets.target_perplexity)}
+        return {"accuracy": float(found.target_accuracy or targets.target_accuracy),
+                "perplexity": float(found.target_perplexity or targets.target_perplexity)}
 
     def _update_evals(self, state) -> None:
         if self.eval_fig is None or not len(state.evals):

@@ -15,15 +15,14 @@ class EditorLaunch:
 
     def run_config(self, **overrides: Any):
         """The ``RunConfig`` that trains the current partition with the controls' plan."""
-        from ..core.config import RunConfig
+        from ..core.config import RunConfig, merge_changes
 
         if self.state is None:
             raise ValueError("the editor has no valid partition to launch; fix the configuration first")
         plan = self.plan(partition=str(self.state.partition))
-        data = dict(model=self.costs.model, plan=plan.to_dict(), name=f"editor-{plan.family}",
-                    global_batch=self.costs.batch_size * plan.dp, steps=self.launch_steps, data=self._data())
-        data.update(overrides)
-        return RunConfig.from_dict(data)
+        data = dict(model=self.costs.model, plan=plan.to_dict(), name=f"editor-{plan.family}", data=self._data(),
+                    training={"global_batch": self.costs.batch_size * plan.dp, "steps": self.launch_steps})
+        return RunConfig.from_dict(merge_changes(data, overrides))
 
     def _data(self) -> dict[str, Any]:
         """Real data of the model's kind, so the loss falls: byte text for language models (at the profiled

@@ -225,8 +225,9 @@ class PlanExplorer:
     def _detail_html(chosen) -> str:
         e = chosen.estimate
         try:
-            config = html.escape(json.dumps({k: v for k, v in chosen.to_config().to_dict().items()
-                                             if k in ("model", "plan", "global_batch")}))
+            config = chosen.to_config()
+            config = html.escape(json.dumps({"model": config.model.name, "plan": config.plan.to_dict(),
+                                             "training": {"global_batch": config.training.global_batch}}))
         except ValueError as error:
             config = html.escape(f"not launchable: {error}")
         return (f"<b>#{chosen.rank} {html.escape(chosen.name)}</b>: iteration <b>{e.iteration_ms:.3f} ms</b> = "

@@ -90,7 +90,8 @@ class AsyncPipeline(PipelineSpec):
         lambda v: v == "auto" or integer(1).accepts(v) or (isinstance(v, (list, tuple)) and bool(v)
                                                           and all(integer(1).accepts(d) for d in v)),
         "'auto', an int >= 1 (micro-batches in flight on every stage) or one such int per stage",
-        convert=lambda v: tuple(v) if isinstance(v, list) else v))
+        convert=lambda v: tuple(v) if isinstance(v, list) else v,
+        schema={"anyOf": [{"const": "auto"}, integer(1).schema, {"type": "array", "items": integer(1).schema}]}))
     memory_cap_mb: float = spec(0.0, number(0, expected="a number >= 0 (0: no cap)"))
     adapt_every: int = spec(0, integer(0))
     kind: ClassVar[str] = "async"

@@ -99,7 +99,7 @@ class AsyncPipeline(Strategy):
         self.inflight = self._resolve_inflight(ctx, blocks)
         self.mode = spec.mode
         # an adapting run is a series of streams, each draining at its end, where the next is re-decided
-        self.stream_end = min(spec.adapt_every, config.steps) if spec.adapt_every else config.steps
+        self.stream_end = min(spec.adapt_every, config.training.steps) if spec.adapt_every else config.training.steps
         self._interval = spec.adapt_every  # steps to the next decision: doubles while decisions change nothing
         self.adaptations: list[dict[str, Any]] = []
         m = plan.microbatches
@@ -119,7 +119,7 @@ class AsyncPipeline(Strategy):
         self._loss_group = dist.new_group()  # every rank: the loss all-reduce stays out of the stream's traffic
         self.segments = self._segments(actions)
         self.interpreter = StreamInterpreter(
-            rank=ctx.rank, actions=actions, stages={s: self.stage}, num_microbatches=m * config.steps,
+            rank=ctx.rank, actions=actions, stages={s: self.stage}, num_microbatches=m * config.training.steps,
             boundary_shapes={v: shapes[v] for v in range(plan.pp)}, device=ctx.device,
             handlers={Op.STEP: self._on_step, Op.ALL_REDUCE: self._on_all_reduce}, record=ctx.record_events,
             weights={s: self.weights}, microbatches_per_iteration=m)
@@ -160,8 +160,8 @@ class AsyncPipeline(Strategy):
         config = ctx.config
         microbatch = ctx.example_input.shape[0]
         costs = profile(copy.deepcopy(ctx.model), microbatch, device=str(ctx.example_input.device), progress=False)
-        optimizer = "adam" if config.optimizer.name == "adam" else (
-            "sgd-momentum" if config.optimizer.momentum else "sgd")
+        optimizer = "adam" if config.training.optimizer.name == "adam" else (
+            "sgd-momentum" if config.training.optimizer.momentum else "sgd")
         stage_costs = StageCosts.from_model(costs, ctx.partition, microbatch, optimizer=optimizer)
         spec = config.plan.pipeline
         cap = int(spec.memory_cap_mb * 2**20) if spec.memory_cap_mb else None
@@ -237,7 +237,7 @@ class AsyncPipeline(Strategy):
                 self._ahead_at += 1
         self.interpreter.run_segment(segment, self._data)
         self._drop_iteration(step)
-        if step + 1 == self.stream_end and step + 1 < config.steps:
+        if step + 1 == self.stream_end and step + 1 < config.training.steps:
             self._adapt(step + 1)
         local = sum(self.stage.take_losses())
         # not waited here: a blocking all-reduce would drain the stream at every step
@@ -294,7 +294,7 @@ class AsyncPipeline(Strategy):
         self._records.append(record)
         self.inflight, self.mode = tuple(decision.inflight), decision.mode
         self._interval = spec.adapt_every if record["changed"] else 2 * self._interval
-        end = min(start + self._interval, self.config.steps)
+        end = min(start + self._interval, self.config.training.steps)
         actions = self._stream(start, end)
         self.weights.add_uses(actions)
         self.interpreter.extend(actions)
@@ -323,7 +323,7 @@ class AsyncPipeline(Strategy):
 
     def close(self) -> None:
         self.interpreter.finish()
-        run_dir = self.config.run_dir or os.environ.get("WORKBENCH_RUN_DIR", "")  # the launcher names it
+        run_dir = self.config.run.dir or os.environ.get("WORKBENCH_RUN_DIR", "")  # the launcher names it
         if run_dir:
             folder = Path(run_dir) / "memory"
             folder.mkdir(exist_ok=True)

@@ -24,7 +24,7 @@ __all__ = ["async_schedule", "StreamInterpreter"]
 
 def async_schedule(config, inflight: tuple[int, ...] | int | None = None, *, iterations: int | None = None,
                    mode: str | None = None) -> Schedule:
-    """The lowered stream of the whole run (``config.steps`` iterations, or ``iterations``) that every rank
+    """The lowered stream of the whole run (``config.training.steps`` iterations, or ``iterations``) that every rank
     executes, with ``inflight`` (the depths the runtime resolved) and ``mode`` in place of the plan's own."""
     from ...scheduling.passes import add_p2p
     from ...scheduling.registry import schedule_for
@@ -34,7 +34,7 @@ def async_schedule(config, inflight: tuple[int, ...] | int | None = None, *, ite
         plan = plan.replace(pipeline=replace(plan.pipeline, inflight=inflight))
     if mode is not None:
         plan = plan.replace(pipeline=replace(plan.pipeline, mode=mode))
-    return add_p2p(schedule_for(plan, num_iterations=config.steps if iterations is None else iterations))
+    return add_p2p(schedule_for(plan, num_iterations=config.training.steps if iterations is None else iterations))
 
 
 def _shifted(actions: tuple[Action, ...], start: int) -> list[Action]:

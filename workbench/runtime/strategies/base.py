@@ -43,7 +43,7 @@ class RunContext:
 
 
 def make_optimizer(params: list[nn.Parameter], config: RunConfig) -> torch.optim.Optimizer:
-    opt = config.optimizer
+    opt = config.training.optimizer
     if opt.name == "sgd":
         return torch.optim.SGD(params, lr=opt.lr, momentum=opt.momentum, weight_decay=opt.weight_decay)
     return torch.optim.Adam(params, lr=opt.lr, weight_decay=opt.weight_decay)

@@ -69,10 +69,10 @@ class DataParallel(Strategy):
     def train_step(self, step: int, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
         config, device = self.config, self.ctx.device
         rounds = split_rounds(batch, config, self.ctx.rank)
-        scale = 1.0 / (config.plan.microbatches * config.grad_accum)
+        scale = 1.0 / (config.plan.microbatches * config.training.grad_accum)
         local = 0.0
         for r, data in enumerate(rounds):
-            iteration = step * config.grad_accum + r
+            iteration = step * config.training.grad_accum + r
             for m, (x, y) in enumerate(zip(data.inputs, data.targets)):
                 last = r == len(rounds) - 1 and m == len(data.inputs) - 1
                 sync = contextlib.nullcontext() if last else self.ddp.no_sync()
@@ -83,8 +83,8 @@ class DataParallel(Strategy):
                     loss = self._timed("F", iteration, m, forward)
                     local += float(loss.detach())
                     self._timed("B", iteration, m, lambda: (loss * scale).backward())
-        self._timed("STEP", step * config.grad_accum + len(rounds) - 1, None, self._step)
-        return global_mean_loss(local, config.plan.dp * config.plan.microbatches * config.grad_accum, device)
+        self._timed("STEP", step * config.training.grad_accum + len(rounds) - 1, None, self._step)
+        return global_mean_loss(local, config.plan.dp * config.plan.microbatches * config.training.grad_accum, device)
 
     def _step(self) -> None:
         self._optimizer.step()

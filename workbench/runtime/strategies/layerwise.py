@@ -242,7 +242,7 @@ class Layerwise(Strategy):
             mine = schedule.stages_of(self.meshes.stage)
         else:
             self.actions, mine = [], [0]
-        loss_scale = 1.0 / (plan.dp * plan.microbatches * config.grad_accum)
+        loss_scale = 1.0 / (plan.dp * plan.microbatches * config.training.grad_accum)
         self.stages: dict[int, Stage] = {}
         self.layers: list[ParallelLayer] = []
         self.loss: RowsLoss | None = None  # on the last stage's ranks
@@ -320,7 +320,7 @@ class Layerwise(Strategy):
         """Per accumulation round, the stage micro-batches: every replica's micro-batch ``m`` side by side."""
         per_replica = [split_rounds(batch, self.config, g) for g in range(self.config.plan.dp)]
         rounds = []
-        for r in range(self.config.grad_accum):
+        for r in range(self.config.training.grad_accum):
             data = [replicas[r] for replicas in per_replica]
             rounds.append(MicrobatchData(
                 inputs=[torch.cat([d.inputs[m] for d in data]) for m in range(self.config.plan.microbatches)],
@@ -332,7 +332,7 @@ class Layerwise(Strategy):
         self.memory.start_step()
         rounds = self._stage_batches(batch)
         for r, data in enumerate(rounds):
-            iteration = step * config.grad_accum + r
+            iteration = step * config.training.grad_accum + r
             for stage in self.stages.values():
                 stage.sync_round = r == len(rounds) - 1  # type: ignore[attr-defined]
             if self.interpreter is not None:
@@ -343,12 +343,12 @@ class Layerwise(Strategy):
         if self.step_after_schedule:
             start = time.perf_counter()
             self._on_step(None)
-            self.record_since("STEP", start, step * config.grad_accum + len(rounds) - 1)
+            self.record_since("STEP", start, step * config.training.grad_accum + len(rounds) - 1)
         self.memory.end_step(self._optimizer)
         local = sum(sum(s.take_losses()) for s in self.stages.values())
         if self.loss is not None and not self.loss.counts():
             local = 0.0  # the first rank of this tensor-parallel group reports the group's part
-        total_mb = config.plan.dp * config.plan.microbatches * config.grad_accum
+        total_mb = config.plan.dp * config.plan.microbatches * config.training.grad_accum
         return global_mean_loss(local, total_mb, self.ctx.device)
 
     def _run_unpipelined(self, iteration: int, data: MicrobatchData) -> None:

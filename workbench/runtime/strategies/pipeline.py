@@ -63,7 +63,7 @@ class ScheduledPipeline(Strategy):
         blocks = [ctx.model.stage(*ctx.partition.bounds[v]) for v in range(num_virtual)]
         shapes = output_shapes(blocks, ctx.example_input, ctx.device, ctx.autocast_dtype)
         self.stages: dict[int, Stage] = {}
-        loss_scale = 1.0 / (config.plan.microbatches * config.grad_accum)
+        loss_scale = 1.0 / (config.plan.microbatches * config.training.grad_accum)
         for v in self.schedule.stages_of(ctx.rank):
             self.stages[v] = Stage(
                 index=v, module=blocks[v].to(ctx.device), device=ctx.device, is_first=v == 0,
@@ -101,12 +101,12 @@ class ScheduledPipeline(Strategy):
         actions = self.actions_for(step)
         for r, data in enumerate(rounds):
             last = r == len(rounds) - 1
-            self.interpreter.run(step * self.config.grad_accum + r, data,
+            self.interpreter.run(step * self.config.training.grad_accum + r, data,
                                  skip=frozenset() if last else accumulate_only, actions=actions)
         if self.step_after_schedule:
             self._on_step(None)
         local = sum(sum(s.take_losses()) for s in self.stages.values())
-        total_mb = self.config.plan.dp * self.config.plan.microbatches * self.config.grad_accum
+        total_mb = self.config.plan.dp * self.config.plan.microbatches * self.config.training.grad_accum
         return global_mean_loss(local, total_mb, self.ctx.device)
 
     def modules(self) -> dict[str, nn.Module]:

@@ -40,9 +40,10 @@ def tensor_parallel_config(ctx: RunContext, mode: str) -> TensorParallelConfig:
     check_tensor_parallel_model(config, sizes)  # refused before launch too (preflight)
     q = config.plan.q if mode == "2d" else config.plan.tp
     seq_len = int(ctx.example_input.shape[-1])
-    return TensorParallelConfig(mode=mode, q=q, dp=config.plan.dp, batch_size=config.global_batch, seq_len=seq_len,
-                                steps=config.steps, lr=config.optimizer.lr, seed=config.seed, device=config.device,
-                                **{k: int(sizes[k]) for k in GPT2_SIZES})
+    training = config.training
+    return TensorParallelConfig(mode=mode, q=q, dp=config.plan.dp, batch_size=training.global_batch, seq_len=seq_len,
+                                steps=training.steps, lr=training.optimizer.lr, seed=training.seed,
+                                device=config.run.device, **{k: int(sizes[k]) for k in GPT2_SIZES})
 
 
 class _TensorParallel(Strategy):

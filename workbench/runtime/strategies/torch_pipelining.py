@@ -43,9 +43,9 @@ class TorchPipelining(Strategy):
         super().__init__(ctx)
         config = ctx.config
         plan = config.plan
-        if config.grad_accum != 1 or plan.pp < 2:
+        if config.training.grad_accum != 1 or plan.pp < 2:
             raise ValueError(f"torch's pipelining needs grad_accum = 1 and pp >= 2, got grad_accum = "
-                             f"{config.grad_accum}, pp = {plan.pp}")
+                             f"{config.training.grad_accum}, pp = {plan.pp}")
         stages = plan.num_virtual_stages
         if ctx.partition.num_stages != stages:
             raise ValueError(f"partition {ctx.partition} has {ctx.partition.num_stages} stages, "
