@@ -33,7 +33,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from workbench.core.config import RunConfig
+from workbench.core.config import RunConfig, merge_changes
 from workbench.core.partition import Partition
 from workbench.core.plan import AsyncPipeline
 from workbench.core.timeline import Timeline
@@ -48,10 +48,10 @@ from workbench.scheduling.simulate import simulate
 REPEATS = int(os.environ.get("BENCH_REPEATS", "3"))
 STEPS, WARMUP = 8, 2
 MODELS = {
-    "gpt2-tiny": {"model": "gpt2-tiny", "data": {"kind": "bytes-lm", "seq_len": 32}, "global_batch": 16,
-                  "optimizer": {"name": "adam", "lr": 0.003}},
-    "vgg-tiny": {"model": "vgg-tiny", "data": {"kind": "digits"}, "global_batch": 32,
-                 "optimizer": {"name": "sgd", "lr": 0.02, "momentum": 0.9}},
+    "gpt2-tiny": {"model": "gpt2-tiny", "data": {"kind": "bytes-lm", "seq_len": 32},
+                  "training": {"global_batch": 16, "optimizer": {"name": "adam", "lr": 0.003}}},
+    "vgg-tiny": {"model": "vgg-tiny", "data": {"kind": "digits"},
+                 "training": {"global_batch": 32, "optimizer": {"name": "sgd", "lr": 0.02, "momentum": 0.9}}},
 }
 CASES = {  # plans on 4 stages
     "async": {"plan": "async-1x4-m4-if4"},
@@ -65,8 +65,9 @@ def schedule_of(config: RunConfig):
     """The whole run's schedule: the async stream, or the flushed pipeline once per step (one group)."""
     plan = config.plan
     if isinstance(plan.pipeline, AsyncPipeline):
-        return schedule_for(plan, num_iterations=config.steps)
-    return generators.gropipe(1, plan.pp, plan.microbatches, inner=plan.pipeline.kind, num_iterations=config.steps)
+        return schedule_for(plan, num_iterations=config.training.steps)
+    return generators.gropipe(1, plan.pp, plan.microbatches, inner=plan.pipeline.kind,
+                              num_iterations=config.training.steps)
 
 
 def steady_bubble(timeline: Timeline, first_iteration: int) -> float:
@@ -82,7 +83,7 @@ def steady_bubble(timeline: Timeline, first_iteration: int) -> float:
 
 def throughput(run_dir: Path, config: RunConfig) -> float:
     steps = [e for e in read_events(run_dir, 0) if e["kind"] == "step" and e["step"] > WARMUP]
-    return len(steps) * config.global_batch / (sum(e["step_ms"] for e in steps) / 1e3)
+    return len(steps) * config.training.global_batch / (sum(e["step_ms"] for e in steps) / 1e3)
 
 
 def predicted_memory(config: RunConfig) -> list[dict[str, int]]:
@@ -91,8 +92,8 @@ def predicted_memory(config: RunConfig) -> list[dict[str, int]]:
     from workbench.profiling import profile
     from workbench.scheduling.stagecosts import StageCosts
 
-    model = build_model(config.model, seed=config.seed, **config.model_overrides)
-    microbatch = config.global_batch // config.plan.microbatches
+    model = build_model(config.model.name, seed=config.training.seed, **config.model.overrides)
+    microbatch = config.training.global_batch // config.plan.microbatches
     if config.data.kind == "bytes-lm":
         from workbench.models.data import bytes_lm_batches
 
@@ -100,14 +101,15 @@ def predicted_memory(config: RunConfig) -> list[dict[str, int]]:
     else:
         batch = sample_batch(model, microbatch, seed=0)
     costs = profile(copy.deepcopy(model), batch, device="cpu", progress=False, cache=False)
-    optimizer = "adam" if config.optimizer.name == "adam" else "sgd-momentum"
+    optimizer = "adam" if config.training.optimizer.name == "adam" else "sgd-momentum"
     stage_costs = StageCosts.from_model(costs, Partition.uniform(len(model), config.plan.pp), microbatch,
                                         optimizer=optimizer)
     return memory_breakdown(schedule_of(config), stage_costs)
 
 
 def run_case(root: str, model: str, case: str) -> dict:
-    fields = {"name": f"{model}-{case}", "steps": STEPS, "seed": 0, **MODELS[model], **CASES[case]}
+    fields = merge_changes({**MODELS[model], **CASES[case], "name": f"{model}-{case}"},
+                           {"training": {"steps": STEPS, "seed": 0}})
     job = launch(LaunchSpec(config=fields, name=f"{model}-{case}", run_root=root))
     state = job.wait(timeout=600).state
     if state != "SUCCEEDED":
@@ -118,7 +120,7 @@ def run_case(root: str, model: str, case: str) -> dict:
     sharing = core_sharing(cluster)  # the 4 ranks share the machine's cores
     costs = stage_costs_from_timeline(measured, config.plan.pp, sharing)
     predicted = simulate(schedule_of(config), costs, cluster, sharing=sharing)
-    measured_step_ms = config.global_batch / throughput(job.run_dir, config) * 1e3
+    measured_step_ms = config.training.global_batch / throughput(job.run_dir, config) * 1e3
     row = {"samples_per_s": throughput(job.run_dir, config), "step_ms": measured_step_ms,
            "predicted_step_ms": predicted.metrics["iteration_ms"],
            "bubble": steady_bubble(measured, WARMUP), "predicted_bubble": steady_bubble(predicted.timeline, WARMUP),

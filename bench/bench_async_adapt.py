@@ -26,7 +26,8 @@ def run(plan: str) -> dict:
     from workbench.core.config import RunConfig
 
     folder = Path(tempfile.mkdtemp(prefix="bench-adapt-"))
-    config = RunConfig.from_dict({"model": "vgg-tiny", "plan": plan, "global_batch": 64, "steps": STEPS, "seed": 0})
+    config = RunConfig.from_dict({"model": "vgg-tiny", "plan": plan,
+                                  "training": {"global_batch": 64, "steps": STEPS, "seed": 0}})
     path = config.save_toml(folder / "config.toml")
     out = subprocess.run([str(Path(sys.executable).with_name("workbench")), "run", str(path), "--run-root",
                           str(folder)], capture_output=True, text=True, check=True,

@@ -51,6 +51,7 @@ import torch
 
 import bench_runtime
 from bench_runtime import compare_at_best
+from workbench.core.config import merge_changes
 from workbench.core.hardware import DATASHEET_DEVICES
 from workbench.profiling.profiler import DeviceClock
 
@@ -70,7 +71,8 @@ PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
 ]
 NO_DROPOUT = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
 SMOKE_GPT2 = {"model": "gpt2-tiny", "overrides": {"n_layer": 2, "seq_len": 32, **NO_DROPOUT}, "batch": 2}
-SMOKE_PIPELINE = {"model": "resnet18", "model_overrides": {"image_size": 32, "num_classes": 10}, "global_batch": 8}
+SMOKE_PIPELINE = {"model": {"name": "resnet18", "overrides": {"image_size": 32, "num_classes": 10}},
+                  "training": {"global_batch": 8}}
 
 
 def peak_tflops(device_name: str, dtype: str = "bfloat16") -> float | None:
@@ -277,11 +279,11 @@ def forced_backend(name: str | None):
 def pipeline_part(args: argparse.Namespace) -> dict:
     """Part c: ours vs torch's 1F1B on 2 ranks sharing one device, both at their best micro-batch count."""
     if args.smoke:
-        fields = {**SMOKE_PIPELINE, "device": "cpu", "precision": "fp32"}
+        fields = merge_changes(SMOKE_PIPELINE, {"run": {"device": "cpu"}, "training": {"precision": "fp32"}})
     else:  # cuda:0 for both ranks: they share the GPU even on a machine with more
-        fields = {"model": args.pp_model, "global_batch": args.pp_batch, "device": "cuda:0",
-                  "precision": args.precision}
-    fields = {**fields, "data": {"kind": "synthetic"}, "tensorboard": False}
+        fields = {"model": args.pp_model, "run": {"device": "cuda:0"},
+                  "training": {"global_batch": args.pp_batch, "precision": args.precision}}
+    fields = {**fields, "data": {"kind": "synthetic"}, "events": {"tensorboard": False}}
     counts = [int(m) for m in args.microbatches.split(",")]
     name = "1f1b ours vs torch Schedule1F1B, 2 ranks on 1 device"
     planned = [(name, "ours pp2", fields, {m: f"pp2-1f1b-m{m}" for m in counts},

@@ -75,9 +75,10 @@ TIME_TARGET, MEMORY_TARGET = 0.20, 0.15
 def _config(plan: str):
     from workbench.core.config import RunConfig
 
-    return RunConfig.from_dict({"model": MODEL, "global_batch": BATCH, "steps": STEPS, "plan": plan,
-                                "model_overrides": OVERRIDES, "data": {"kind": "bytes-lm", "seq_len": SEQ},
-                                "optimizer": {"name": "adam", "lr": 1e-3},
+    return RunConfig.from_dict({"model": {"name": MODEL, "overrides": OVERRIDES}, "plan": plan,
+                                "data": {"kind": "bytes-lm", "seq_len": SEQ},
+                                "training": {"global_batch": BATCH, "steps": STEPS,
+                                             "optimizer": {"name": "adam", "lr": 1e-3}},
                                 "events": {"stage_events": True, "heartbeat_s": 5.0}})
 
 

@@ -62,7 +62,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from workbench.core.config import RunConfig
+from workbench.core.config import RunConfig, merge_changes
 from workbench.core.partition import Partition
 from workbench.core.timeline import Timeline
 from workbench.jobs import LaunchSpec, launch
@@ -82,8 +82,9 @@ COMM = ("SEND_F", "RECV_F", "SEND_B", "RECV_B", "AR")
 
 
 def model_fields(size: int) -> dict:
-    return {"model": "resnet18", "model_overrides": {"image_size": size, "num_classes": 10},
-            "global_batch": GLOBAL_BATCH, "data": {"kind": "synthetic"}, "optimizer": {"name": "sgd", "lr": 0.01}}
+    return {"model": {"name": "resnet18", "overrides": {"image_size": size, "num_classes": 10}},
+            "data": {"kind": "synthetic"},
+            "training": {"global_batch": GLOBAL_BATCH, "optimizer": {"name": "sgd", "lr": 0.01}}}
 
 
 def cases(m: int, balanced: Partition) -> dict[str, str]:
@@ -130,7 +131,8 @@ def per_step_breakdown(timeline: Timeline, steps: int) -> dict[str, float]:
 
 
 def run_case(root: str, size: int, case: str, plan: str) -> dict:
-    fields = {"name": f"gap-{size}-{case}", "steps": STEPS, "seed": 0, "plan": plan, **model_fields(size)}
+    fields = merge_changes(model_fields(size), {"name": f"gap-{size}-{case}", "plan": plan,
+                                                "training": {"steps": STEPS, "seed": 0}})
     job = launch(LaunchSpec(config=fields, name=f"gap-{size}-{case}", run_root=root))
     state = job.wait(timeout=900).state
     if state != "SUCCEEDED":
@@ -146,8 +148,8 @@ def profile_at(size: int, batch: int):
     from workbench.models import build_model, sample_batch
     from workbench.profiling import profile
 
-    fields = model_fields(size)
-    model = build_model(fields["model"], seed=0, **fields["model_overrides"])
+    fields = model_fields(size)["model"]
+    model = build_model(fields["name"], seed=0, **fields["overrides"])
     return profile(copy.deepcopy(model), sample_batch(model, batch, seed=0), device="cpu", progress=False,
                    cache=False, repeats=5)
 
@@ -163,8 +165,8 @@ def stage_passes(size: int, partition: Partition, microbatch: int, repeats: int 
 
     from workbench.models import build_model, sample_batch
 
-    fields = model_fields(size)
-    model = build_model(fields["model"], seed=0, **fields["model_overrides"])
+    fields = model_fields(size)["model"]
+    model = build_model(fields["name"], seed=0, **fields["overrides"])
     inputs, _ = sample_batch(model, GLOBAL_BATCH, seed=0)
     out: dict[str, list[float]] = {"whole_batch_ms": [], "microbatches_ms": []}
     for first, last in partition.bounds:

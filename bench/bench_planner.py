@@ -339,7 +339,8 @@ def runnable_now(samples: int = 20, interval_s: float = 0.05) -> float:
 def _run(plan_, name: str, root: Path):
     from workbench.jobs import LaunchSpec, launch
 
-    config = plan_.to_config(steps=STEPS, model_overrides=OVERRIDES, data={"kind": "bytes-lm", "seq_len": SEQ})
+    config = plan_.to_config(training={"steps": STEPS}, model={"overrides": OVERRIDES},
+                             data={"kind": "bytes-lm", "seq_len": SEQ})
     job = launch(LaunchSpec(config=config.to_dict(), name=name, run_root=root))
     state = job.wait(timeout=400).state
     if state != "SUCCEEDED":

@@ -32,7 +32,8 @@ CASES = {  # plans on 2 stages, 4 micro-batches
     "gropipe-d0": {"plan": "gropipe-2x2-1f1b-m4-d0"},
     "gropipe-d1": {"plan": "gropipe-2x2-1f1b-m4-d1"},
 }
-BASE = {"name": "predict", "model": "vgg-tiny", "global_batch": 32, "steps": 6, "data": {"kind": "synthetic"}}
+BASE = {"name": "predict", "model": "vgg-tiny", "training": {"global_batch": 32, "steps": 6},
+        "data": {"kind": "synthetic"}}
 
 
 OUT = Path(__file__).resolve().parent / "results" / "prediction.json"

@@ -40,25 +40,26 @@ import tempfile
 import time
 from pathlib import Path
 
-from workbench.core.config import RunConfig
+from workbench.core.config import RunConfig, merge_changes
 from workbench.runtime.events import read_events
 
 RESULTS = Path(__file__).resolve().parent / "results" / "runtime.json"
 
-VGG = {"model": "vgg-tiny", "global_batch": 64, "data": {"kind": "digits"}}
+VGG = {"model": "vgg-tiny", "training": {"global_batch": 64}, "data": {"kind": "digits"}}
 # the same network with 4096-wide fully connected layers (~25 M parameters, ~100 MB of gradients per
 # step): the communication-heavy regime of VGG-16, whose classifier holds 120 M of its 138 M parameters
-VGG_WIDE = {**VGG, "model_overrides": {"fc_width": 4096}}
-RESNET = {"model": "resnet18", "model_overrides": {"image_size": 32, "num_classes": 10}, "global_batch": 32,
-          "data": {"kind": "synthetic"}}
+VGG_WIDE = {**VGG, "model": {"name": "vgg-tiny", "overrides": {"fc_width": 4096}}}
+RESNET = {"model": {"name": "resnet18", "overrides": {"image_size": 32, "num_classes": 10}},
+          "training": {"global_batch": 32}, "data": {"kind": "synthetic"}}
 
 
 def throughput(fields: dict, steps: int, warmup: int) -> float:
     """Median samples/s of one torchrun launch (steps after the warm-up)."""
     with tempfile.TemporaryDirectory(prefix="bench-runtime-") as tmp:
         run_dir = Path(tmp)
-        config = RunConfig.from_dict({**fields, "steps": steps, "run_dir": str(run_dir), "seed": 0,
-                                      "events": {"stage_events": False, "heartbeat_s": 30.0}})
+        config = RunConfig.from_dict(merge_changes(fields, {
+            "training": {"steps": steps, "seed": 0}, "run": {"dir": str(run_dir)},
+            "events": {"stage_events": False, "heartbeat_s": 30.0}}))
         config.save_json(run_dir / "config.json")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={config.world_size}", "-m", "workbench.runtime.entry",

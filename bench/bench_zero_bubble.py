@@ -37,7 +37,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from workbench.core.config import RunConfig
+from workbench.core.config import RunConfig, merge_changes
 from workbench.jobs import LaunchSpec, launch
 from workbench.planning.ampa import ampa
 from workbench.profiling import profile
@@ -50,8 +50,9 @@ STAGES = 2
 
 
 def model_fields(size: int, batch: int) -> dict:
-    return {"model": "resnet18", "model_overrides": {"image_size": size, "num_classes": 10}, "global_batch": batch,
-            "data": {"kind": "synthetic"}, "optimizer": {"name": "sgd", "lr": 0.01}}
+    return {"model": {"name": "resnet18", "overrides": {"image_size": size, "num_classes": 10}},
+            "data": {"kind": "synthetic"},
+            "training": {"global_batch": batch, "optimizer": {"name": "sgd", "lr": 0.01}}}
 
 
 def cuts(size: int, batch: int, m: int) -> dict[int, str]:
@@ -73,16 +74,16 @@ def cases(m: int, part: dict[int, str]) -> dict[str, str]:
 
 
 def run(root: str, fields: dict, case: str, plan: str, steps: int) -> dict:
-    config = {**fields, "name": f"zb-{case}", "steps": steps, "seed": 0, "plan": plan,
-              "events": {"stage_events": True, "heartbeat_s": 5.0}}
+    config = merge_changes(fields, {"name": f"zb-{case}", "plan": plan, "training": {"steps": steps, "seed": 0},
+                                    "events": {"stage_events": True, "heartbeat_s": 5.0}})
     job = launch(LaunchSpec(config=config, name=f"zb-{case}", run_root=root))
     state = job.wait(timeout=1200).state
     if state != "SUCCEEDED":
         raise RuntimeError(f"{case}: the run ended {state}; see {job.run_dir}")
     steps_ = [e for e in read_events(job.run_dir, 0) if e["kind"] == "step" and e["step"] > WARMUP]
     step_ms = statistics.median(e["step_ms"] for e in steps_)
-    out = {"plan": plan, "samples_per_s": len(steps_) * fields["global_batch"] / (sum(e["step_ms"] for e in steps_)
-                                                                                / 1e3),
+    batch = fields["training"]["global_batch"]
+    out = {"plan": plan, "samples_per_s": len(steps_) * batch / (sum(e["step_ms"] for e in steps_) / 1e3),
            "step_ms": step_ms, "load_avg_1m": os.getloadavg()[0]}
     if not plan.startswith("torchpp"):
         timeline = load_measured_timeline(job.run_dir)

@@ -268,12 +268,13 @@ smoke = os.environ.get("WORKBENCH_SMOKE") == "1"
 run_root = os.environ.get("WORKBENCH_RUN_ROOT") or os.path.join(  # the project's runs/, from any folder
     next(d for d in (os.getcwd(), os.path.dirname(os.getcwd())) if os.path.isdir(os.path.join(d, "launch"))), "runs")
 zb_m = 4
-zb_base = {"model": "gpt2-tiny", "data": {"kind": "bytes-lm", "seq_len": 64}, "global_batch": 32,
-           "steps": 6 if smoke else 20, "seed": 0, "optimizer": {"name": "sgd", "lr": 0.05},
-           "model_overrides": {"n_layer": 6, "n_embd": 128, "n_head": 4, "seq_len": 64,
-                               "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}}
+zb_base = {"model": {"name": "gpt2-tiny", "overrides": {"n_layer": 6, "n_embd": 128, "n_head": 4, "seq_len": 64,
+                                                       "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}},
+           "data": {"kind": "bytes-lm", "seq_len": 64},
+           "training": {"global_batch": 32, "steps": 6 if smoke else 20, "seed": 0,
+                        "optimizer": {"name": "sgd", "lr": 0.05}}}
 zb_model = run_model(RunConfig.from_dict({**zb_base, "plan": f"pp2-1f1b-m{zb_m}"}))
-zb_micro = zb_base["global_batch"] // zb_m
+zb_micro = zb_base["training"]["global_batch"] // zb_m
 zb_profile = profile(zb_model, batch=zb_micro, progress=False)
 fused = sum(layer.backward_ms for layer in zb_profile.layers)
 split = sum(layer.input_grad_ms + layer.weight_grad_ms for layer in zb_profile.layers)

@@ -138,9 +138,9 @@ balance_figure(ampa, title=f"AMPA's partition {ampa.partition}: time and memory 
 base = RunConfig.from_toml(REPO_ROOT / "launch" / "gropipe_vgg.toml")
 gropipe_plan = ParallelPlan(mesh={"dp": num_groups, "pp": num_stages}, pipeline=GroPipe(inner="1f1b", delay=delay),
                             microbatches=num_microbatches, partition=str(ampa.partition))
-config = base.replace(model=model_name, plan=gropipe_plan, global_batch=global_batch, steps=train_steps,
-                      checkpoint_every=0, optimizer=optimizer, eval_every=eval_every,
-                      target_accuracy=target_accuracy)
+config = base.replace(model=model_name, plan=gropipe_plan, training={
+    "global_batch": global_batch, "steps": train_steps, "checkpoint_every": 0, "optimizer": optimizer},
+    evaluation={"every": eval_every, "target_accuracy": target_accuracy})
 print("plan:", config.plan.name, "| world size", config.world_size)
 print(config.plan.to_dict())
 assert ParallelPlan.parse(config.plan.name) == config.plan
@@ -308,10 +308,9 @@ display(Markdown(
 
 # %%
 ddp_base = RunConfig.from_toml(REPO_ROOT / "launch" / "ddp_vgg.toml")
-ddp_config = RunConfig.from_dict({**ddp_base.to_dict(), "model": model_name, "global_batch": global_batch,
-                                  "steps": train_steps, "checkpoint_every": 0,
-                                  "optimizer": optimizer, "eval_every": eval_every,
-                                  "target_accuracy": target_accuracy})
+ddp_config = ddp_base.replace(model=model_name, training={
+    "global_batch": global_batch, "steps": train_steps, "checkpoint_every": 0, "optimizer": optimizer},
+    evaluation={"every": eval_every, "target_accuracy": target_accuracy})
 assert ddp_config.plan.name == "dp4"  # the plan the text above names
 ddp_job = launch(LaunchSpec(config=ddp_config, run_root=run_root, name="ddp-lesson"))
 ddp_status = ddp_job.wait(timeout=400)

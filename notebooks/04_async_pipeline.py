@@ -164,9 +164,9 @@ from workbench import ParallelPlan
 from workbench.jobs import LaunchSpec, launch
 from workbench.runtime.events import load_measured_timeline
 
-base = {"model": "mlp", "global_batch": 32, "steps": steps, "data": {"kind": "digits"},
-        "optimizer": {"name": "sgd", "lr": learning_rate}, "eval_every": eval_every,
-        "target_accuracy": target_accuracy}
+base = {"model": "mlp", "data": {"kind": "digits"},
+        "training": {"global_batch": 32, "steps": steps, "optimizer": {"name": "sgd", "lr": learning_rate}},
+        "evaluation": {"every": eval_every, "target_accuracy": target_accuracy}}
 m = train_microbatches
 runs = {"1f1b (sync)": f"pp{stages}-1f1b-m{m}", "async": f"async-1x{stages}-m{m}-if{stages}",
         "async, no stash": f"async-1x{stages}-m{m}-nostash-if{stages}"}
@@ -310,8 +310,9 @@ display(Markdown(text))
 pays_microbatches = 4
 pays_steps = 8 if smoke else 16
 pays_skip = 3  # warm-up steps left out of the throughput
-pays_base = {"model": "resnet18", "model_overrides": {"image_size": 96, "num_classes": 10}, "global_batch": 64,
-             "steps": pays_steps, "data": {"kind": "synthetic"}, "optimizer": {"name": "sgd", "lr": 0.01}}
+pays_base = {"model": {"name": "resnet18", "overrides": {"image_size": 96, "num_classes": 10}},
+             "data": {"kind": "synthetic"},
+             "training": {"global_batch": 64, "steps": pays_steps, "optimizer": {"name": "sgd", "lr": 0.01}}}
 pays_runs = {"naive": "pp2-1f1b-m1", "1F1B": f"pp2-1f1b-m{pays_microbatches}",
              "async": f"async-1x2-m{pays_microbatches}"}
 pays_jobs = {}

@@ -202,7 +202,7 @@ from workbench.core.config import RunConfig
 from workbench.jobs import LaunchSpec, launch
 
 base = RunConfig.from_toml(REPO_ROOT / "launch" / "tensor2d_gpt2.toml")
-config = base.replace(steps=train_steps, plan=f"tp2d-{q}x{q}-dp1")
+config = base.replace(training={"steps": train_steps}, plan=f"tp2d-{q}x{q}-dp1")
 print("plan:", config.plan.name, config.plan.to_dict()["mesh"], "| world size", config.world_size)
 job = launch(LaunchSpec(config=config, run_root=run_root, name="tensor2d-lesson"))
 print(job)
@@ -224,12 +224,12 @@ from workbench.runtime.strategies.tensor2d.train import TensorParallelConfig, de
 from workbench.runtime.strategies.tensor_parallel import GPT2_SIZES
 
 torch.set_num_threads(1)
-sequence = build_model(config.model, seed=config.seed, **config.model_overrides)
-dense = dense_gpt2(TensorParallelConfig(mode="dense", seed=config.seed, device="cpu",
+sequence = build_model(config.model.name, seed=config.training.seed, **config.model.overrides)
+dense = dense_gpt2(TensorParallelConfig(mode="dense", seed=config.training.seed, device="cpu",
                                         **{k: int(sequence.config[k]) for k in GPT2_SIZES}))
 optimizer = make_optimizer(list(dense.parameters()), config)
 dense_losses = []
-for _, (token_ids, _targets) in zip(range(config.steps), global_batches(config, sequence)):
+for _, (token_ids, _targets) in zip(range(config.training.steps), global_batches(config, sequence)):
     optimizer.zero_grad(set_to_none=True)
     loss = dense(token_ids, labels=token_ids).loss  # next-token loss over [B, s] byte ids
     loss.backward()
@@ -264,8 +264,8 @@ assert summa_error < 1e-9, summa_error
 assert summa_steps == 2 * 2 * q
 assert comparison["2d"]["activations_mib"] < comparison["1d"]["activations_mib"] < comparison["dense"]["activations_mib"]
 assert status.state == "SUCCEEDED", status.text()
-assert len(grid_losses) == len(dense_losses) == config.steps
+assert len(grid_losses) == len(dense_losses) == config.training.steps
 assert grid_losses[-1] < grid_losses[0], grid_losses
 assert largest_gap < 1e-4, (grid_losses, dense_losses)
-print(f"2D lesson OK: {q}x{q} grid equals dense over {config.steps} steps (largest gap {largest_gap:.1e}), "
-      f"loss {grid_losses[0]:.3f} -> {grid_losses[-1]:.3f}")
+print(f"2D lesson OK: {q}x{q} grid equals dense over {config.training.steps} steps "
+      f"(largest gap {largest_gap:.1e}), loss {grid_losses[0]:.3f} -> {grid_losses[-1]:.3f}")

@@ -67,7 +67,6 @@ from IPython.display import Markdown, display
 
 from workbench.models.zoo import build_model, get_entry
 from workbench import ParallelPlan
-from workbench.core.config import to_toml
 from workbench.planning import plan, transformer_shape
 from workbench.planning.hybrid import search_hybrid
 from workbench.planning.clusters import load_cluster
@@ -135,9 +134,10 @@ timeline_figure(best_local.timeline(), title=f"{best_local.name}: predicted iter
 # files in `launch/`.
 
 # %%
-config = best_local.to_config(steps=20, model_overrides=local_overrides, data={"kind": "bytes-lm", "seq_len": 64})
+config = best_local.to_config(training={"steps": 20}, model={"overrides": local_overrides},
+                              data={"kind": "bytes-lm", "seq_len": 64})
 print("plan:", config.plan.name, "| world size", config.world_size)
-print(to_toml({"model": config.model, "global_batch": config.global_batch, "plan": config.plan.to_dict()}))
+print(config.to_toml(defaults=False))
 
 # %% [markdown]
 # How far to trust these times? The profile timed each layer alone in one
@@ -145,7 +145,7 @@ print(to_toml({"model": config.model, "global_batch": config.global_batch, "plan
 # micro-batch, four processes on two cores), and on this machine every
 # strategy came out at about 0.4-0.8 of its measured time. Calibrating fixes
 # most of that: launch a few steps of a pipeline (for example
-# `plan(costs, "local", local_batch, world_size=4, strategies=["pp4-gpipe-m4"]).best.to_config(steps=9)`),
+# `plan(costs, "local", local_batch, world_size=4, strategies=["pp4-gpipe-m4"]).best.to_config(training={"steps": 9})`),
 # then plan with `calibration=job.run_dir` (CLI: `--calibrate RUN_DIR`). The
 # profile's compute is scaled by what that run's ranks measured
 # (`workbench.planning.run_calibration`). The runtime's extra work comes per
@@ -301,7 +301,7 @@ for p in local.plans + server.plans:
     e = p.estimate
     assert abs(e.compute_ms + e.bubble_ms + e.exposed_comm_ms - e.iteration_ms) < 1e-6 * e.iteration_ms, p.name
     assert ParallelPlan.parse(p.name) == p.plan
-assert config.world_size == local_world and config.global_batch == local_batch
+assert config.world_size == local_world and config.training.global_batch == local_batch
 assert load_cluster("local").shared_compute and load_cluster(server_cluster).world_size == 8
 assert dp.exposed_comm_ms > 0 and gro.estimate.iteration_ms > 0
 if nothing_fits is not None:

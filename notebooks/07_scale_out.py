@@ -69,8 +69,8 @@ REPO_ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "launch").
 # network. That placement is GroPipe's point.
 
 # %%
-config = RunConfig.from_dict({**RunConfig.from_toml(REPO_ROOT / "launch" / "gropipe_vgg.toml").to_dict(),
-                              "steps": train_steps, "checkpoint_every": 0, "optimizer": optimizer})
+config = RunConfig.from_toml(REPO_ROOT / "launch" / "gropipe_vgg.toml").replace(
+    training={"steps": train_steps, "checkpoint_every": 0, "optimizer": optimizer})
 layout = config.plan.mesh  # Topology(dp=2, pp=2): the groups are the dp axis, the stages the pp axis
 print("plan:", config.plan.name)
 assert (config.plan.family, config.plan.dp, config.plan.pp, config.world_size) == ("gropipe", 2, 2, 4)

@@ -117,6 +117,11 @@ def read_tier(out: Path) -> dict[str, Any] | None:
     return from_log
 
 
+def _model_name(model) -> str | None:
+    """A run config's model: its name, whether the config gave a name or a [model] table."""
+    return model.get("name") if isinstance(model, dict) else model
+
+
 def read_bench(path: Path) -> dict[str, Any] | None:
     """The benchmark's headline numbers from its ``gpu.json`` (the whole file is copied beside the summary)."""
     results = read_json(path)
@@ -134,7 +139,7 @@ def read_bench(path: Path) -> dict[str, Any] | None:
             "flops_per_step": mfu.get("flops_per_step"), "flops_source": mfu.get("flops_source"), "runs": runs,
             "profile": {k: profiled.get(k) for k in ("sum_ms", "fwd_bwd_ms", "step_ms", "sum_over_fwd_bwd",
                                                       "sum_over_step")} if profiled else None,
-            "pipeline": rows, "pipeline_model": (pipeline.get("fields") or {}).get("model"),
+            "pipeline": rows, "pipeline_model": _model_name((pipeline.get("fields") or {}).get("model")),
             "errors": results.get("errors") or {}}
 
 
