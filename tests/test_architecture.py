@@ -355,7 +355,9 @@ CHECK_HELPER = re.compile(r"^[ \t]*def (_?check_(int|number|float|choice|bool|st
 # "an int that is not a bool", spelled out: fields.is_int / integer() / check_int say it once
 INLINE_INT = re.compile(r"isinstance\([^()]*,\s*bool\)[\s\\]*or[\s\\]+not[\s\\]+isinstance\("
                         r"|isinstance\([^()]*,\s*(int|\(int,\s*float\))\)[\s\\]*and[\s\\]+not[\s\\]+"
-                        r"isinstance\([^()]*,\s*bool\)")
+                        r"isinstance\([^()]*,\s*bool\)"
+                        r"|not[\s\\]+isinstance\([^()]*,\s*bool\)[\s\\]*and[\s\\]+isinstance\([^()]*,\s*"
+                        r"(int|\(int,\s*float\))\)")
 
 
 def duplicated_checks(pkg: Path) -> list[str]:
@@ -389,8 +391,11 @@ def test_the_check_scanner_catches_a_planted_helper_and_an_inline_check(tmp_path
                                             "def _check_heads(plan):\n    pass\n")
     (pkg / "widget.py").write_text("def f(n):\n    if isinstance(n, bool) or \\\n            not isinstance(n, int):\n"
                                    "        raise ValueError(n)\n    return isinstance(n, (int, float)) and not "
-                                   "isinstance(n, bool)\n")
+                                   "isinstance(n, bool)\n\n\ndef _is_int(v):\n"
+                                   "    return not isinstance(v, bool) and isinstance(v, int)\n")
     assert duplicated_checks(pkg) == [
         "core/tables.py:1 defines a check helper: def _check_int(",
+        "widget.py:8 defines a check helper: def _is_int(",
         "widget.py:2 spells out an int check: isinstance(n, bool) or not isinstance(",
-        "widget.py:5 spells out an int check: isinstance(n, (int, float)) and not isinstance(n, bool)"]
+        "widget.py:5 spells out an int check: isinstance(n, (int, float)) and not isinstance(n, bool)",
+        "widget.py:9 spells out an int check: not isinstance(v, bool) and isinstance(v, int)"]
