@@ -17,7 +17,7 @@ Four parts, each printed and written to ``bench/results/planner.json``:
    ``async-1x4-m8``, and the 2D and 1D tensor grids at half and twice the
    compared batch; none among those compared), and
    scales the profile's compute to what their ranks measured
-   (:mod:`workbench.planning.run_calibration`); the planner then predicts
+   (:mod:`workbench.planning.costs.run_calibration`); the planner then predicts
    every strategy on the ``local`` cluster with the processes runnable at
    planning time (sampled from /proc/loadavg, not the lagging load average)
    as background work, and each runs for real under torchrun (interleaved
@@ -291,7 +291,7 @@ MODEL, OVERRIDES, BATCH, SEQ = "gpt2-tiny", {"n_embd": 128, "n_layer": 4, "n_hea
 MEASURED = ["dp4", "pp4-1f1b-m4", "gropipe-2x2-1f1b-m4-d0", "gropipe-2x2-1f1b-m4-d1", "async-2x2-m4",
             "tp2d-2x2-dp1"]
 EXTRA = ["pp4-1f1b-m1", "gropipe-2x2-1f1b-m8-d0", "dp4-rc", "tp1d-4-dp1"]
-# runs each round calibrates compute from (planning.run_calibration), as (strategy, global batch); not among those
+# runs each round calibrates compute from (planning.costs.run_calibration), as (strategy, global batch); not among those
 # compared. Two scheduled pipelines at micro-batches of 4 and 1 samples fit the runtime's per-micro-batch cost; the
 # async one has the compared async pipeline's micro-batch (2 samples) on four stages of one pipeline; the tensor
 # runtimes run the compared grids at half and twice the compared batch (their per-call cost is fitted from the two).
@@ -498,7 +498,7 @@ def gropipe_gain_projection(batch: int = 256) -> dict:
     from workbench.core.costs import LinkSpec
     from workbench.core.plan import GroPipe
     from workbench.planning import plan
-    from workbench.planning.clusters import get_cluster
+    from workbench.planning.costs.clusters import get_cluster
     from workbench.profiling import profile
     from workbench.profiling.projection import project
 
@@ -559,7 +559,7 @@ def search_speed(repeats: int = 3) -> dict:
 def _cluster_64():
     from dataclasses import replace
 
-    from workbench.planning.clusters import get_cluster
+    from workbench.planning.costs.clusters import get_cluster
 
     return replace(get_cluster("2x8xH100-IB"), name="8x8xH100-IB", num_nodes=8)
 

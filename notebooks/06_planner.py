@@ -69,8 +69,8 @@ from workbench.models.zoo import build_model, get_entry
 from workbench import ParallelPlan
 from workbench.core.config import to_toml
 from workbench.planning import plan, transformer_shape
-from workbench.planning.hybrid import search_hybrid
-from workbench.planning.clusters import load_cluster
+from workbench.planning.strategy.hybrid import search_hybrid
+from workbench.planning.costs.clusters import load_cluster
 from workbench.profiling import profile
 from workbench.profiling.projection import project
 from workbench.viz.plan import layer_option_text, layer_strip_figure, plan_breakdown_figure
@@ -148,7 +148,7 @@ print(to_toml({"model": config.model, "global_batch": config.global_batch, "plan
 # `plan(costs, "local", local_batch, world_size=4, strategies=["pp4-gpipe-m4"]).best.to_config(steps=9)`),
 # then plan with `calibration=job.run_dir` (CLI: `--calibrate RUN_DIR`). The
 # profile's compute is scaled by what that run's ranks measured
-# (`workbench.planning.run_calibration`). The runtime's extra work comes per
+# (`workbench.planning.costs.run_calibration`). The runtime's extra work comes per
 # micro-batch, so runs at two micro-batch sizes (`pp4-gpipe-m4` and
 # `pp4-gpipe-m16`) fit a per-micro-batch cost, and the asynchronous pipeline,
 # which binds a weight version to every forward, takes a run of its own
@@ -213,7 +213,7 @@ except ValueError as error:
 # ## 5. Per-layer plans: when mixing wins
 #
 # Every plan so far gave all layers the same options. The per-layer search
-# (`fine_grained=True`, or `workbench.planning.hybrid.search_hybrid`) gives
+# (`fine_grained=True`, or `workbench.planning.strategy.hybrid.search_hybrid`) gives
 # each layer its own: data parallelism replicated (DDP), with sharded
 # gradients and optimizer state (ZeRO-2) or fully sharded (FSDP), a
 # tensor-parallel degree, and recomputation. A dynamic programme over the

@@ -37,7 +37,7 @@ _LAZY: dict[str, str] = {
     "simulate": "workbench.scheduling:simulate",
     "partition": "workbench.planning:partition",
     "plan": "workbench.planning:plan",
-    "place": "workbench.planning.placement:place",
+    "place": "workbench.planning.partitioning.placement:place",
     "choose_inflight": "workbench.scheduling.adaptive:choose_inflight",
     "build_model": "workbench.models:build_model",
     "list_models": "workbench.models:list_models",

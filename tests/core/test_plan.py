@@ -9,7 +9,7 @@ from workbench.core.config import RunConfig, runs_layer_by_layer
 from workbench.core.plan import (AsyncPipeline, GPipe, GroPipe, Interleaved, LayerPlan, NoPipeline, OneFOneB,
                                  ParallelPlan, TorchPipelining)
 from workbench.core.topology import Topology
-from workbench.planning.space import enumerate_strategies
+from workbench.planning.strategy.space import enumerate_strategies
 from workbench.scheduling import generators, zero_bubble
 from workbench.scheduling.registry import schedule_for, stage_memory
 from workbench.scheduling.memory import in_flight_by_stage

@@ -13,8 +13,8 @@ import sys
 from dataclasses import replace
 
 from workbench.core.costs import ModelCosts
-from workbench.planning.search import plan
-from workbench.planning.tensor_costs import TransformerShape
+from workbench.planning.strategy.search import plan
+from workbench.planning.costs.tensor_costs import TransformerShape
 
 
 def _uneven() -> ModelCosts:

@@ -13,11 +13,12 @@ from workbench.core.partition import Partition
 from workbench.core.plan import ParallelPlan
 from workbench.core.timeline import Event, Timeline
 from workbench.planning import plan
-from workbench.planning.run_calibration import calibrate_from_run, calibrate_from_timeline, calibrate_tensor_from_timeline
-from workbench.planning.compute_scaling import (ComputeModel, RuntimeCalibration, compute_models, fit_factor,
-                                           profiled_compute_models, runtime_family)
-from workbench.planning.tensor_costs import TransformerShape
-from workbench.planning.clusters import core_sharing, get_cluster
+from workbench.planning.costs.run_calibration import (calibrate_from_run, calibrate_from_timeline,
+                                                      calibrate_tensor_from_timeline)
+from workbench.planning.costs.compute_scaling import (ComputeModel, RuntimeCalibration, compute_models, fit_factor,
+                                                      profiled_compute_models, runtime_family)
+from workbench.planning.costs.tensor_costs import TransformerShape
+from workbench.planning.costs.clusters import core_sharing, get_cluster
 from workbench.scheduling import generators
 from workbench.scheduling.simulate import simulate
 from workbench.scheduling.stagecosts import StageCosts
@@ -264,8 +265,8 @@ def test_calibration_from_a_real_tensor_parallel_run(tmp_path, capsys):
 
 
 def test_the_per_call_cost_of_a_runtimes_collectives_is_fitted_from_one_run():
-    from workbench.planning.run_calibration import fit_call_ms
-    from workbench.planning.hybrid import cost_plan
+    from workbench.planning.costs.run_calibration import fit_call_ms
+    from workbench.planning.strategy.hybrid import cost_plan
 
     costs = ModelCosts.uniform(6, forward_ms=2.0, backward_ms=4.0, param_bytes=2**20, activation_bytes=2**16,
                                batch_size=16)
@@ -321,7 +322,7 @@ def test_a_profile_with_micro_batch_passes_models_the_runtimes_compute_without_r
 
 
 def test_plan_uses_the_profiles_passes_unless_runs_calibrate_it(monkeypatch):
-    import workbench.planning.search as search
+    import workbench.planning.strategy.search as search
 
     monkeypatch.setattr(search, "shared_cores", lambda cluster: 2 if cluster.shared_compute else None)
     names = ["dp4", "pp4-1f1b-m16", "async-1x4-m8"]  # micro-batches of 4, 1 and 2 samples

@@ -11,7 +11,7 @@ import pytest
 
 from workbench.cli import main
 from workbench.core.config import RunConfig
-from workbench.planning.search import plan
+from workbench.planning.strategy.search import plan
 
 from test_hybrid import mixed_model
 

@@ -13,7 +13,7 @@ import pytest
 
 from workbench.core.costs import LinkSpec
 from workbench.planning import plan
-from workbench.planning.clusters import get_cluster
+from workbench.planning.costs.clusters import get_cluster
 from workbench.profiling import profile
 from workbench.profiling.projection import project
 

@@ -11,9 +11,9 @@ import pytest
 
 from workbench.core.costs import LayerCost, ModelCosts
 from workbench.core.plan import ParallelPlan
-from workbench.planning.clusters import get_cluster
-from workbench.planning.hybrid import TEMPLATES, _split, search_hybrid
-from workbench.planning.layer_strategies import CONV, LINEAR, OTHER, TRANSFORMER
+from workbench.planning.costs.clusters import get_cluster
+from workbench.planning.strategy.hybrid import TEMPLATES, _split, search_hybrid
+from workbench.planning.layerwise.layer_strategies import CONV, LINEAR, OTHER, TRANSFORMER
 
 MIB, GIB = 2**20, 2**30
 
@@ -185,7 +185,7 @@ def test_cli_fine_grained_json_and_search_line(tmp_path, capsys):
 
 
 def test_cost_plan_reproduces_what_the_search_found_for_its_plans():
-    from workbench.planning.hybrid import cost_plan
+    from workbench.planning.strategy.hybrid import cost_plan
 
     costs, spec = mixed_model(), get_cluster("2x8xH100-IB")
     result = search_hybrid(costs, spec, 64, budget_bytes=2 * GIB)
@@ -223,8 +223,8 @@ def test_a_searched_per_layer_plan_runs_exactly_as_planned(tmp_path):
     mixed = [p for p in result.per_layer.plans if not p.plan.is_uniform]
     assert mixed, "the per-layer search found no mixed plan under the cap"
     chosen = mixed[0]
-    from workbench.planning.hybrid import as_estimate
-    from workbench.planning.search import RankedPlan
+    from workbench.planning.strategy.hybrid import as_estimate
+    from workbench.planning.strategy.search import RankedPlan
 
     run_config = RankedPlan(chosen.plan, as_estimate(chosen), costs.model, 16).to_config(
         model_overrides=overrides, steps=2, data={"kind": "bytes-lm", "seq_len": 32})

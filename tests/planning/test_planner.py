@@ -11,8 +11,8 @@ from workbench.core.config import RunConfig
 from workbench.core.costs import LayerCost, ModelCosts
 from workbench.core.plan import GroPipe, Interleaved, ParallelPlan
 from workbench.planning import TransformerShape, plan
-from workbench.planning.clusters import load_cluster
-from workbench.planning.finegrained import choose_per_layer
+from workbench.planning.costs.clusters import load_cluster
+from workbench.planning.layerwise.finegrained import choose_per_layer
 
 COSTS = ModelCosts.uniform(16, forward_ms=1.0, backward_ms=2.0, param_bytes=20_000_000, activation_bytes=2_000_000,
                            batch_size=8)
@@ -192,7 +192,7 @@ def test_cli_ranks_strategies_as_json(tmp_path, capsys):
 
 
 def test_time_sharing_on_a_shared_cpu_node():
-    from workbench.planning.clusters import time_sharing_slowdown
+    from workbench.planning.costs.clusters import time_sharing_slowdown
 
     assert time_sharing_slowdown(4, 2) == pytest.approx(2.0)  # idle machine: 4 processes on 2 cores
     assert time_sharing_slowdown(2, 2) == pytest.approx(1.0)
@@ -206,7 +206,7 @@ def test_time_sharing_on_a_shared_cpu_node():
 
 def test_local_cluster_reads_its_calibration(tmp_path, monkeypatch):
     from workbench.core.costs import LinkSpec
-    from workbench.planning import clusters
+    from workbench.planning.costs import clusters
 
     monkeypatch.setattr(clusters, "LOCAL_CALIBRATION", tmp_path / "local.json")
     default = clusters.load_cluster("local")
@@ -234,7 +234,7 @@ def test_local_pipelines_share_the_cores_by_what_runs_at_once():
 def test_tensor_parallel_pays_for_every_step_of_every_collective_call(name, steps_per_call):
     # 2D: broadcasts / reduces within a row or column of q = 2 ranks (q - 1 = 1 step); 1D: ring all-reduces among
     # P = 4 ranks (2 (P - 1) = 6 steps)
-    from workbench.planning.clusters import shared_cores
+    from workbench.planning.costs.clusters import shared_cores
 
     cluster = load_cluster("local-cpu")
     assert cluster.collective_call_ms > 0
@@ -255,9 +255,9 @@ def test_tensor_parallel_pays_for_every_step_of_every_collective_call(name, step
 def test_collective_steps_wait_only_when_the_cores_are_oversubscribed(monkeypatch):
     from importlib import import_module
 
-    from workbench.planning import clusters
+    from workbench.planning.costs import clusters
 
-    estimate = import_module("workbench.planning.estimate")  # the module: the package exports a function by its name
+    estimate = import_module("workbench.planning.costs.estimate")  # the module: the package exports a function by its name
 
     assert [clusters.collective_wait_fraction(r, 2, b) for r, b in [(2, 0), (3, 0), (4, 0), (2, 1), (8, 0)]] == [
         0.0, 0.5, 1.0, 0.5, 1.0]
@@ -283,7 +283,7 @@ def test_collective_steps_wait_only_when_the_cores_are_oversubscribed(monkeypatc
 
 def test_gpu_presets_slow_compute_that_overlaps_collectives():
     """Datasheet GPU presets charge the overlap slowdown; data parallelism's overlapped all-reduce costs more for it."""
-    from workbench.planning import clusters
+    from workbench.planning.costs import clusters
 
     v100 = clusters.get_cluster("8xV100-PCIe")
     assert v100.device.name == "V100-PCIe" and v100.device.tflops() < clusters.get_cluster("4xV100-NVLink").device.tflops()
@@ -326,7 +326,7 @@ def test_cli_builds_a_zoo_model_with_model_args(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize(("name", "words"), [("pp8-gpipe-m1", "(gpipe, 1 micro-batch)"),
                                              ("pp8-1f1b-m8", "(1f1b, 8 micro-batches)")])
 def test_a_memory_refusal_names_the_schedule_kind_and_counts_micro_batches_in_english(name, words):
-    from workbench.planning.ampa import ampa
+    from workbench.planning.partitioning.ampa import ampa
     from workbench.scheduling.registry import stage_memory
 
     p = ParallelPlan.parse(name)

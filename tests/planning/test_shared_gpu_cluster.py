@@ -4,7 +4,7 @@ import pytest
 
 from workbench.core.costs import ModelCosts
 from workbench.planning import plan
-from workbench.planning.clusters import HOST_STAGED_LINK, get_cluster, share_gpus
+from workbench.planning.costs.clusters import HOST_STAGED_LINK, get_cluster, share_gpus
 
 COSTS = ModelCosts.uniform(8, forward_ms=1.0, backward_ms=2.0, param_bytes=2 * 1024 ** 3, activation_bytes=10 ** 8,
                            batch_size=8)

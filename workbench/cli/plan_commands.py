@@ -72,7 +72,7 @@ def _model_costs(model: str, cluster, profile_batch: int, model_args: list[str] 
 def _zoo_shape(model: str, overrides: dict, batch: int, seq_len: int | None = None):
     """The TransformerShape of zoo ``model`` with ``overrides`` (None unless it is a GPT-2 / BERT)."""
     from ..models.zoo import get_entry
-    from ..planning.search import transformer_shape
+    from ..planning.strategy.search import transformer_shape
 
     entry = get_entry(model)
     if entry.family not in ("gpt2", "bert"):
@@ -95,8 +95,8 @@ def _shape_of_runs(run_dirs: list[str] | None, batch: int):
 
 
 def _plan(args: argparse.Namespace) -> Result:
-    from ..planning.clusters import load_cluster, share_gpus
-    from ..planning.search import plan
+    from ..planning.costs.clusters import load_cluster, share_gpus
+    from ..planning.strategy.search import plan
 
     if args.batch < 1:
         raise ValueError(f"--batch must be an int >= 1, got {args.batch}")
@@ -223,5 +223,5 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                         "run is best). Repeat it: scheduled-pipeline runs at two micro-batch sizes fit a "
                         "per-micro-batch cost, an async pipeline's run calibrates the async runtime, and a "
                         "tensor-parallel run (tp2d, tp1d; of a GPT-2/BERT model) its own runtime "
-                        "(workbench.planning.run_calibration)")
+                        "(workbench.planning.costs.run_calibration)")
     p.set_defaults(handler=_plan)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..core.partition import Partition
-from ..planning.ampa import PartitionResult
+from ..planning.partitioning.ampa import PartitionResult
 from ..scheduling.simulate import SimResult
 
 __all__ = ["EditorState"]

@@ -6,14 +6,14 @@ micro-batches, and why. The space (:mod:`.space`) holds hundreds of points
 for 64 devices; simulating each is too slow for an interactive answer.
 
 Approach (two passes). Every valid strategy is first *projected* with the
-closed form (:func:`.estimate.project`: AMPA partition under the memory
+closed form (:func:`~workbench.planning.costs.estimate.project`: AMPA partition under the memory
 cap, ``(m + S - 1) x bottleneck``, exposed gradient all-reduce); strategies
 that cannot fit are kept with the reason. The ``simulate_top`` fastest are
-then *simulated* (:func:`.estimate.estimate`: the runtime's own schedule on
+then *simulated* (:func:`~workbench.planning.costs.estimate.estimate`: the runtime's own schedule on
 the cluster's links with the overlap slowdown) and ranked by the simulated
 time; the table says which method produced each row. With ``fine_grained``
 the pipelines that miss the memory cap also get a per-layer recomputation
-choice by dynamic programming over layers (:mod:`.finegrained`).
+choice by dynamic programming over layers (:mod:`~workbench.planning.layerwise.finegrained`).
 
 ``plan(...)`` returns a :class:`PlanResult`: a ranked pandas table (name,
 iteration_ms, throughput, memory_gib, compute_ms, bubble_ms,
@@ -31,19 +31,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from ..core.config import RunConfig
-from ..core.costs import ClusterSpec, ModelCosts
-from ..core.plan import ParallelPlan
-from ..core.timeline import Timeline
-from ..scheduling.simulate import SimResult
-from .clusters import load_cluster, shared_cores
-from .compute_scaling import ComputeModel, RuntimeCalibration, compute_models, profiled_compute_models, scale_compute
-from .estimate import GIB, Estimate, cost_context, estimate, project
+from ...core.config import RunConfig
+from ...core.costs import ClusterSpec, ModelCosts
+from ...core.plan import ParallelPlan
+from ...core.timeline import Timeline
+from ...scheduling.simulate import SimResult
+from ..costs.clusters import load_cluster, shared_cores
+from ..costs.compute_scaling import (ComputeModel, RuntimeCalibration, compute_models, profiled_compute_models,
+                                     scale_compute)
+from ..costs.estimate import GIB, Estimate, cost_context, estimate, project
 from .hybrid import TEMPLATE_TEXT, HybridEstimate, HybridResult, as_estimate, search_hybrid
-from .layer_strategies import decision_trees, stage_strategies
-from .run_calibration import calibrate_from_run
+from ..layerwise.layer_strategies import decision_trees, stage_strategies
+from ..costs.run_calibration import calibrate_from_run
 from .space import STRATEGY_KINDS, check_plan, enumerate_strategies
-from .tensor_costs import TransformerShape
+from ..costs.tensor_costs import TransformerShape
 
 __all__ = ["plan", "RankedPlan", "PlanResult", "transformer_shape", "TABLE_COLUMNS"]
 
@@ -229,13 +230,13 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
     before launching), which changes how much the ranks slow each other.
     ``pipeline_degrees``: consider only plans with these pipeline degrees
     (1 is no pipeline), in the templates and in the per-layer search alike.
-    ``calibration``: a :class:`~.compute_scaling.RuntimeCalibration` or the
-    directory of a finished run of this model (:func:`~.run_calibration.
+    ``calibration``: a :class:`~workbench.planning.costs.compute_scaling.RuntimeCalibration` or the
+    directory of a finished run of this model (:func:`~workbench.planning.costs.run_calibration.
     calibrate_from_run`), whose measured compute scales the profile's; or a
     list of them: each runtime family (scheduled, async, tensor2d,
     tensor1d) is scaled by its own runs (a family without any by the
     scheduled one's), and runs of a family at two or more micro-batch sizes
-    fit its per-micro-batch cost (:func:`~.compute_scaling.compute_models`). A
+    fit its per-micro-batch cost (:func:`~workbench.planning.costs.compute_scaling.compute_models`). A
     tensor-parallel run also needs ``shape``.
     """
     started = time.perf_counter()
@@ -302,7 +303,7 @@ def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, glob
         final.append(e)
     hybrid = None
     if fine_grained:
-        from .finegrained import selective_recompute_plans
+        from ..layerwise.finegrained import selective_recompute_plans
 
         final += selective_recompute_plans(ctx, [s for s in candidates if not s.recompute], infeasible)
         hybrid = _per_layer_search(ctx, costs, world, optimizer, notes, pipeline_degrees)

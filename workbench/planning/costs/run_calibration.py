@@ -64,14 +64,14 @@ import statistics
 from pathlib import Path
 from typing import Any, Callable
 
-from ..core.config import RunConfig
-from ..core.costs import ClusterSpec, ModelCosts
-from ..core.partition import Partition
-from ..core.plan import ParallelPlan
-from ..core.rundir import load_measured_timeline, read_events
-from ..core.timeline import Timeline
-from ..scheduling.sharing import solo_durations
-from ..scheduling.stagecosts import StageCosts
+from ...core.config import RunConfig
+from ...core.costs import ClusterSpec, ModelCosts
+from ...core.partition import Partition
+from ...core.plan import ParallelPlan
+from ...core.rundir import load_measured_timeline, read_events
+from ...core.timeline import Timeline
+from ...scheduling.sharing import solo_durations
+from ...scheduling.stagecosts import StageCosts
 from .clusters import core_sharing, load_cluster
 from .compute_scaling import RuntimeCalibration, runtime_family
 from .estimate import cost_context, estimate

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Hashable, Sequence
 
-from .layerwise_costs import MIB, _error
+from .layer_costs import MIB, _error
 
 __all__ = ["Option", "pareto_dp", "bucket_dp"]
 
