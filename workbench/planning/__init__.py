@@ -10,5 +10,6 @@ from .costs.run_calibration import calibrate_from_run
 from .costs.tensor_costs import TransformerShape
 from .partitioning.ampa import PartitionResult, SearchCandidate, search
 from .partitioning.partitioners import partition
+from .strategy.request import Budget, SearchOptions, Workload
 from .strategy.search import PlanResult, RankedPlan, plan, transformer_shape
 from .strategy.space import check_plan, enumerate_strategies
