@@ -117,7 +117,7 @@ def test_the_planner_times_a_pipeline_on_the_placement_it_chose_and_the_config_c
     from workbench.core.plan import ParallelPlan
     import importlib
 
-    from workbench.planning import plan
+    from workbench.planning import SearchOptions, Workload, plan
     from workbench.planning.costs.clusters import get_cluster
     from workbench.planning.costs.estimate import cost_context, estimate
 
@@ -139,5 +139,5 @@ def test_the_planner_times_a_pipeline_on_the_placement_it_chose_and_the_config_c
     assert "placement" not in naive.detail and placed.iteration_ms < naive.iteration_ms
     monkeypatch.undo()
     # the run config launches the processes where the estimate put them
-    found = plan(costs, cluster, 64, strategies=[strategy.name]).plans[0]
+    found = plan(Workload(costs, 64), cluster, options=SearchOptions(strategies=[strategy.name])).plans[0]
     assert list(found.to_config().placement) == device_of

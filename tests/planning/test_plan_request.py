@@ -1,5 +1,5 @@
-"""The planner's question as typed values: Workload, Budget and SearchOptions check their fields when made and
-keep sequences as tuples."""
+"""The planner's question as typed values: Workload, Budget and SearchOptions check their fields when made,
+keep sequences as tuples, and plan() takes nothing else."""
 
 from dataclasses import FrozenInstanceError, replace
 
@@ -7,11 +7,13 @@ import pytest
 
 from workbench.core.costs import ModelCosts
 from workbench.core.plan import ParallelPlan
-from workbench.planning import Budget, SearchOptions, Workload, get_cluster
+from workbench.planning import (Budget, RuntimeCalibration, SearchOptions, TransformerShape, Workload, get_cluster,
+                                plan)
 from workbench.planning.strategy.space import STRATEGY_KINDS
 
 COSTS = ModelCosts.uniform(8, forward_ms=1.0, backward_ms=2.0, param_bytes=4_000_000, activation_bytes=1_000_000,
                            batch_size=8)
+GPT = TransformerShape(hidden=256, heads=8, layers=8, vocab=1000, positions=256, batch=8, seq=64)
 
 
 @pytest.mark.parametrize("make, message", [
@@ -68,6 +70,42 @@ def test_the_budget_counts_the_devices_of_the_cluster():
     with pytest.raises(ValueError, match="world_size=16 is more devices than cluster '8xV100-PCIe' has"):
         Budget(world_size=16).devices(cluster)
     assert Budget(memory_cap_gib=1.5).memory_cap_bytes == int(1.5 * 2**30) and Budget().memory_cap_bytes is None
+
+
+def test_plan_takes_only_the_typed_values():
+    with pytest.raises(ValueError, match="plan\\(\\) workload must be a Workload, got ModelCosts"):
+        plan(COSTS, "8xV100-PCIe", 16)
+    with pytest.raises(ValueError, match="plan\\(\\) budget must be a Budget, got dict"):
+        plan(Workload(COSTS, 16), "8xV100-PCIe", {"world_size": 4})
+    with pytest.raises(ValueError, match="plan\\(\\) options must be a SearchOptions, got NoneType"):
+        plan(Workload(COSTS, 16), "8xV100-PCIe", Budget(), None)
+
+
+def test_equal_questions_give_equal_answers():
+    """Names or ParallelPlans, lists or tuples, a preset's name or its ClusterSpec: one question, one answer."""
+    names = ["dp4", "pp4-1f1b-m4", "gropipe-2x2-1f1b-m4-d1", "tp1d-4-dp1"]
+    a = plan(Workload(COSTS, 16, shape=GPT), "8xV100-PCIe", Budget(world_size=4), SearchOptions(strategies=names))
+    b = plan(Workload(COSTS, 16, shape=GPT), get_cluster("8xV100-PCIe"), Budget(world_size=4),
+             SearchOptions(strategies=tuple(ParallelPlan.parse(n) for n in names)))
+    assert [(p.name, p.estimate.iteration_ms, p.estimate.memory_bytes) for p in a.plans] == \
+        [(p.name, p.estimate.iteration_ms, p.estimate.memory_bytes) for p in b.plans]
+    assert a.notes == b.notes and a.infeasible == b.infeasible and len(a.plans) == len(names)
+
+
+def test_the_options_shape_the_search():
+    workload, budget = Workload(COSTS, 16), Budget(world_size=4)
+    everything = plan(workload, "8xV100-PCIe", budget, SearchOptions(recompute=(False,)))
+    pipelines = plan(workload, "8xV100-PCIe", budget, SearchOptions(kinds=("pipeline", "gropipe"), recompute=(False,),
+                                                                    pipeline_degrees=(2,), top=3, simulate_top=1))
+    assert {p.plan.family for p in everything.plans} > {"pipeline", "gropipe"}
+    assert len(pipelines.plans) == 3
+    assert all(p.plan.family in ("pipeline", "gropipe") and p.plan.pp == 2 for p in pipelines.plans)
+    assert sum(p.estimate.method == "simulated" for p in pipelines.plans) <= 1
+    assert any("only pipeline degree 2 considered" in n for n in pipelines.notes)
+    cal = RuntimeCalibration(2.0, 10, 20.0, 10.0)
+    calibrated = plan(workload, "8xV100-PCIe", budget, SearchOptions(strategies=["dp4"], calibration=cal))
+    scaled = plan(Workload(cal.apply(COSTS), 16), "8xV100-PCIe", budget, SearchOptions(strategies=["dp4"]))
+    assert calibrated.best.estimate.iteration_ms == pytest.approx(scaled.best.estimate.iteration_ms)
 
 
 def test_the_package_and_the_workbench_export_them():

@@ -23,7 +23,7 @@ predicts for the same stage and micro-batch
 apply` multiplies every layer's forward and backward time by it. The other
 costs (links, collective calls, overlap, memory) keep their own
 calibrations. Use :func:`calibrate_from_run` on a finished run directory
-and pass ``plan(..., calibration=...)`` (CLI: ``workbench plan ...
+and pass ``SearchOptions(calibration=...)`` to ``plan`` (CLI: ``workbench plan ...
 --calibrate RUN_DIR``).
 
 Runtimes differ in what they add around the same arithmetic: the
