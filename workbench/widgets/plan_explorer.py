@@ -14,10 +14,10 @@ that cannot run with the reason. Clicking a bar, or choosing in the
 strategy menu, selects a plan: its outline is drawn in place, its details
 and launch config are shown, and its simulated timeline replaces the
 previous one (closed-form estimates have none, and say so). A plan whose
-layers differ (``fine_grained=True`` finds them) also shows its per-layer
-strip (:func:`~workbench.viz.plan.layer_strip_figure`): a colour per option
-along the layers, stage boundaries, and each stage's memory against the
-budget.
+layers differ (``SearchOptions(fine_grained=True)`` finds them) also shows
+its per-layer strip (:func:`~workbench.viz.plan.layer_strip_figure`): a
+colour per option along the layers, stage boundaries, and each stage's
+memory against the budget.
 
 Page hooks (CSS classes): ``wb-plan-button``, ``wb-strategy`` (the menu),
 ``wb-plan-table``, ``wb-infeasible``, ``wb-plan-detail``, ``wb-layer-strip``; the whole
