@@ -38,7 +38,7 @@ from workbench.core.partition import Partition
 from workbench.core.plan import AsyncPipeline
 from workbench.core.timeline import Timeline
 from workbench.jobs import LaunchSpec, launch
-from workbench.planning.clusters import core_sharing, get_cluster
+from workbench.planning.costs.clusters import core_sharing, get_cluster
 from workbench.runtime.events import read_events
 from workbench.scheduling import generators, schedule_for
 from workbench.scheduling.from_config import stage_costs_from_timeline

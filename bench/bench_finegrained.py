@@ -35,8 +35,8 @@ from pathlib import Path
 
 from workbench.core.costs import ModelCosts
 from workbench.models.zoo import build_model
-from workbench.planning.clusters import get_cluster
-from workbench.planning.hybrid import search_hybrid
+from workbench.planning.costs.clusters import get_cluster
+from workbench.planning.strategy.hybrid import search_hybrid
 from workbench.profiling import profile
 from workbench.profiling.projection import project
 

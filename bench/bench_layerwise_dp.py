@@ -6,9 +6,9 @@ strategies of a stage of 8 (Galvatron's 11 trees, each with and without
 recomputation), under a budget halfway between the least and the most memory
 an assignment can use, so the optimum mixes strategies. Both solvers get the
 same precomputed options and transition table, so only the search is timed:
-the exact Pareto frontier (:func:`~workbench.planning.layerwise.pareto_dp`),
+the exact Pareto frontier (:func:`~workbench.planning.layerwise.stage_search.pareto_dp`),
 the bucket table at Galvatron's 1 MiB and at 512 coarse buckets
-(:func:`~workbench.planning.layerwise.bucket_dp`), and the frontier bounded by
+(:func:`~workbench.planning.layerwise.stage_search.bucket_dp`), and the frontier bounded by
 the time of a coarse bucket answer (what ``search_stage`` runs). Prints median wall-clock
 times and how far each bucket answer is above the exact optimum, and writes
 ``bench/results/layerwise_dp.json``.
@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 
 from workbench.core.costs import LayerCost, ModelCosts
-from workbench.planning.clusters import get_cluster
-from workbench.planning.layer_strategies import OTHER, TRANSFORMER, stage_strategies
-from workbench.planning.layerwise import (BOUND_BUCKETS, StageSpec, bucket_dp, layer_cost, pareto_dp, search_stage,
-                                          transition_ms)
+from workbench.planning.costs.clusters import get_cluster
+from workbench.planning.layerwise.layer_strategies import OTHER, TRANSFORMER, stage_strategies
+from workbench.planning.layerwise.stage_search import (BOUND_BUCKETS, StageSpec, bucket_dp, layer_cost, pareto_dp,
+                                                       search_stage, transition_ms)
 
 RESULTS = Path(__file__).resolve().parent / "results" / "layerwise_dp.json"
 LAYERS = 48

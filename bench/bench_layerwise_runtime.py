@@ -8,12 +8,12 @@ sharded (FSDP), zero2, 2-way tensor-parallel and recomputed layers.
 
 Each round profiles the model in one process, runs a plain ``dp4`` job as
 the compute calibration and a ``dp4-fsdp`` job that fixes the layer-by-layer
-runtime's per-call collective cost (:func:`~workbench.planning.run_calibration.fit_call_ms`;
+runtime's per-call collective cost (:func:`~workbench.planning.costs.run_calibration.fit_call_ms`;
 neither is one of the compared plans), and predicts each
 plan with the per-layer cost model on the ``local`` cluster: the profile's
 compute scaled by the calibration and by the cores' time sharing (with the
 processes runnable at planning time as background), then
-:func:`~workbench.planning.hybrid.cost_plan`. Measured: the median time
+:func:`~workbench.planning.strategy.hybrid.cost_plan`. Measured: the median time
 between steps on rank 0 after the warm-up steps, and the runtime's own
 memory count (``memory.counted_bytes`` of each step event: parameters,
 gathered parameters, gradients and optimizer state held by the rank, plus the
@@ -132,10 +132,10 @@ def _predict(costs, k: float, background: float, plan: str, call_ms: float | Non
     """The per-layer cost model's plan; ``call_ms``: the per-step cost of a collective (default: the cluster's)."""
     from dataclasses import replace
 
-    from workbench.planning.compute_scaling import scale_compute
-    from workbench.planning.clusters import load_cluster
-    from workbench.planning.estimate import cost_context
-    from workbench.planning.hybrid import cost_plan
+    from workbench.planning.costs.compute_scaling import scale_compute
+    from workbench.planning.costs.clusters import load_cluster
+    from workbench.planning.costs.estimate import cost_context
+    from workbench.planning.strategy.hybrid import cost_plan
 
     ctx = cost_context(costs, load_cluster("local"), BATCH, world_size=4, background_load=background)
     spec = ctx.cluster if call_ms is None else replace(ctx.cluster, collective_call_ms=call_ms)
@@ -152,7 +152,7 @@ def one_round(rep: int, root: Path, plans: list[str]) -> dict:
 
     from workbench.core.plan import ParallelPlan
     from workbench.planning import calibrate_from_run
-    from workbench.planning.run_calibration import fit_call_ms
+    from workbench.planning.costs.run_calibration import fit_call_ms
 
     costs = _profile()
     background = runnable_now()

@@ -66,8 +66,8 @@ from workbench.core.config import RunConfig, merge_changes
 from workbench.core.partition import Partition
 from workbench.core.timeline import Timeline
 from workbench.jobs import LaunchSpec, launch
-from workbench.planning.ampa import ampa
-from workbench.planning.clusters import core_sharing, get_cluster
+from workbench.planning.partitioning.ampa import ampa
+from workbench.planning.costs.clusters import core_sharing, get_cluster
 from workbench.runtime.events import load_measured_timeline, read_events
 from workbench.scheduling import generators, schedule_for
 from workbench.scheduling.simulate import simulate

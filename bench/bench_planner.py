@@ -17,7 +17,7 @@ Four parts, each printed and written to ``bench/results/planner.json``:
    ``async-1x4-m8``, and the 2D and 1D tensor grids at half and twice the
    compared batch; none among those compared), and
    scales the profile's compute to what their ranks measured
-   (:mod:`workbench.planning.run_calibration`); the planner then predicts
+   (:mod:`workbench.planning.costs.run_calibration`); the planner then predicts
    every strategy on the ``local`` cluster with the processes runnable at
    planning time (sampled from /proc/loadavg, not the lagging load average)
    as background work, and each runs for real under torchrun (interleaved
@@ -291,7 +291,7 @@ MODEL, OVERRIDES, BATCH, SEQ = "gpt2-tiny", {"n_embd": 128, "n_layer": 4, "n_hea
 MEASURED = ["dp4", "pp4-1f1b-m4", "gropipe-2x2-1f1b-m4-d0", "gropipe-2x2-1f1b-m4-d1", "async-2x2-m4",
             "tp2d-2x2-dp1"]
 EXTRA = ["pp4-1f1b-m1", "gropipe-2x2-1f1b-m8-d0", "dp4-rc", "tp1d-4-dp1"]
-# runs each round calibrates compute from (planning.run_calibration), as (strategy, global batch); not among those
+# runs each round calibrates compute from (planning.costs.run_calibration), as (strategy, global batch); not among those
 # compared. Two scheduled pipelines at micro-batches of 4 and 1 samples fit the runtime's per-micro-batch cost; the
 # async one has the compared async pipeline's micro-batch (2 samples) on four stages of one pipeline; the tensor
 # runtimes run the compared grids at half and twice the compared batch (their per-call cost is fitted from the two).
@@ -350,7 +350,7 @@ def _run(plan_, name: str, root: Path):
 
 def measured_vs_predicted(repeats: int) -> dict:
     from workbench.models.zoo import get_entry
-    from workbench.planning import calibrate_from_run, plan, transformer_shape
+    from workbench.planning import Budget, SearchOptions, Workload, calibrate_from_run, plan, transformer_shape
 
     shape = transformer_shape({**get_entry(MODEL).config(OVERRIDES), "seq_len": SEQ}, BATCH)
     root = Path(__file__).resolve().parents[1] / "runs" / "bench-planner" / time.strftime("%Y%m%d-%H%M%S")
@@ -363,7 +363,8 @@ def measured_vs_predicted(repeats: int) -> dict:
         background = runnable_now()  # the other work sharing the cores now
         cals = []
         for name, batch in CALIBRATIONS:
-            cal_plan = plan(costs, "local", batch, world_size=4, shape=shape, strategies=[name])[name]
+            cal_plan = plan(Workload(costs, batch, shape=shape), "local", Budget(world_size=4),
+                            SearchOptions(strategies=[name]))[name]
             cal_job = _run(cal_plan, f"{name}-b{batch}", root)
             cal = calibrate_from_run(costs, cal_job.run_dir, cluster="local", background_load=background,
                                      warmup=WARMUP, shape=shape)
@@ -371,9 +372,10 @@ def measured_vs_predicted(repeats: int) -> dict:
             print(f"rep {rep}: background {background:.2f}; {cal.family} compute calibrated x{cal.compute_scale:.3f} "
                   f"from {name} at batch {batch} ({cal.events} events)", flush=True)
         calibrations.append([c.to_dict() for c in cals])
-        raw = plan(costs, "local", BATCH, world_size=4, shape=shape, strategies=names, background_load=background)
-        predicted = plan(costs, "local", BATCH, world_size=4, shape=shape, strategies=names,
-                         background_load=background, calibration=cals)
+        raw = plan(Workload(costs, BATCH, shape=shape), "local", Budget(world_size=4),
+                   SearchOptions(strategies=names, background_load=background))
+        predicted = plan(Workload(costs, BATCH, shape=shape), "local", Budget(world_size=4),
+                         SearchOptions(strategies=names, background_load=background, calibration=cals))
         for name in names:
             load = os.getloadavg()[0]
             job = _run(predicted[name], name, root)
@@ -455,7 +457,7 @@ def repredict(previous: dict, background: float | None = None) -> dict:
     when it was not kept) and the compute calibration of its round, each run's recorded background load
     (or ``background`` runnable foreign processes for every run, for runs recorded with a wrong one)."""
     from workbench.models.zoo import get_entry
-    from workbench.planning import RuntimeCalibration, plan, transformer_shape
+    from workbench.planning import Budget, RuntimeCalibration, SearchOptions, Workload, plan, transformer_shape
 
     from workbench.core.costs import ModelCosts
 
@@ -474,11 +476,12 @@ def repredict(previous: dict, background: float | None = None) -> dict:
                 cal = [RuntimeCalibration.from_dict({k: v for k, v in c.items() if k != "measured_iteration_ms"})
                        for c in entries]
             bg = run["background_load"] if background is None else background
-            result = plan(costs, "local", BATCH, world_size=4, shape=shape, strategies=[name], background_load=bg,
-                          calibration=cal)
+            result = plan(Workload(costs, BATCH, shape=shape), "local", Budget(world_size=4),
+                          SearchOptions(strategies=[name], background_load=bg, calibration=cal))
             run["predicted_ms"] = result[name].estimate.iteration_ms
             if cal is not None:
-                raw = plan(costs, "local", BATCH, world_size=4, shape=shape, strategies=[name], background_load=bg)
+                raw = plan(Workload(costs, BATCH, shape=shape), "local", Budget(world_size=4),
+                           SearchOptions(strategies=[name], background_load=bg))
                 run["uncalibrated_ms"] = raw[name].estimate.iteration_ms
     previous["repredicted_at"] = time.strftime("%Y-%m-%d %H:%M")
     return summarize(previous)
@@ -498,8 +501,8 @@ def gropipe_gain_projection(batch: int = 256) -> dict:
 
     from workbench.core.costs import LinkSpec
     from workbench.core.plan import GroPipe
-    from workbench.planning import plan
-    from workbench.planning.clusters import get_cluster
+    from workbench.planning import SearchOptions, Workload, plan
+    from workbench.planning.costs.clusters import get_cluster
     from workbench.profiling import profile
     from workbench.profiling.projection import project
 
@@ -516,8 +519,8 @@ def gropipe_gain_projection(batch: int = 256) -> dict:
             link = LinkSpec("pcie-allreduce", 10.0, gbs) if gbs else None
             linked = dataclasses.replace(cluster, collective_link=link)
             for model, model_costs in costs.items():
-                result = plan(model_costs, linked, batch, kinds=("dp", "gropipe"), recompute=(False,),
-                              simulate_top=40)
+                result = plan(Workload(model_costs, batch), linked,
+                              options=SearchOptions(kinds=("dp", "gropipe"), recompute=(False,), simulate_top=40))
                 dp = result["dp8"].estimate
                 gro = min((p for p in result.plans
                            if isinstance(p.plan.pipeline, GroPipe) and p.estimate.method == "simulated"),
@@ -539,7 +542,7 @@ def gropipe_gain_projection(batch: int = 256) -> dict:
 # -- 4. search speed ---------------------------------------------------------------------------------------------
 def search_speed(repeats: int = 3) -> dict:
     from workbench.core.costs import ModelCosts
-    from workbench.planning import plan, transformer_shape
+    from workbench.planning import Workload, plan, transformer_shape
 
     config = {"n_embd": 2048, "n_head": 16, "n_layer": 48, "vocab_size": 50257, "n_positions": 2048, "seq_len": 1024}
     shape = transformer_shape(config, 8)
@@ -547,7 +550,7 @@ def search_speed(repeats: int = 3) -> dict:
                                activation_bytes=8 * 1024 * 2048 * 4, batch_size=8, model="transformer-48")
     times, searched = [], 0
     for _ in range(repeats):
-        result = plan(costs, _cluster_64(), 512, shape=shape)
+        result = plan(Workload(costs, 512, shape=shape), _cluster_64())
         times.append(result.elapsed_s)
         searched = result.searched
     out = {"devices": 64, "layers": 48, "strategies": searched, "seconds": statistics.median(times),
@@ -560,7 +563,7 @@ def search_speed(repeats: int = 3) -> dict:
 def _cluster_64():
     from dataclasses import replace
 
-    from workbench.planning.clusters import get_cluster
+    from workbench.planning.costs.clusters import get_cluster
 
     return replace(get_cluster("2x8xH100-IB"), name="8x8xH100-IB", num_nodes=8)
 

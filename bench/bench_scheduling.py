@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 
 from workbench.core.costs import ClusterSpec, LayerCost, ModelCosts
-from workbench.planning.ampa import Projection, ampa, search, solve
-from workbench.planning.clusters import get_cluster, get_device
-from workbench.planning.partitioners import min_max_dp
+from workbench.planning.partitioning.ampa import Projection, ampa, search, solve
+from workbench.planning.costs.clusters import get_cluster, get_device
+from workbench.planning.partitioning.partitioners import min_max_dp
 from workbench.scheduling import generators as g
 from workbench.scheduling.simulate import simulate
 from workbench.scheduling.stagecosts import StageCosts

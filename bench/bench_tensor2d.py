@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from workbench.core.topology import Topology
-from workbench.planning.tensor_costs import (
+from workbench.planning.costs.tensor_costs import (
     TransformerShape, activation_bytes_per_rank, max_batch_under_cap, param_bytes_per_rank, step_volume_1d, step_volume_2d)
 from workbench.runtime.groups import ParallelGroups, build_groups
 from workbench.runtime.strategies.tensor2d.train import TensorParallelConfig, run_tensor_parallel

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from workbench.core.config import RunConfig, merge_changes
 from workbench.jobs import LaunchSpec, launch
-from workbench.planning.ampa import ampa
+from workbench.planning.partitioning.ampa import ampa
 from workbench.profiling import profile
 from workbench.runtime.events import load_measured_timeline, read_events
 from workbench.scheduling.from_config import predict_from_measured

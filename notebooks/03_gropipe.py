@@ -279,10 +279,11 @@ timeline_figure([predicted, measured], names=["simulated", "measured"],
 # %%
 from IPython.display import Markdown, display
 
-from workbench.planning import plan as plan_strategies
+from workbench.planning import Budget, SearchOptions, Workload, plan as plan_strategies
 
-shared = plan_strategies(costs, "local", global_batch, world_size=config.world_size,
-                         strategies=[config.plan], background_load=0.0)[config.plan.name].estimate.iteration_ms
+shared_plan = plan_strategies(Workload(costs, global_batch), "local", Budget(world_size=config.world_size),
+                              SearchOptions(strategies=[config.plan], background_load=0.0))
+shared = shared_plan[config.plan.name].estimate.iteration_ms
 alone = prior[delay].metrics["iteration_ms"]
 display(Markdown(
     f"The profile with a core per process predicts **{alone:.1f} ms** an iteration; the run measured "

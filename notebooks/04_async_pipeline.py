@@ -122,8 +122,8 @@ print("no cap:", unlimited.inflight, " 80% of that memory:", capped.inflight)
 
 # %%
 from workbench.core.costs import ClusterSpec, LinkSpec
-from workbench.planning.clusters import get_cluster
-from workbench.planning.placement import place
+from workbench.planning.costs.clusters import get_cluster
+from workbench.planning.partitioning.placement import place
 from workbench.viz.placement import placement_figure
 
 two_nodes = ClusterSpec("2 nodes x 2", 2, 2, get_cluster("2x8xH100-IB").device, LinkSpec("nvlink", 5.0, 300.0),

@@ -155,7 +155,7 @@ timeline_figure(step_result.timeline, title=f"One 2D tensor-parallel step on a {
 # %% [markdown]
 # ## 3. What 2D buys, and what it costs
 #
-# The cost model (`workbench.planning.tensor_costs`) gives per-rank memory and
+# The cost model (`workbench.planning.costs.tensor_costs`) gives per-rank memory and
 # communication for GPT-2 small (124M parameters, 8 sequences of 1024 tokens)
 # on 4 devices: dense on one device, 1D over 4, 2D on a $2 \times 2$ grid.
 # Parameters split about equally in 1D and 2D; activations are where 2D wins,
@@ -164,8 +164,8 @@ timeline_figure(step_result.timeline, title=f"One 2D tensor-parallel step on a {
 # has low latency and memory is what limits you.
 
 # %%
-from workbench.planning.tensor_costs import (TransformerShape, activation_bytes_per_rank, collective_calls,
-                                             param_bytes_per_rank)
+from workbench.planning.costs.tensor_costs import (TransformerShape, activation_bytes_per_rank, collective_calls,
+                                                   param_bytes_per_rank)
 
 gpt2_small = TransformerShape(hidden=768, heads=12, layers=12, vocab=50257, positions=1024, batch=8, seq=1024)
 MIB = 2**20

@@ -67,9 +67,9 @@ from IPython.display import Markdown, display
 
 from workbench.models.zoo import build_model, get_entry
 from workbench import ParallelPlan
-from workbench.planning import plan, transformer_shape
-from workbench.planning.hybrid import search_hybrid
-from workbench.planning.clusters import load_cluster
+from workbench.planning import Budget, SearchOptions, Workload, plan, transformer_shape
+from workbench.planning.strategy.hybrid import search_hybrid
+from workbench.planning.costs.clusters import load_cluster
 from workbench.profiling import profile
 from workbench.profiling.projection import project
 from workbench.viz.plan import layer_option_text, layer_strip_figure, plan_breakdown_figure
@@ -104,9 +104,14 @@ print(f"{costs.model}: {costs.num_layers} layers, "
 # less than data parallelism, whose ranks all compute at once. The table is
 # ranked by predicted iteration time; `method` says whether a row was
 # simulated or estimated in closed form.
+#
+# The question is put as typed values: a `Workload` (the profile, the global
+# batch and the transformer's shape), the cluster, a `Budget` (memory per
+# device, how many devices) and, where the defaults do not suit,
+# `SearchOptions` (which strategies, how many to simulate, calibration).
 
 # %%
-local = plan(costs, "local", local_batch, world_size=local_world, shape=shape)
+local = plan(Workload(costs, local_batch, shape=shape), "local", Budget(world_size=local_world))
 print(f"{local.searched} strategies in {local.elapsed_s:.2f} s; best: {local.best.name}")
 local.table.head(10)[["rank", "name", "iteration_ms", "memory_gib", "compute_ms", "bubble_ms", "exposed_comm_ms",
                       "method"]]
@@ -145,17 +150,18 @@ print(config.to_toml(defaults=False))
 # micro-batch, four processes on two cores), and on this machine every
 # strategy came out at about 0.4-0.8 of its measured time. Calibrating fixes
 # most of that: launch a few steps of a pipeline (for example
-# `plan(costs, "local", local_batch, world_size=4, strategies=["pp4-gpipe-m4"]).best.to_config(training={"steps": 9})`),
-# then plan with `calibration=job.run_dir` (CLI: `--calibrate RUN_DIR`). The
+# `plan(Workload(costs, local_batch), "local", Budget(world_size=4), SearchOptions(strategies=["pp4-gpipe-m4"]))`
+# and its `.best.to_config(training={"steps": 9})`), then plan with
+# `SearchOptions(calibration=job.run_dir)` (CLI: `--calibrate RUN_DIR`). The
 # profile's compute is scaled by what that run's ranks measured
-# (`workbench.planning.run_calibration`). The runtime's extra work comes per
+# (`workbench.planning.costs.run_calibration`). The runtime's extra work comes per
 # micro-batch, so runs at two micro-batch sizes (`pp4-gpipe-m4` and
 # `pp4-gpipe-m16`) fit a per-micro-batch cost, and the asynchronous pipeline,
 # which binds a weight version to every forward, takes a run of its own
-# (`async-1x4-m8`): pass them all, `calibration=[run_a, run_b, run_c]`.
+# (`async-1x4-m8`): pass them all, `SearchOptions(calibration=[run_a, run_b, run_c])`.
 # The tensor-parallel runtimes are families of their own too: run the grid
 # (`tp2d-2x2-dp1`) at half and twice the batch you plan and pass those runs
-# as well (with `shape=`); the planner takes off the communication it charges
+# as well (with the workload's `shape=`); the planner takes off the communication it charges
 # and scales what is left.
 # `bench/RESULTS.md` compares ten calibrated predictions with measured runs.
 
@@ -177,8 +183,9 @@ print(config.to_toml(defaults=False))
 # %%
 server_device = load_cluster(server_cluster).device
 server_costs = project(profile(server_model, batch=8, repeats=1, progress=False), server_device)
-server = plan(server_costs, server_cluster, server_batch, kinds=("dp", "gropipe", "pipeline", "async"),
-              recompute=(False,), simulate_top=24)
+server = plan(Workload(server_costs, server_batch), server_cluster,
+              options=SearchOptions(kinds=("dp", "gropipe", "pipeline", "async"), recompute=(False,),
+                                    simulate_top=24))
 dp = server["dp8"].estimate
 gro = min((p for p in server.plans if p.plan.family == "gropipe" and p.estimate.method == "simulated"),
           key=lambda p: p.estimate.iteration_ms)
@@ -191,7 +198,7 @@ plan_breakdown_figure(server.rows()[:12], selected=gro.name)
 # ## 4. When memory is the constraint
 #
 # With a per-device budget, strategies that cannot fit are listed with the
-# reason (which stage needs how much). With `fine_grained=True` the planner
+# reason (which stage needs how much). With `SearchOptions(fine_grained=True)` the planner
 # also tries recomputing activations *per layer*, chosen by dynamic
 # programming over the layers (Galvatron's method), so a pipeline can fit by
 # recomputing only the layers that save the most memory per millisecond.
@@ -199,8 +206,8 @@ plan_breakdown_figure(server.rows()[:12], selected=gro.name)
 # %%
 memory_cap_gib = round(memory_fraction * dp.memory_gib, 4)
 try:
-    tight = plan(server_costs, server_cluster, server_batch, memory_cap_gib=memory_cap_gib, fine_grained=True,
-                 kinds=("dp", "gropipe", "pipeline"), recompute=(False,))
+    tight = plan(Workload(server_costs, server_batch), server_cluster, Budget(memory_cap_gib=memory_cap_gib),
+                 SearchOptions(fine_grained=True, kinds=("dp", "gropipe", "pipeline"), recompute=(False,)))
     print(f"{len(tight.plans)} plans fit {memory_cap_gib} GiB per device; best {tight.best.name}")
     for row in tight.infeasible[:3]:
         print(f"  does not fit: {row['name']}: {row['reason']}")
@@ -213,7 +220,7 @@ except ValueError as error:
 # ## 5. Per-layer plans: when mixing wins
 #
 # Every plan so far gave all layers the same options. The per-layer search
-# (`fine_grained=True`, or `workbench.planning.hybrid.search_hybrid`) gives
+# (`SearchOptions(fine_grained=True)`, or `workbench.planning.strategy.hybrid.search_hybrid`) gives
 # each layer its own: data parallelism replicated (DDP), with sharded
 # gradients and optimizer state (ZeRO-2) or fully sharded (FSDP), a
 # tensor-parallel degree, and recomputation. A dynamic programme over the

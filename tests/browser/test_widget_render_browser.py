@@ -39,7 +39,7 @@ from job_test_helpers import write_synthetic_run
 from workbench.core.costs import LayerCost, ModelCosts
 from workbench.core.topology import Topology
 from workbench.jobs import attach
-from workbench.planning import plan
+from workbench.planning import SearchOptions, Workload, plan
 from workbench.widgets import JobMonitor, PartitionEditor, PlanExplorer, ScheduleExplorer, TopologyView
 rng = random.Random(1)
 costs = ModelCosts("synthetic", 32, "synthetic", tuple(
@@ -51,7 +51,8 @@ _BUSY_CELLS = [  # shown while the page holds every import of plotly's widget co
     _EDITOR,
     'ScheduleExplorer("1f1b", stages=4, microbatches=8, compare="gpipe")',
     "TopologyView(Topology(dp=2, tp_row=2, tp_col=2))",
-    'PlanExplorer(costs, "4xV100-NVLink", 32, result=plan(costs, "4xV100-NVLink", 32, top=4, recompute=(False,)))',
+    'PlanExplorer(costs, "4xV100-NVLink", 32, result=plan(Workload(costs, 32), "4xV100-NVLink",'
+    ' options=SearchOptions(top=4, recompute=(False,))))',
 ]
 _LATER_CELLS = [
     _EDITOR,

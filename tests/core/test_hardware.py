@@ -62,7 +62,7 @@ def test_the_catalogue_refuses_a_name_given_twice_and_presets_naming_what_it_lac
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_preset_resolves_with_its_collective_link_as_a_field_of_its_cluster(name):
-    from workbench.planning.clusters import get_cluster
+    from workbench.planning.costs.clusters import get_cluster
 
     preset = PRESETS[name]
     cluster = preset.cluster()
@@ -82,7 +82,7 @@ def test_the_cpu_presets_all_reduce_over_gloo_and_the_gpu_presets_over_their_nod
 
 
 def test_shared_gpus_carry_the_collective_link():
-    from workbench.planning.clusters import HOST_STAGED_LINK, share_gpus
+    from workbench.planning.costs.clusters import HOST_STAGED_LINK, share_gpus
 
     assert HOST_STAGED_LINK is LINKS["host-staged"]
     cluster = replace(PRESETS["1xH100"].cluster(), collective_link=LINKS["pcie4"])
@@ -105,7 +105,7 @@ def test_a_cluster_with_a_collective_link_round_trips_through_json():
 
 
 def test_cluster_files_carry_the_collective_link_and_refuse_an_impossible_one(tmp_path):
-    from workbench.planning.clusters import load_cluster
+    from workbench.planning.costs.clusters import load_cluster
 
     base = PRESETS["8xV100-PCIe"].cluster()
     slow = LinkSpec("slow", 50.0, 0.5)
@@ -127,7 +127,7 @@ def test_cluster_files_carry_the_collective_link_and_refuse_an_impossible_one(tm
 
 
 def test_the_local_calibration_file_keeps_the_collective_link(tmp_path, monkeypatch):
-    from workbench.planning import clusters
+    from workbench.planning.costs import clusters
 
     monkeypatch.setattr(clusters, "LOCAL_CALIBRATION", tmp_path / "local.json")
     clusters.save_local_calibration(LinkSpec("measured-p2p", 50.0, 3.0), LinkSpec("measured-ar", 80.0, 0.9))
@@ -140,7 +140,7 @@ def test_the_local_calibration_file_keeps_the_collective_link(tmp_path, monkeypa
 
 
 def test_the_cluster_file_of_the_planner_docs_loads(tmp_path):
-    from workbench.planning.clusters import load_cluster
+    from workbench.planning.costs.clusters import load_cluster
 
     text = (ROOT / "docs" / "planner.md").read_text()
     blocks = re.findall(r"```json\n(.*?)```", text, re.S)

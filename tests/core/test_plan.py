@@ -9,7 +9,7 @@ from workbench.core.config import RunConfig, runs_layer_by_layer
 from workbench.core.plan import (AsyncPipeline, GPipe, GroPipe, Interleaved, LayerPlan, NoPipeline, OneFOneB,
                                  ParallelPlan, TorchPipelining)
 from workbench.core.topology import Topology
-from workbench.planning.space import enumerate_strategies
+from workbench.planning.strategy.space import enumerate_strategies
 from workbench.scheduling import generators, zero_bubble
 from workbench.scheduling.registry import schedule_for, stage_memory
 from workbench.scheduling.memory import in_flight_by_stage
@@ -61,13 +61,13 @@ def test_planner_plans_with_partitions_and_per_layer_recompute_round_trip():
     from dataclasses import replace
 
     from workbench.core.costs import LayerCost, ModelCosts
-    from workbench.planning import plan
+    from workbench.planning import Budget, SearchOptions, Workload, plan
 
     # each layer saves 5x its output for the backward pass; recomputing it keeps only the output
     layer = LayerCost("l", 1.0, 2.0, param_bytes=10_000_000, activation_bytes=40_000_000, saved_bytes=200_000_000)
     big = ModelCosts("big", 8, "synthetic", tuple(replace(layer, name=f"l{i}") for i in range(8)))
-    result = plan(big, "8xV100-PCIe", 32, world_size=4, memory_cap_gib=1.2, kinds=("pipeline",), recompute=(False,),
-                  fine_grained=True)
+    result = plan(Workload(big, 32), "8xV100-PCIe", Budget(memory_cap_gib=1.2, world_size=4),
+                  SearchOptions(kinds=("pipeline",), recompute=(False,), fine_grained=True))
     per_layer = [p for p in result.plans if not p.plan.is_uniform and "recompute_layers" in p.estimate.detail]
     assert per_layer, "the fine-grained search found no per-layer recompute plan"
     for p in result.plans:

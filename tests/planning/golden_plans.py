@@ -13,8 +13,8 @@ import sys
 from dataclasses import replace
 
 from workbench.core.costs import ModelCosts
-from workbench.planning.search import plan
-from workbench.planning.tensor_costs import TransformerShape
+from workbench.planning import Budget, SearchOptions, Workload, plan
+from workbench.planning.costs.tensor_costs import TransformerShape
 
 
 def _uneven() -> ModelCosts:
@@ -46,9 +46,9 @@ CASES = {
 def golden() -> dict[str, dict[str, dict]]:
     out: dict[str, dict[str, dict]] = {}
     for case, args in CASES.items():
-        args = dict(args)
-        costs = args.pop("model")()
-        result = plan(costs, args.pop("cluster"), args.pop("global_batch"), simulate_top=10_000, **args)
+        workload = Workload(args["model"](), args["global_batch"], shape=args.get("shape"))
+        result = plan(workload, args["cluster"], Budget(world_size=args["world_size"]),
+                      SearchOptions(simulate_top=10_000))
         out[case] = {p.name: {"iteration_ms": round(p.estimate.iteration_ms, 9),
                               "memory_bytes": int(p.estimate.memory_bytes), "method": p.estimate.method,
                               "partition": str(p.estimate.partition) if p.estimate.partition else None}

@@ -9,12 +9,12 @@ from hypothesis import strategies as st
 
 from workbench.core.costs import LayerCost, ModelCosts
 from workbench.core.partition import Partition
-from workbench.planning.ampa import Projection, ampa, kind_memory, search
+from workbench.planning.partitioning.ampa import Projection, ampa, kind_memory, search
 from workbench.core.plan import PIPELINE_KINDS, ParallelPlan
 from workbench.scheduling.registry import StageMemory, stage_memory
 from workbench.scheduling.zero_bubble import zb_h2
-from workbench.planning.clusters import get_cluster
-from workbench.planning.partitioners import block_partition, manual, partition
+from workbench.planning.costs.clusters import get_cluster
+from workbench.planning.partitioning.partitioners import block_partition, manual, partition
 from workbench.scheduling import generators as g
 from workbench.scheduling.memory import in_flight_by_stage
 

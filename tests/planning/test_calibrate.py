@@ -12,12 +12,13 @@ from workbench.core.costs import ModelCosts
 from workbench.core.partition import Partition
 from workbench.core.plan import ParallelPlan
 from workbench.core.timeline import Event, Timeline
-from workbench.planning import plan
-from workbench.planning.run_calibration import calibrate_from_run, calibrate_from_timeline, calibrate_tensor_from_timeline
-from workbench.planning.compute_scaling import (ComputeModel, RuntimeCalibration, compute_models, fit_factor,
-                                           profiled_compute_models, runtime_family)
-from workbench.planning.tensor_costs import TransformerShape
-from workbench.planning.clusters import core_sharing, get_cluster
+from workbench.planning import Budget, SearchOptions, Workload, plan
+from workbench.planning.costs.run_calibration import (calibrate_from_run, calibrate_from_timeline,
+                                                      calibrate_tensor_from_timeline)
+from workbench.planning.costs.compute_scaling import (ComputeModel, RuntimeCalibration, compute_models, fit_factor,
+                                                      profiled_compute_models, runtime_family)
+from workbench.planning.costs.tensor_costs import TransformerShape
+from workbench.planning.costs.clusters import core_sharing, get_cluster
 from workbench.scheduling import generators
 from workbench.scheduling.simulate import simulate
 from workbench.scheduling.stagecosts import StageCosts
@@ -58,9 +59,10 @@ def test_apply_scales_every_layers_compute_and_records_itself():
 def test_plan_with_a_calibration_equals_plan_on_the_scaled_profile():
     cal = RuntimeCalibration(2.0, 10, 20.0, 10.0)
     names = ["dp4", "pp4-1f1b-m4", "gropipe-2x2-1f1b-m4-d1"]
-    a = plan(COSTS, "8xA100-NVLink", 16, world_size=4, strategies=names, calibration=cal)
-    b = plan(cal.apply(COSTS), "8xA100-NVLink", 16, world_size=4, strategies=names)
-    base = plan(COSTS, "8xA100-NVLink", 16, world_size=4, strategies=names)
+    a = plan(Workload(COSTS, 16), "8xA100-NVLink", Budget(world_size=4),
+             SearchOptions(strategies=names, calibration=cal))
+    b = plan(Workload(cal.apply(COSTS), 16), "8xA100-NVLink", Budget(world_size=4), SearchOptions(strategies=names))
+    base = plan(Workload(COSTS, 16), "8xA100-NVLink", Budget(world_size=4), SearchOptions(strategies=names))
     for n in names:
         assert a[n].estimate.iteration_ms == pytest.approx(b[n].estimate.iteration_ms)
         assert a[n].estimate.compute_ms == pytest.approx(2.0 * base[n].estimate.compute_ms, rel=1e-6)
@@ -72,10 +74,13 @@ def test_each_runtime_family_is_scaled_by_its_own_calibration():
     asynchronous = RuntimeCalibration(2.5, 10, 25.0, 10.0, strategy="async-1x4-m8", runtime="async")
     assert (scheduled.family, asynchronous.family) == ("scheduled", "async")
     names = ["dp4", "pp4-1f1b-m4", "async-2x2-m4"]
-    both = plan(COSTS, "8xA100-NVLink", 16, world_size=4, strategies=names, calibration=[asynchronous, scheduled])
-    only_scheduled = plan(COSTS, "8xA100-NVLink", 16, world_size=4, strategies=names, calibration=scheduled)
-    only_async = plan(COSTS, "8xA100-NVLink", 16, world_size=4, strategies=names, calibration=asynchronous)
-    base = plan(COSTS, "8xA100-NVLink", 16, world_size=4, strategies=names)
+    both = plan(Workload(COSTS, 16), "8xA100-NVLink", Budget(world_size=4),
+                SearchOptions(strategies=names, calibration=[asynchronous, scheduled]))
+    only_scheduled = plan(Workload(COSTS, 16), "8xA100-NVLink", Budget(world_size=4),
+                          SearchOptions(strategies=names, calibration=scheduled))
+    only_async = plan(Workload(COSTS, 16), "8xA100-NVLink", Budget(world_size=4),
+                      SearchOptions(strategies=names, calibration=asynchronous))
+    base = plan(Workload(COSTS, 16), "8xA100-NVLink", Budget(world_size=4), SearchOptions(strategies=names))
     for n in ("dp4", "pp4-1f1b-m4"):  # the scheduled runtimes: the pipeline run's scale
         assert both[n].estimate.iteration_ms == pytest.approx(only_scheduled[n].estimate.iteration_ms)
     # the asynchronous pipeline: its own run's scale, 2.5 x the profile's compute
@@ -93,8 +98,9 @@ def test_runs_at_two_micro_batch_sizes_fit_a_per_micro_batch_cost():
     assert (model.k, model.c) == (pytest.approx(1.0), pytest.approx(2.0))
     assert model.factor(2) == pytest.approx(2.0)
     names = ["dp4", "pp4-1f1b-m16", "gropipe-2x2-1f1b-m4-d0"]  # micro-batches of 4, 1 and 2 samples
-    fitted = plan(COSTS, "8xA100-NVLink", 16, world_size=4, strategies=names, calibration=[four, one])
-    base = plan(COSTS, "8xA100-NVLink", 16, world_size=4, strategies=names)
+    fitted = plan(Workload(COSTS, 16), "8xA100-NVLink", Budget(world_size=4),
+                  SearchOptions(strategies=names, calibration=[four, one]))
+    base = plan(Workload(COSTS, 16), "8xA100-NVLink", Budget(world_size=4), SearchOptions(strategies=names))
     for name, factor in zip(names, (1.5, 3.0, 2.0)):
         assert fitted[name].estimate.compute_ms == pytest.approx(factor * base[name].estimate.compute_ms), name
     assert any("2.000 / micro-batch" in note for note in fitted.notes)
@@ -146,7 +152,8 @@ def tensor_timeline(ranks: int, step_ms: float, steps: int = 4) -> Timeline:
 @pytest.mark.parametrize("name, cluster", [("tp2d-2x2-dp1", "local"), ("tp1d-4-dp1", "local"),
                                            ("tp2d-2x2-dp1", "8xA100-NVLink")])
 def test_a_tensor_run_is_calibrated_against_the_planned_step_less_its_communication(name, cluster):
-    base = plan(COSTS, cluster, 16, world_size=4, shape=GPT, strategies=[name])[name].estimate
+    base = plan(Workload(COSTS, 16, shape=GPT), cluster, Budget(world_size=4),
+                SearchOptions(strategies=[name]))[name].estimate
     comm = base.detail["step_comm_ms"]
     assert comm > 0 and base.compute_ms > 0
     # the run computed 2.5 x what the profile predicts, and communicated what the planner charges
@@ -158,14 +165,15 @@ def test_a_tensor_run_is_calibrated_against_the_planned_step_less_its_communicat
     assert cal.family == ("tensor2d" if name.startswith("tp2d") else "tensor1d")
     # planned with it: the tensor strategy's compute is 2.5 x, the other families are left as profiled
     others = ["dp4", "pp4-1f1b-m4"]
-    calibrated = plan(COSTS, cluster, 16, world_size=4, shape=GPT, strategies=[name] + others, calibration=cal)
+    calibrated = plan(Workload(COSTS, 16, shape=GPT), cluster, Budget(world_size=4),
+                      SearchOptions(strategies=[name] + others, calibration=cal))
     assert calibrated[name].estimate.compute_ms == pytest.approx(2.5 * base.compute_ms)
     assert calibrated[name].estimate.iteration_ms == pytest.approx(base.iteration_ms + 1.5 * base.compute_ms)
     scheduled = RuntimeCalibration(1.5, 10, 15.0, 10.0, runtime="gpipe")
-    with_both = plan(COSTS, cluster, 16, world_size=4, shape=GPT, strategies=[name] + others,
-                     calibration=[cal, scheduled])
-    only_scheduled = plan(COSTS, cluster, 16, world_size=4, shape=GPT, strategies=[name] + others,
-                          calibration=scheduled)
+    with_both = plan(Workload(COSTS, 16, shape=GPT), cluster, Budget(world_size=4),
+                     SearchOptions(strategies=[name] + others, calibration=[cal, scheduled]))
+    only_scheduled = plan(Workload(COSTS, 16, shape=GPT), cluster, Budget(world_size=4),
+                          SearchOptions(strategies=[name] + others, calibration=scheduled))
     for n in others:
         assert with_both[n].estimate.iteration_ms == pytest.approx(only_scheduled[n].estimate.iteration_ms)
     # a tensor runtime without a run of its own is scaled by the scheduled runtimes' calibration
@@ -206,8 +214,10 @@ def test_calibration_from_a_real_pipeline_run(tmp_path, capsys):
     # a run directory given to plan() is calibrated the same way (on shared cores the simulated compute is not
     # linear in the scale, so the planned times are compared with a plan on the scaled profile)
     default = calibrate_from_run(costs, job.run_dir)  # what plan() does with a run directory: warmup 2 on `local`
-    planned = plan(costs, "local", 16, world_size=2, strategies=["pp2-1f1b-m4"], calibration=job.run_dir)
-    scaled = plan(default.apply(costs), "local", 16, world_size=2, strategies=["pp2-1f1b-m4"])
+    planned = plan(Workload(costs, 16), "local", Budget(world_size=2),
+                   SearchOptions(strategies=["pp2-1f1b-m4"], calibration=job.run_dir))
+    scaled = plan(Workload(default.apply(costs), 16), "local", Budget(world_size=2),
+                  SearchOptions(strategies=["pp2-1f1b-m4"]))
     assert planned["pp2-1f1b-m4"].estimate.iteration_ms == pytest.approx(scaled["pp2-1f1b-m4"].estimate.iteration_ms)
     assert any(f"calibrated by {default.compute_scale:.3f}" in n for n in planned.notes)
     # the same from the command line
@@ -239,9 +249,10 @@ def test_calibration_from_a_real_tensor_parallel_run(tmp_path, capsys):
     assert cal.events == 3 * 2 * 2  # steps 1-3, forward + backward, 2 ranks
     assert cal.measured_ms > 0 and cal.predicted_ms > 0
     # planned at another batch with it: the 1D strategy's compute carries the run's factor
-    base = plan(costs, "local", 16, world_size=2, shape=shape, strategies=["tp1d-2-dp1"])["tp1d-2-dp1"].estimate
-    planned = plan(costs, "local", 16, world_size=2, shape=shape, strategies=["tp1d-2-dp1"],
-                   calibration=job.run_dir)["tp1d-2-dp1"].estimate
+    base = plan(Workload(costs, 16, shape=shape), "local", Budget(world_size=2),
+                SearchOptions(strategies=["tp1d-2-dp1"]))["tp1d-2-dp1"].estimate
+    planned = plan(Workload(costs, 16, shape=shape), "local", Budget(world_size=2),
+                   SearchOptions(strategies=["tp1d-2-dp1"], calibration=job.run_dir))["tp1d-2-dp1"].estimate
     default = calibrate_from_run(costs, job.run_dir, shape=shape)  # plan()'s defaults: warmup 2 on `local`
     assert planned.compute_ms == pytest.approx(default.compute_scale * base.compute_ms)
     with pytest.raises(ValueError, match="needs the transformer's shape"):
@@ -264,8 +275,8 @@ def test_calibration_from_a_real_tensor_parallel_run(tmp_path, capsys):
 
 
 def test_the_per_call_cost_of_a_runtimes_collectives_is_fitted_from_one_run():
-    from workbench.planning.run_calibration import fit_call_ms
-    from workbench.planning.hybrid import cost_plan
+    from workbench.planning.costs.run_calibration import fit_call_ms
+    from workbench.planning.strategy.hybrid import cost_plan
 
     costs = ModelCosts.uniform(6, forward_ms=2.0, backward_ms=4.0, param_bytes=2**20, activation_bytes=2**16,
                                batch_size=16)
@@ -321,19 +332,21 @@ def test_a_profile_with_micro_batch_passes_models_the_runtimes_compute_without_r
 
 
 def test_plan_uses_the_profiles_passes_unless_runs_calibrate_it(monkeypatch):
-    import workbench.planning.search as search
+    import workbench.planning.strategy.search as search
 
     monkeypatch.setattr(search, "shared_cores", lambda cluster: 2 if cluster.shared_compute else None)
     names = ["dp4", "pp4-1f1b-m16", "async-1x4-m8"]  # micro-batches of 4, 1 and 2 samples
-    base = plan(COSTS, "local", 16, world_size=4, strategies=names)
-    passes = plan(_with_passes(COSTS), "local", 16, world_size=4, strategies=names)
+    base = plan(Workload(COSTS, 16), "local", Budget(world_size=4), SearchOptions(strategies=names))
+    passes = plan(Workload(_with_passes(COSTS), 16), "local", Budget(world_size=4), SearchOptions(strategies=names))
     for name, factor in zip(names, (1.5, 3.0, 1.1 * 2.0)):  # cold 1 + 2 / b, async 10% more
         assert passes[name].estimate.compute_ms == pytest.approx(factor * base[name].estimate.compute_ms, rel=0.02), name
     assert any("profile's own cold-cache passes" in note for note in passes.notes)
     # a calibration from runs replaces the profile's own model; off a CPU node the passes do not apply
     run = RuntimeCalibration(1.5, 10, 15.0, 10.0, strategy="pp4-gpipe-m4", runtime="gpipe", microbatch_size=4)
-    calibrated = plan(_with_passes(COSTS), "local", 16, world_size=4, strategies=["dp4"], calibration=run)
+    calibrated = plan(Workload(_with_passes(COSTS), 16), "local", Budget(world_size=4),
+                      SearchOptions(strategies=["dp4"], calibration=run))
     assert calibrated["dp4"].estimate.compute_ms == pytest.approx(1.5 * base["dp4"].estimate.compute_ms, rel=0.02)
-    gpu = plan(_with_passes(COSTS), "8xA100-NVLink", 16, world_size=4, strategies=["dp4"])
-    assert gpu["dp4"].estimate.iteration_ms == plan(COSTS, "8xA100-NVLink", 16, world_size=4,
-                                                    strategies=["dp4"])["dp4"].estimate.iteration_ms
+    gpu = plan(Workload(_with_passes(COSTS), 16), "8xA100-NVLink", Budget(world_size=4),
+               SearchOptions(strategies=["dp4"]))
+    assert gpu["dp4"].estimate.iteration_ms == plan(Workload(COSTS, 16), "8xA100-NVLink", Budget(world_size=4),
+                                                    SearchOptions(strategies=["dp4"]))["dp4"].estimate.iteration_ms

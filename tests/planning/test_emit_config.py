@@ -11,7 +11,7 @@ import pytest
 
 from workbench.cli import main
 from workbench.core.config import RunConfig
-from workbench.planning.search import plan
+from workbench.planning import Budget, SearchOptions, Workload, plan
 
 from test_hybrid import mixed_model
 
@@ -20,14 +20,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_pipeline_degrees_restrict_templates_and_the_per_layer_search():
     costs = mixed_model()
-    result = plan(costs, "8xA100-NVLink", 64, memory_cap_gib=3, fine_grained=True, pipeline_degrees=[2])
+    result = plan(Workload(costs, 64), "8xA100-NVLink", Budget(memory_cap_gib=3),
+                  SearchOptions(fine_grained=True, pipeline_degrees=[2]))
     assert result.plans and all(p.plan.pp == 2 for p in result.plans)
     assert any(p.estimate.method == "per-layer DP" for p in result.plans)
     assert all(p.plan.pp == 2 for p in result.per_layer.plans)
-    unrestricted = plan(costs, "8xA100-NVLink", 64, memory_cap_gib=3, fine_grained=True)
+    unrestricted = plan(Workload(costs, 64), "8xA100-NVLink", Budget(memory_cap_gib=3),
+                        SearchOptions(fine_grained=True))
     assert {p.plan.pp for p in unrestricted.plans} != {2}, "the restriction is what made every plan pp=2"
     with pytest.raises(ValueError, match="pipeline_degrees must be ints"):
-        plan(costs, "8xA100-NVLink", 64, pipeline_degrees=[0])
+        plan(Workload(costs, 64), "8xA100-NVLink", options=SearchOptions(pipeline_degrees=[0]))
 
 
 def test_cli_pp_is_checked(tmp_path, capsys):

@@ -12,8 +12,8 @@ from dataclasses import replace
 import pytest
 
 from workbench.core.costs import LinkSpec
-from workbench.planning import plan
-from workbench.planning.clusters import get_cluster
+from workbench.planning import SearchOptions, Workload, plan
+from workbench.planning.costs.clusters import get_cluster
 from workbench.profiling import profile
 from workbench.profiling.projection import project
 
@@ -30,7 +30,8 @@ def projected(tmp_path_factory):
 
 def gain(costs, collective_link=None) -> float:
     cluster = replace(get_cluster(CLUSTER), collective_link=collective_link)
-    result = plan(costs, cluster, 256, kinds=("dp", "gropipe"), recompute=(False,), simulate_top=40)
+    result = plan(Workload(costs, 256), cluster,
+                  options=SearchOptions(kinds=("dp", "gropipe"), recompute=(False,), simulate_top=40))
     best = min((p for p in result.plans if p.plan.family == "gropipe" and p.estimate.method == "simulated"),
                key=lambda p: p.estimate.iteration_ms)
     return result["dp8"].estimate.iteration_ms / best.estimate.iteration_ms - 1

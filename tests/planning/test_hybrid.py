@@ -11,9 +11,9 @@ import pytest
 
 from workbench.core.costs import LayerCost, ModelCosts
 from workbench.core.plan import ParallelPlan
-from workbench.planning.clusters import get_cluster
-from workbench.planning.hybrid import TEMPLATES, _split, search_hybrid
-from workbench.planning.layer_strategies import CONV, LINEAR, OTHER, TRANSFORMER
+from workbench.planning.costs.clusters import get_cluster
+from workbench.planning.strategy.hybrid import TEMPLATES, _split, search_hybrid
+from workbench.planning.layerwise.layer_strategies import CONV, LINEAR, OTHER, TRANSFORMER
 
 MIB, GIB = 2**20, 2**30
 
@@ -145,10 +145,10 @@ def test_templates_follow_their_definitions():
 
 
 def test_planner_fine_grained_json_keeps_its_shape_and_lists_layers(tmp_path):
-    from workbench.planning import plan
+    from workbench.planning import Budget, SearchOptions, Workload, plan
 
     costs = mixed_model()
-    result = plan(costs, "8xA100-NVLink", 64, memory_cap_gib=3, fine_grained=True)
+    result = plan(Workload(costs, 64), "8xA100-NVLink", Budget(memory_cap_gib=3), SearchOptions(fine_grained=True))
     data = json.loads(json.dumps(result.to_dict(), default=str))
     assert {"strategies", "elapsed_s"} <= set(data)
     assert all({"name", "throughput", "layers"} <= set(s) for s in data["strategies"])
@@ -185,7 +185,7 @@ def test_cli_fine_grained_json_and_search_line(tmp_path, capsys):
 
 
 def test_cost_plan_reproduces_what_the_search_found_for_its_plans():
-    from workbench.planning.hybrid import cost_plan
+    from workbench.planning.strategy.hybrid import cost_plan
 
     costs, spec = mixed_model(), get_cluster("2x8xH100-IB")
     result = search_hybrid(costs, spec, 64, budget_bytes=2 * GIB)
@@ -208,7 +208,7 @@ def test_a_searched_per_layer_plan_runs_exactly_as_planned(tmp_path):
 
     from workbench.jobs import LaunchSpec, launch
     from workbench.models.zoo import build_model
-    from workbench.planning import plan
+    from workbench.planning import Budget, SearchOptions, Workload, plan
     from workbench.profiling import profile
     from workbench.runtime.events import read_events
 
@@ -219,12 +219,13 @@ def test_a_searched_per_layer_plan_runs_exactly_as_planned(tmp_path):
         costs = profile(build_model("gpt2-tiny", **overrides), batch=8, repeats=1, progress=False)
     finally:
         torch.set_num_threads(threads)
-    result = plan(costs, "local", 16, world_size=4, memory_cap_gib=0.01, fine_grained=True)
+    result = plan(Workload(costs, 16), "local", Budget(memory_cap_gib=0.01, world_size=4),
+                  SearchOptions(fine_grained=True))
     mixed = [p for p in result.per_layer.plans if not p.plan.is_uniform]
     assert mixed, "the per-layer search found no mixed plan under the cap"
     chosen = mixed[0]
-    from workbench.planning.hybrid import as_estimate
-    from workbench.planning.search import RankedPlan
+    from workbench.planning.strategy.hybrid import as_estimate
+    from workbench.planning.strategy.search import RankedPlan
 
     run_config = RankedPlan(chosen.plan, as_estimate(chosen), costs.model, 16).to_config(
         model={"overrides": overrides}, training={"steps": 2}, data={"kind": "bytes-lm", "seq_len": 32})

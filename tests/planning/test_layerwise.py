@@ -10,11 +10,11 @@ import pytest
 
 from workbench.core.costs import ClusterSpec, DeviceSpec, LayerCost, LinkSpec, ModelCosts
 from workbench.core.plan import LayerPlan
-from workbench.planning.layer_strategies import (CONV, LINEAR, TRANSFORMER, LayerKind, LayerStrategy,
-                                                 decision_trees, for_layer, galvatron_space, guess_layer_kind,
-                                                 stage_strategies)
-from workbench.planning.layerwise import (StageSpec, assignment_cost, bucket_dp, layer_cost, pareto_dp,
-                                          search_stage, transition_ms)
+from workbench.planning.layerwise.layer_strategies import (CONV, LINEAR, TRANSFORMER, LayerKind, LayerStrategy,
+                                                           decision_trees, for_layer, galvatron_space, guess_layer_kind,
+                                                           stage_strategies)
+from workbench.planning.layerwise.stage_search import (StageSpec, assignment_cost, bucket_dp, layer_cost, pareto_dp,
+                                                       search_stage, transition_ms)
 
 GIB = 2**30
 
@@ -166,8 +166,8 @@ def test_transitions_follow_layouts_and_links():
 def test_collective_steps_on_shared_cores_wait_per_step_only_when_the_group_outnumbers_the_cores():
     from dataclasses import replace
 
-    from workbench.planning.clusters import get_cluster
-    from workbench.planning.layerwise import paying_steps
+    from workbench.planning.costs.clusters import get_cluster
+    from workbench.planning.layerwise.stage_search import paying_steps
 
     local = replace(get_cluster("local"), collective_call_ms=2.0)
     costs = ModelCosts("t", 8, "cpu", tuple(LayerCost(f"block_{i}", 1.0, 2.0, param_bytes=2**20,

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench.core.costs import ClusterSpec, LinkSpec
-from workbench.planning.clusters import get_cluster
-from workbench.planning.placement import naive_devices, place, placed_schedule, placement_cost
+from workbench.planning.costs.clusters import get_cluster
+from workbench.planning.partitioning.placement import naive_devices, place, placed_schedule, placement_cost
 from workbench.scheduling.generators import async_1f1b
 from workbench.scheduling.simulate import simulate
 from workbench.scheduling.stagecosts import StageCosts
@@ -117,9 +117,9 @@ def test_the_planner_times_a_pipeline_on_the_placement_it_chose_and_the_config_c
     from workbench.core.plan import ParallelPlan
     import importlib
 
-    from workbench.planning import plan
-    from workbench.planning.clusters import get_cluster
-    from workbench.planning.estimate import cost_context, estimate
+    from workbench.planning import SearchOptions, Workload, plan
+    from workbench.planning.costs.clusters import get_cluster
+    from workbench.planning.costs.estimate import cost_context, estimate
 
     mib = 2**20
     costs = ModelCosts("heavy", 8, "synthetic", tuple(
@@ -134,10 +134,10 @@ def test_the_planner_times_a_pipeline_on_the_placement_it_chose_and_the_config_c
     for stage in range(4):
         assert len({cluster.node_of(device_of[g * 4 + stage]) for g in range(4)}) == 1
     assert placed.detail["placement_saves_ms"] > 0
-    monkeypatch.setattr(importlib.import_module("workbench.planning.estimate"), "_placement", lambda *args: None)
+    monkeypatch.setattr(importlib.import_module("workbench.planning.costs.estimate"), "_placement", lambda *args: None)
     naive = estimate(cost_context(costs, cluster, 64, world_size=16), strategy)
     assert "placement" not in naive.detail and placed.iteration_ms < naive.iteration_ms
     monkeypatch.undo()
     # the run config launches the processes where the estimate put them
-    found = plan(costs, cluster, 64, strategies=[strategy.name]).plans[0]
+    found = plan(Workload(costs, 64), cluster, options=SearchOptions(strategies=[strategy.name])).plans[0]
     assert list(found.to_config().run.placement) == device_of

@@ -10,9 +10,9 @@ import pytest
 from workbench.core.config import RunConfig
 from workbench.core.costs import LayerCost, ModelCosts
 from workbench.core.plan import GroPipe, Interleaved, ParallelPlan
-from workbench.planning import TransformerShape, plan
-from workbench.planning.clusters import load_cluster
-from workbench.planning.finegrained import choose_per_layer
+from workbench.planning import Budget, SearchOptions, TransformerShape, Workload, plan
+from workbench.planning.costs.clusters import load_cluster
+from workbench.planning.layerwise.finegrained import choose_per_layer
 
 COSTS = ModelCosts.uniform(16, forward_ms=1.0, backward_ms=2.0, param_bytes=20_000_000, activation_bytes=2_000_000,
                            batch_size=8)
@@ -20,7 +20,7 @@ GPT = TransformerShape(hidden=256, heads=8, layers=8, vocab=1000, positions=256,
 
 
 def test_table_is_ranked_with_a_consistent_breakdown():
-    result = plan(COSTS, "8xV100-PCIe", 64)
+    result = plan(Workload(COSTS, 64), "8xV100-PCIe")
     table = result.table
     assert list(table.columns[:8]) == ["rank", "name", "iteration_ms", "throughput", "memory_gib", "compute_ms",
                                        "bubble_ms", "exposed_comm_ms"]
@@ -38,7 +38,8 @@ def test_table_is_ranked_with_a_consistent_breakdown():
 def test_a_pipeline_without_communication_matches_the_bubble_formula():
     # 1F1B on S stages of identical cost: (m + S - 1) x (f + b) per iteration
     light = ModelCosts.uniform(16, forward_ms=1.0, backward_ms=2.0, activation_bytes=1000, batch_size=8)
-    result = plan(light, "8xV100-PCIe", 64, world_size=4, strategies=["pp4-1f1b-m8", "pp4-gpipe-m8"])
+    result = plan(Workload(light, 64), "8xV100-PCIe", Budget(world_size=4),
+                  SearchOptions(strategies=["pp4-1f1b-m8", "pp4-gpipe-m8"]))
     for p in result.plans:
         stage = 4 * (1.0 + 2.0) * (8 / 8)  # 4 layers per stage, micro-batch 8 = the profile's batch
         # no weights (no optimizer step); 1 kB boundary transfers cost their latency only
@@ -48,16 +49,17 @@ def test_a_pipeline_without_communication_matches_the_bubble_formula():
 
 def test_delay_one_hides_the_gradient_all_reduce():
     heavy = ModelCosts.uniform(8, forward_ms=1.0, backward_ms=2.0, param_bytes=400_000_000, batch_size=8)
-    result = plan(heavy, "8xV100-PCIe", 32, world_size=4,
-                  strategies=["gropipe-2x2-1f1b-m4-d0", "gropipe-2x2-1f1b-m4-d1"])
+    result = plan(Workload(heavy, 32), "8xV100-PCIe", Budget(world_size=4),
+                  SearchOptions(strategies=["gropipe-2x2-1f1b-m4-d0", "gropipe-2x2-1f1b-m4-d1"]))
     d0, d1 = result["gropipe-2x2-1f1b-m4-d0"].estimate, result["gropipe-2x2-1f1b-m4-d1"].estimate
     assert d1.exposed_comm_ms < d0.exposed_comm_ms
     assert d1.iteration_ms < d0.iteration_ms
 
 
 def test_plans_turn_into_launch_configs():
-    result = plan(COSTS, "8xV100-PCIe", 64, shape=GPT, strategies=["dp8", "gropipe-2x4-1f1b-m8-d1", "tp2d-2x2-dp2",
-                                                                   "pp8-interleaved-v2-m8"])
+    result = plan(Workload(COSTS, 64, shape=GPT), "8xV100-PCIe",
+                  options=SearchOptions(strategies=["dp8", "gropipe-2x4-1f1b-m8-d1", "tp2d-2x2-dp2",
+                                                    "pp8-interleaved-v2-m8"]))
     configs = {p.name: p.to_config(training={"steps": 3}) for p in result.plans}
     assert configs["dp8"].plan == ParallelPlan.parse("dp8") and configs["dp8"].world_size == 8
     g = configs["gropipe-2x4-1f1b-m8-d1"].plan
@@ -72,17 +74,18 @@ def test_plans_turn_into_launch_configs():
 
 
 def test_tensor_parallel_needs_a_shape_and_saves_memory():
-    result = plan(COSTS, "8xV100-PCIe", 64, shape=GPT, strategies=["dp8", "tp2d-2x2-dp2", "tp1d-4-dp2"])
+    result = plan(Workload(COSTS, 64, shape=GPT), "8xV100-PCIe",
+                  options=SearchOptions(strategies=["dp8", "tp2d-2x2-dp2", "tp1d-4-dp2"]))
     assert result["tp2d-2x2-dp2"].timeline() is not None
     assert result["tp2d-2x2-dp2"].estimate.detail["collective_calls"] > result["tp1d-4-dp2"].estimate.detail[
         "collective_calls"]
     with pytest.raises(ValueError, match="tensor parallelism needs a transformer"):
-        plan(COSTS, "8xV100-PCIe", 64, strategies=["tp2d-2x2-dp2"])
+        plan(Workload(COSTS, 64), "8xV100-PCIe", options=SearchOptions(strategies=["tp2d-2x2-dp2"]))
 
 
 def test_a_budget_nothing_fits_names_the_closest():
     with pytest.raises(ValueError, match=r"fits; closest is \S+, which needs [\d.]+ GiB per device, [\d.]+ GiB over"):
-        plan(COSTS, "8xV100-PCIe", 64, memory_cap_gib=0.01)
+        plan(Workload(COSTS, 64), "8xV100-PCIe", Budget(memory_cap_gib=0.01))
 
 
 def test_selective_recomputation_fits_where_keeping_everything_does_not():
@@ -90,16 +93,18 @@ def test_selective_recomputation_fits_where_keeping_everything_does_not():
     layer = LayerCost("l", 1.0, 2.0, param_bytes=10_000_000, activation_bytes=40_000_000, saved_bytes=200_000_000)
     big = ModelCosts("big", 8, "synthetic", tuple(replace(layer, name=f"l{i}") for i in range(8)))
     kinds = ("pipeline",)
-    plain = plan(big, "8xV100-PCIe", 32, world_size=4, memory_cap_gib=1.2, kinds=kinds, recompute=(False,))
-    fine = plan(big, "8xV100-PCIe", 32, world_size=4, memory_cap_gib=1.2, kinds=kinds, recompute=(False,),
-                fine_grained=True)
+    plain = plan(Workload(big, 32), "8xV100-PCIe", Budget(memory_cap_gib=1.2, world_size=4),
+                 SearchOptions(kinds=kinds, recompute=(False,)))
+    fine = plan(Workload(big, 32), "8xV100-PCIe", Budget(memory_cap_gib=1.2, world_size=4),
+                SearchOptions(kinds=kinds, recompute=(False,), fine_grained=True))
     extra = [p for p in fine.plans if "recompute_layers" in p.estimate.detail]
     assert extra and not any("recompute_layers" in p.estimate.detail for p in plain.plans)
     for p in extra:
         assert p.estimate.memory_bytes <= 1.2 * 2**30
         assert 0 < len(p.estimate.detail["recompute_layers"]) <= big.num_layers
     # only pipelines the layer-by-layer runtime runs with per-layer options get them: never GroPipe or async
-    everything = plan(big, "8xV100-PCIe", 32, world_size=4, memory_cap_gib=1.2, recompute=(False,), fine_grained=True)
+    everything = plan(Workload(big, 32), "8xV100-PCIe", Budget(memory_cap_gib=1.2, world_size=4),
+                      SearchOptions(recompute=(False,), fine_grained=True))
     per_layer = [p.plan for p in everything.plans if p.plan.layers and len(set(p.plan.layers)) > 1]
     assert per_layer and all(s.pipeline.kind in ("gpipe", "1f1b", "interleaved", "none") for s in per_layer), \
         [s.name for s in per_layer]
@@ -134,7 +139,7 @@ def test_impossible_cluster_files_are_refused(tmp_path, change, message):
     path = tmp_path / "cluster.json"
     path.write_text(json.dumps({**spec.to_dict(), **change}))
     with pytest.raises(ValueError, match=message):
-        plan(COSTS, path, 64)
+        plan(Workload(COSTS, 64), path)
 
 
 def test_cluster_files_with_a_collective_link(tmp_path):
@@ -142,31 +147,31 @@ def test_cluster_files_with_a_collective_link(tmp_path):
     path = tmp_path / "cluster.json"
     path.write_text(json.dumps({"cluster": spec.to_dict(),
                                 "collective_link": {"name": "slow", "latency_us": 50.0, "bandwidth_gbs": 0.5}}))
-    slow = plan(COSTS, path, 64, strategies=["dp8"]).best.estimate
-    fast = plan(COSTS, "8xV100-PCIe", 64, strategies=["dp8"]).best.estimate
+    slow = plan(Workload(COSTS, 64), path, options=SearchOptions(strategies=["dp8"])).best.estimate
+    fast = plan(Workload(COSTS, 64), "8xV100-PCIe", options=SearchOptions(strategies=["dp8"])).best.estimate
     assert slow.exposed_comm_ms > fast.exposed_comm_ms
 
 
 def test_bad_arguments_fail_before_any_work():
     with pytest.raises(ValueError, match="global_batch must be an int >= 1"):
-        plan(COSTS, "8xV100-PCIe", 0)
+        plan(Workload(COSTS, 0), "8xV100-PCIe")
     with pytest.raises(ValueError, match="world_size=16 is more devices than cluster '8xV100-PCIe' has"):
-        plan(COSTS, "8xV100-PCIe", 64, world_size=16)
+        plan(Workload(COSTS, 64), "8xV100-PCIe", Budget(world_size=16))
     with pytest.raises(ValueError, match="neither a preset"):
-        plan(COSTS, "9xTPU", 64)
+        plan(Workload(COSTS, 64), "9xTPU")
     with pytest.raises(ValueError, match="memory_cap_gib must be a number > 0"):
-        plan(COSTS, "8xV100-PCIe", 64, memory_cap_gib=-1)
+        plan(Workload(COSTS, 64), "8xV100-PCIe", Budget(memory_cap_gib=-1))
     with pytest.raises(ValueError, match="no valid strategy for world size 7"):
-        plan(ModelCosts.uniform(4), "8xV100-PCIe", 8, world_size=7)
+        plan(Workload(ModelCosts.uniform(4), 8), "8xV100-PCIe", Budget(world_size=7))
     with pytest.raises(ValueError, match="uses 4 devices, not the world size 8"):
-        plan(COSTS, "8xV100-PCIe", 64, strategies=["dp4"])
+        plan(Workload(COSTS, 64), "8xV100-PCIe", options=SearchOptions(strategies=["dp4"]))
     with pytest.raises(ValueError, match="profile a zoo model first"):
-        plan("vgg16", "8xV100-PCIe", 64)
+        plan(Workload("vgg16", 64), "8xV100-PCIe")
 
 
 @pytest.mark.slow
 def test_strategy_names_in_plans_parse_back():
-    result = plan(COSTS, "2x8xH100-IB", 64, top=20)
+    result = plan(Workload(COSTS, 64), "2x8xH100-IB", options=SearchOptions(top=20))
     assert len(result.plans) == 20 and [p.rank for p in result.plans] == list(range(1, 21))
     for p in result.plans:
         assert ParallelPlan.parse(p.name) == p.plan
@@ -192,21 +197,22 @@ def test_cli_ranks_strategies_as_json(tmp_path, capsys):
 
 
 def test_time_sharing_on_a_shared_cpu_node():
-    from workbench.planning.clusters import time_sharing_slowdown
+    from workbench.planning.costs.clusters import time_sharing_slowdown
 
     assert time_sharing_slowdown(4, 2) == pytest.approx(2.0)  # idle machine: 4 processes on 2 cores
     assert time_sharing_slowdown(2, 2) == pytest.approx(1.0)
     assert time_sharing_slowdown(4, 2, background_load=14) == pytest.approx(18 / 15)  # a crowded machine
-    idle = plan(COSTS, "local-cpu", 16, world_size=4, strategies=["dp4"]).best.estimate
-    crowded = plan(COSTS, "local-cpu", 16, world_size=4, strategies=["dp4"], background_load=14).best.estimate
+    idle = plan(Workload(COSTS, 16), "local-cpu", Budget(world_size=4), SearchOptions(strategies=["dp4"])).best.estimate
+    crowded = plan(Workload(COSTS, 16), "local-cpu", Budget(world_size=4),
+                   SearchOptions(strategies=["dp4"], background_load=14)).best.estimate
     assert crowded.compute_ms < idle.compute_ms
     with pytest.raises(ValueError, match="background_load must be a number >= 0"):
-        plan(COSTS, "local-cpu", 16, world_size=4, background_load=-1)
+        plan(Workload(COSTS, 16), "local-cpu", Budget(world_size=4), SearchOptions(background_load=-1))
 
 
 def test_local_cluster_reads_its_calibration(tmp_path, monkeypatch):
     from workbench.core.costs import LinkSpec
-    from workbench.planning import clusters
+    from workbench.planning.costs import clusters
 
     monkeypatch.setattr(clusters, "LOCAL_CALIBRATION", tmp_path / "local.json")
     default = clusters.load_cluster("local")
@@ -223,8 +229,9 @@ def test_local_cluster_reads_its_calibration(tmp_path, monkeypatch):
 def test_local_pipelines_share_the_cores_by_what_runs_at_once():
     """On the shared 2 cores data parallelism (all ranks busy) is stretched more than a pipeline (bubble)."""
     costs = ModelCosts.uniform(16, forward_ms=1.0, backward_ms=2.0, param_bytes=0, activation_bytes=1000, batch_size=8)
-    dp = plan(costs, "local-cpu", 16, world_size=4, strategies=["dp4"]).best.estimate
-    pp = plan(costs, "local-cpu", 16, world_size=4, strategies=["pp4-1f1b-m4"]).best.estimate
+    dp = plan(Workload(costs, 16), "local-cpu", Budget(world_size=4), SearchOptions(strategies=["dp4"])).best.estimate
+    pp = plan(Workload(costs, 16), "local-cpu", Budget(world_size=4),
+              SearchOptions(strategies=["pp4-1f1b-m4"])).best.estimate
     dp_slow, pp_slow = dp.sim.metrics["sharing_slowdown"], pp.sim.metrics["sharing_slowdown"]
     assert all(s == pytest.approx(2.0, rel=0.02) for s in dp_slow), dp_slow
     assert all(1.0 < s < 1.9 for s in pp_slow), pp_slow
@@ -234,16 +241,16 @@ def test_local_pipelines_share_the_cores_by_what_runs_at_once():
 def test_tensor_parallel_pays_for_every_step_of_every_collective_call(name, steps_per_call):
     # 2D: broadcasts / reduces within a row or column of q = 2 ranks (q - 1 = 1 step); 1D: ring all-reduces among
     # P = 4 ranks (2 (P - 1) = 6 steps)
-    from workbench.planning.clusters import shared_cores
+    from workbench.planning.costs.clusters import shared_cores
 
     cluster = load_cluster("local-cpu")
     assert cluster.collective_call_ms > 0
     free = replace(cluster, collective_call_ms=0.0)
     crowded = 2 * shared_cores(cluster)  # other work enough that every step waits its whole measured cost
-    charged = plan(COSTS, cluster, 16, world_size=4, shape=GPT, strategies=[name],
-                   background_load=crowded).best.estimate
-    uncharged = plan(COSTS, free, 16, world_size=4, shape=GPT, strategies=[name],
-                     background_load=crowded).best.estimate
+    charged = plan(Workload(COSTS, 16, shape=GPT), cluster, Budget(world_size=4),
+                   SearchOptions(strategies=[name], background_load=crowded)).best.estimate
+    uncharged = plan(Workload(COSTS, 16, shape=GPT), free, Budget(world_size=4),
+                     SearchOptions(strategies=[name], background_load=crowded)).best.estimate
     calls = charged.detail["collective_calls"]
     assert calls > (100 if name.startswith("tp2d") else 10)
     assert charged.iteration_ms - uncharged.iteration_ms == pytest.approx(
@@ -255,9 +262,9 @@ def test_tensor_parallel_pays_for_every_step_of_every_collective_call(name, step
 def test_collective_steps_wait_only_when_the_cores_are_oversubscribed(monkeypatch):
     from importlib import import_module
 
-    from workbench.planning import clusters
+    from workbench.planning.costs import clusters
 
-    estimate = import_module("workbench.planning.estimate")  # the module: the package exports a function by its name
+    estimate = import_module("workbench.planning.costs.estimate")  # the module: the package exports a function by its name
 
     assert [clusters.collective_wait_fraction(r, 2, b) for r, b in [(2, 0), (3, 0), (4, 0), (2, 1), (8, 0)]] == [
         0.0, 0.5, 1.0, 0.5, 1.0]
@@ -266,8 +273,8 @@ def test_collective_steps_wait_only_when_the_cores_are_oversubscribed(monkeypatc
     free = replace(cluster, collective_call_ms=0.0)
 
     def step(c, world, background):
-        return plan(COSTS, c, 16, world_size=world, shape=GPT, strategies=[f"tp1d-{world}-dp1"],
-                    background_load=background).best.estimate
+        return plan(Workload(COSTS, 16, shape=GPT), c, Budget(world_size=world),
+                    SearchOptions(strategies=[f"tp1d-{world}-dp1"], background_load=background)).best.estimate
 
     # 2 ranks on 2 idle cores: no step waits; with 2 other runnable processes every step waits the whole cost
     assert step(cluster, 2, 0.0).iteration_ms == pytest.approx(step(free, 2, 0.0).iteration_ms)
@@ -283,7 +290,7 @@ def test_collective_steps_wait_only_when_the_cores_are_oversubscribed(monkeypatc
 
 def test_gpu_presets_slow_compute_that_overlaps_collectives():
     """Datasheet GPU presets charge the overlap slowdown; data parallelism's overlapped all-reduce costs more for it."""
-    from workbench.planning import clusters
+    from workbench.planning.costs import clusters
 
     v100 = clusters.get_cluster("8xV100-PCIe")
     assert v100.device.name == "V100-PCIe" and v100.device.tflops() < clusters.get_cluster("4xV100-NVLink").device.tflops()
@@ -291,8 +298,9 @@ def test_gpu_presets_slow_compute_that_overlaps_collectives():
         assert clusters.get_cluster(name).overlap_slowdown == clusters.DATASHEET_OVERLAP_SLOWDOWN > 1
     costs = ModelCosts.uniform(16, forward_ms=2.0, backward_ms=4.0, param_bytes=10_000_000, activation_bytes=2_000_000,
                                batch_size=8)
-    slowed = plan(costs, v100, 64, strategies=["dp8"])["dp8"].estimate
-    plain = plan(costs, replace(v100, overlap_slowdown=1.0), 64, strategies=["dp8"])["dp8"].estimate
+    slowed = plan(Workload(costs, 64), v100, options=SearchOptions(strategies=["dp8"]))["dp8"].estimate
+    plain = plan(Workload(costs, 64), replace(v100, overlap_slowdown=1.0),
+                 options=SearchOptions(strategies=["dp8"]))["dp8"].estimate
     # each layer's 10 MB of gradients takes ~1.8 ms on the ring, within the next layer's 4 ms backward: the
     # backward that runs beside an all-reduce is slowed, so the step is, though little communication is exposed
     assert plain.exposed_comm_ms < 6.0 and slowed.exposed_comm_ms < 6.0  # the last 25 MB bucket
@@ -326,7 +334,7 @@ def test_cli_builds_a_zoo_model_with_model_args(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize(("name", "words"), [("pp8-gpipe-m1", "(gpipe, 1 micro-batch)"),
                                              ("pp8-1f1b-m8", "(1f1b, 8 micro-batches)")])
 def test_a_memory_refusal_names_the_schedule_kind_and_counts_micro_batches_in_english(name, words):
-    from workbench.planning.ampa import ampa
+    from workbench.planning.partitioning.ampa import ampa
     from workbench.scheduling.registry import stage_memory
 
     p = ParallelPlan.parse(name)

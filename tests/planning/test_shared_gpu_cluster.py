@@ -3,8 +3,8 @@
 import pytest
 
 from workbench.core.costs import ModelCosts
-from workbench.planning import plan
-from workbench.planning.clusters import HOST_STAGED_LINK, get_cluster, share_gpus
+from workbench.planning import SearchOptions, Workload, plan
+from workbench.planning.costs.clusters import HOST_STAGED_LINK, get_cluster, share_gpus
 
 COSTS = ModelCosts.uniform(8, forward_ms=1.0, backward_ms=2.0, param_bytes=2 * 1024 ** 3, activation_bytes=10 ** 8,
                            batch_size=8)
@@ -33,9 +33,10 @@ def test_bad_sharing_is_refused():
 
 def test_the_planner_budget_is_the_share():
     """A model whose weights, gradients and Adam state fit one H100 but not a quarter of it, unsharded."""
-    whole = plan(COSTS, get_cluster("1xH100"), 8, strategies=["dp1"])
+    whole = plan(Workload(COSTS, 8), get_cluster("1xH100"), options=SearchOptions(strategies=["dp1"]))
     assert whole.plans and whole.plans[0].estimate.memory_gib > 20
-    shared = plan(COSTS, share_gpus(get_cluster("1xH100"), 4), 8, strategies=["dp4", "pp4-1f1b-m4"])
+    shared = plan(Workload(COSTS, 8), share_gpus(get_cluster("1xH100"), 4),
+                  options=SearchOptions(strategies=["dp4", "pp4-1f1b-m4"]))
     feasible = {p.name for p in shared.plans}
     assert "dp4" not in feasible  # every replica holds all the state: more than a quarter of 80 GiB
     assert "pp4-1f1b-m4" in feasible  # a quarter of the layers each

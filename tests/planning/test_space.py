@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from workbench.core.plan import ParallelPlan
-from workbench.planning.space import check_plan, enumerate_strategies, factorizations
+from workbench.planning.strategy.space import check_plan, enumerate_strategies, factorizations
 
 
 @pytest.mark.parametrize("name", ["dp8", "gropipe-2x4-1f1b-m8-d1", "gropipe-4x2-gpipe-m4-d0-rc", "pp4-1f1b-m8",

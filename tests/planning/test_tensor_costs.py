@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from workbench.core.costs import DeviceSpec, LinkSpec
-from workbench.planning.tensor_costs import (
+from workbench.planning.costs.tensor_costs import (
     TransformerShape, activation_bytes_per_rank, estimate_step, linear_volume_2d, max_batch_under_cap,
     collective_calls, param_bytes_per_rank, simulate_step, step_flops, step_volume_1d, step_volume_2d)
 
@@ -118,5 +118,5 @@ def test_bad_mode_and_overlap_are_refused():
 
 
 def test_module_does_not_import_torch():
-    code = "import sys, workbench.planning.tensor_costs; assert 'torch' not in sys.modules"
+    code = "import sys, workbench.planning.costs.tensor_costs; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

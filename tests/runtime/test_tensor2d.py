@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from workbench.planning.tensor_costs import (
+from workbench.planning.costs.tensor_costs import (
     TransformerShape, collective_calls, linear_volume_2d, step_volume_1d, step_volume_2d)
 
 import tensor2d_workers

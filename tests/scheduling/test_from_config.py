@@ -43,7 +43,7 @@ def test_missing_stage_events_are_explained():
 
 def test_recorded_bytes_drive_the_communication_of_the_prediction():
     from workbench.core.timeline import Event, Timeline
-    from workbench.planning.clusters import get_cluster
+    from workbench.planning.costs.clusters import get_cluster
 
     measured = []
     for rank, stage in ((0, 0), (1, 1), (2, 0), (3, 1)):

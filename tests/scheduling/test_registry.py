@@ -68,11 +68,11 @@ def test_the_new_kind_parses_validates_simulates_and_is_drawn():
 
 def test_the_planner_ranks_the_new_kind():
     from workbench.core.costs import ModelCosts
-    from workbench.planning import plan
+    from workbench.planning import Budget, SearchOptions, Workload, plan
 
     costs = ModelCosts.uniform(8, forward_ms=1.0, backward_ms=2.0, activation_bytes=1000, batch_size=8)
     names = ["pp4-lifo-m4", "pp4-gpipe-m4", "pp4-1f1b-m4"]
-    result = plan(costs, "4xV100-NVLink", 16, strategies=names, world_size=4)
+    result = plan(Workload(costs, 16), "4xV100-NVLink", Budget(world_size=4), SearchOptions(strategies=names))
     ranked = {p.name: p.estimate for p in result.plans}
     assert {"pp4-lifo-m4", "pp4-gpipe-m4"} <= set(ranked), [i["name"] for i in result.infeasible]
     # the same forwards as GPipe, so the same time and the same activations in flight

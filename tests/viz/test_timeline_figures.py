@@ -7,8 +7,8 @@ import pytest
 
 from workbench.core.costs import ModelCosts
 from workbench.core.timeline import Event, Timeline
-from workbench.planning.ampa import ampa
-from workbench.planning.clusters import get_cluster
+from workbench.planning.partitioning.ampa import ampa
+from workbench.planning.costs.clusters import get_cluster
 from workbench.scheduling import generators as g
 from workbench.scheduling.simulate import simulate
 from workbench.scheduling.stagecosts import StageCosts

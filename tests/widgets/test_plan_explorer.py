@@ -7,7 +7,7 @@ import pytest
 from plotly.callbacks import Points
 
 from workbench.core.costs import LayerCost, ModelCosts
-from workbench.planning import plan
+from workbench.planning import SearchOptions, Workload, plan
 from workbench.widgets.plan_explorer import PlanExplorer
 
 
@@ -21,7 +21,7 @@ def costs():
 
 @pytest.fixture(scope="module")
 def result(costs):
-    return plan(costs, "4xV100-NVLink", 32, top=6, recompute=(False,))
+    return plan(Workload(costs, 32), "4xV100-NVLink", options=SearchOptions(top=6, recompute=(False,)))
 
 
 def test_shows_the_ranking_with_a_breakdown_that_adds_up(costs, result):
@@ -65,7 +65,7 @@ def test_clicking_a_bar_selects_its_plan_and_draws_its_timeline(costs, result):
 
 
 def test_replanning_follows_the_controls(costs):
-    explorer = PlanExplorer(costs, "4xV100-NVLink", 32, top=4, recompute=(False,))
+    explorer = PlanExplorer(costs, "4xV100-NVLink", 32, top=4, options=SearchOptions(recompute=(False,)))
     assert explorer.result.cluster.name == "4xV100-NVLink" and len(explorer.strategy.options) == 4
     explorer.cluster.value = "8xV100-PCIe"
     explorer.top.value = 3

@@ -10,7 +10,7 @@ from job_test_helpers import write_synthetic_run  # noqa: E402
 
 from workbench.core.costs import ModelCosts  # noqa: E402
 from workbench.jobs import attach  # noqa: E402
-from workbench.planning import plan  # noqa: E402
+from workbench.planning import SearchOptions, Workload, plan  # noqa: E402
 from workbench.widgets.job_monitor import JobMonitor  # noqa: E402
 from workbench.widgets.partition_editor import PartitionEditor  # noqa: E402
 from workbench.widgets.plan_explorer import PlanExplorer  # noqa: E402
@@ -42,8 +42,8 @@ def test_partition_editor_lists_ranks_from_rank_0():
 
 def test_plan_explorer_lists_ranks_from_rank_0():
     costs = ModelCosts.uniform(16, param_bytes=2**20, activation_bytes=2**20, batch_size=32)
-    explorer = PlanExplorer(costs, "4xV100-NVLink", 32, result=plan(costs, "4xV100-NVLink", 32, top=4,
-                                                                    recompute=(False,)))
+    explorer = PlanExplorer(costs, "4xV100-NVLink", 32, result=plan(Workload(costs, 32), "4xV100-NVLink",
+                                                                    options=SearchOptions(top=4, recompute=(False,))))
     simulated = [p for p in explorer.result.plans if p.timeline() is not None]
     assert simulated, "the ranking has a pipeline plan to draw"
     explorer.select(simulated[0].name)

@@ -11,8 +11,8 @@ GIB = 2**30
 
 def _partition(args: argparse.Namespace) -> Result:
     from ..core.costs import ModelCosts
-    from ..planning.clusters import get_cluster
-    from ..planning.partitioners import partition
+    from ..planning.costs.clusters import get_cluster
+    from ..planning.partitioning.partitioners import partition
 
     costs = ModelCosts.load(args.costs)
     if args.memory_cap is not None and args.memory_cap <= 0:

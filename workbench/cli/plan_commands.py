@@ -72,7 +72,7 @@ def _model_costs(model: str, cluster, profile_batch: int, model_args: list[str] 
 def _zoo_shape(model: str, overrides: dict, batch: int, seq_len: int | None = None):
     """The TransformerShape of zoo ``model`` with ``overrides`` (None unless it is a GPT-2 / BERT)."""
     from ..models.zoo import get_entry
-    from ..planning.search import transformer_shape
+    from ..planning.strategy.search import transformer_shape
 
     entry = get_entry(model)
     if entry.family not in ("gpt2", "bert"):
@@ -95,8 +95,8 @@ def _shape_of_runs(run_dirs: list[str] | None, batch: int):
 
 
 def _plan(args: argparse.Namespace) -> Result:
-    from ..planning.clusters import load_cluster, share_gpus
-    from ..planning.search import plan
+    from ..planning import Budget, SearchOptions, Workload, plan
+    from ..planning.costs.clusters import load_cluster, share_gpus
 
     if args.batch < 1:
         raise ValueError(f"--batch must be an int >= 1, got {args.batch}")
@@ -104,16 +104,17 @@ def _plan(args: argparse.Namespace) -> Result:
         raise ValueError(f"--memory-cap must be > 0 GiB, got {args.memory_cap}")
     if args.top is not None and args.top < 1:
         raise ValueError(f"--top must be >= 1, got {args.top}")
+    options = SearchOptions(strategies=args.strategies.split(",") if args.strategies else None,
+                            fine_grained=args.fine_grained, top=args.top, calibration=args.calibrate,
+                            pipeline_degrees=_pipeline_degrees(args.pp))
     cluster = load_cluster(args.cluster)
     cluster = share_gpus(cluster, args.ranks_per_gpu)
     costs, shape, model_notes, overrides = _model_costs(args.model, cluster, args.profile_batch, args.model_arg,
                                                         args.calibrate, args.microbatch_passes)
     if shape is None:  # a costs file: a tensor-parallel calibration run says what the transformer is
         shape = _shape_of_runs(args.calibrate, args.profile_batch)
-    strategies = args.strategies.split(",") if args.strategies else None
-    result = plan(costs, cluster if args.ranks_per_gpu > 1 else args.cluster, args.batch, memory_cap_gib=args.memory_cap, top=args.top,
-                  world_size=args.world_size, shape=shape, strategies=strategies, fine_grained=args.fine_grained,
-                  calibration=args.calibrate, pipeline_degrees=_pipeline_degrees(args.pp))
+    result = plan(Workload(costs, args.batch, shape=shape), cluster if args.ranks_per_gpu > 1 else args.cluster,
+                  Budget(memory_cap_gib=args.memory_cap, world_size=args.world_size), options)
     lines = [f"{costs.model} on {cluster.name} ({args.world_size or cluster.world_size} devices), global batch "
              f"{args.batch}: {result.searched} strategies in {result.elapsed_s:.2f} s",
              f"{'#':>3} {'strategy':<28} {'iter ms':>10} {'samples/s':>10} {'GiB/dev':>8} {'compute':>9} "
@@ -226,5 +227,5 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                         "run is best). Repeat it: scheduled-pipeline runs at two micro-batch sizes fit a "
                         "per-micro-batch cost, an async pipeline's run calibrates the async runtime, and a "
                         "tensor-parallel run (tp2d, tp1d; of a GPT-2/BERT model) its own runtime "
-                        "(workbench.planning.run_calibration)")
+                        "(workbench.planning.costs.run_calibration)")
     p.set_defaults(handler=_plan)

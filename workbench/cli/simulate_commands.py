@@ -24,7 +24,7 @@ def _build_schedule(args: argparse.Namespace, stage_costs=None):
 def _stage_costs(args: argparse.Namespace, cluster):
     from ..core.costs import ModelCosts
     from ..core.partition import Partition
-    from ..planning.ampa import ampa
+    from ..planning.partitioning.ampa import ampa
     from ..scheduling.registry import stage_memory
     from ..scheduling.stagecosts import StageCosts
 
@@ -54,7 +54,7 @@ def _stage_costs(args: argparse.Namespace, cluster):
 
 
 def _simulate(args: argparse.Namespace) -> Result:
-    from ..planning.clusters import get_cluster
+    from ..planning.costs.clusters import get_cluster
     from ..scheduling.passes import lower
     from ..scheduling.simulate import simulate
     from ..scheduling.validate import validate

@@ -1,6 +1,6 @@
 """The hardware catalogue: every device, link and cluster preset the workbench names, one record per name.
 
-The planner (``planning.clusters``), the profiler's projection
+The planner (``planning.costs.clusters``), the profiler's projection
 (``profiling.devices``, which adds this machine's measured CPU as
 ``local-cpu``) and the benchmarks all read these tables; no other module
 defines a device or a link under one of these names.
@@ -38,7 +38,7 @@ measured on the 2-core machine.
 To add a device, a link or a preset, add one record to :data:`DATASHEET_DEVICES`
 (or :data:`DEVICES`), :data:`LINKS` or :data:`PRESETS`; a preset names only
 devices and links these tables hold (checked when the module loads), and a
-name may appear once per table. ``planning.clusters.get_cluster(name)``, the
+name may appear once per table. ``planning.costs.clusters.get_cluster(name)``, the
 CLI's ``--cluster`` and ``profiling.projection.project(costs, name)`` pick
 them up. ``tests/core/test_hardware.py`` refuses a second definition of a
 catalogued name anywhere in the package.
@@ -192,12 +192,12 @@ def _local(name: str) -> ClusterPreset:
 
 PRESETS: dict[str, ClusterPreset] = _by_name(
     _local("local-cpu"),
-    _local("local"),  # planning.clusters replaces it by the calibration file commbench's links were saved to
+    _local("local"),  # planning.costs.clusters replaces it by the calibration file commbench's links were saved to
     ClusterPreset("8xV100-PCIe", 1, 8, "V100-PCIe", "pcie3"),
     ClusterPreset("4xV100-NVLink", 1, 4, "V100", "nvlink2"),
     ClusterPreset("8xA100-NVLink", 1, 8, "A100", "nvlink3"),
     ClusterPreset("2x8xH100-IB", 2, 8, "H100", "nvlink4", "infiniband-ndr"),
-    # one GPU: with more ranks than GPUs, plan on planning.clusters.share_gpus(get_cluster(...), ranks_per_gpu)
+    # one GPU: with more ranks than GPUs, plan on planning.costs.clusters.share_gpus(get_cluster(...), ranks_per_gpu)
     ClusterPreset("1xH100", 1, 1, "H100", "nvlink4"),
     ClusterPreset("1xH200", 1, 1, "H200", "nvlink4"),
 )

@@ -42,7 +42,7 @@ def predict_run(run_dir: str | Path, measured: Timeline | None = None, *,
     predict give no timeline and a note saying which.
     """
     from ..core.config import RunConfig
-    from ..planning.clusters import core_sharing, get_cluster
+    from ..planning.costs.clusters import core_sharing, get_cluster
     from ..scheduling.from_config import predict_from_measured
 
     try:

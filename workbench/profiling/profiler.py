@@ -48,7 +48,7 @@ machine (``bench/bench_planner.py``, three rounds) the cold passes at
 micro-batches of 1 took 1.74-2.21x the profile's share and the runtime's
 ranks 1.69-2.14x, four ranks on two cores; the planner fits ``k + c / b``
 to these points when no run calibrates it
-(:func:`workbench.planning.compute_scaling.profiled_compute_models`).
+(:func:`workbench.planning.costs.compute_scaling.profiled_compute_models`).
 
 Results are cached on disk (see :mod:`workbench.profiling.cache`).
 """

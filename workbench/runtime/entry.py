@@ -110,7 +110,7 @@ def resolve_partition(config: RunConfig, model, example_input: torch.Tensor, dev
 def ampa_partition(config: RunConfig, model, example_input: torch.Tensor, device: str | None = None) -> Partition:
     """Profile a copy of the model at the micro-batch size on ``device`` (default the example's), then balance
     with AMPA."""
-    from ..planning.ampa import ampa
+    from ..planning.partitioning.ampa import ampa
     from ..scheduling.registry import stage_memory
 
     microbatch = example_input.shape[0]

@@ -24,7 +24,7 @@ __all__ = ["placement_figure"]
 def placement_figure(placement, cluster: ClusterSpec, *, title: str | None = None) -> go.Figure:
     """Devices with the pipelines drawn through them, and chosen vs naive cost per transfer.
 
-    ``placement`` is a :class:`workbench.planning.placement.Placement` (any
+    ``placement`` is a :class:`workbench.planning.partitioning.placement.Placement` (any
     object with its ``device_of``, ``num_stages``, ``rows``, ``naive_rows``,
     ``cost_ms`` and ``naive_cost_ms``).
     """

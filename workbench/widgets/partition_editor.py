@@ -51,9 +51,9 @@ import plotly.graph_objects as go
 from ..core.costs import ClusterSpec, ModelCosts
 from ..core.fields import check_choice, check_int
 from ..core.partition import Partition
-from ..planning.ampa import Projection, solve
-from ..planning.clusters import cluster_names, get_cluster
-from ..planning.partitioners import partition as run_partitioner
+from ..planning.partitioning.ampa import Projection, solve
+from ..planning.costs.clusters import cluster_names, get_cluster
+from ..planning.partitioning.partitioners import partition as run_partitioner
 from ..core.plan import GPipe, GroPipe, Interleaved, OneFOneB, ParallelPlan
 from ..scheduling.registry import schedule_for, stage_memory
 from ..scheduling.simulate import simulate

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.partition import Partition
-from ..planning.ampa import PartitionResult
+from ..planning.partitioning.ampa import PartitionResult
 from ..scheduling.simulate import SimResult
 
 __all__ = ["EditorState"]

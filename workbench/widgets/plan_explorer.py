@@ -14,10 +14,10 @@ that cannot run with the reason. Clicking a bar, or choosing in the
 strategy menu, selects a plan: its outline is drawn in place, its details
 and launch config are shown, and its simulated timeline replaces the
 previous one (closed-form estimates have none, and say so). A plan whose
-layers differ (``fine_grained=True`` finds them) also shows its per-layer
-strip (:func:`~workbench.viz.plan.layer_strip_figure`): a colour per option
-along the layers, stage boundaries, and each stage's memory against the
-budget.
+layers differ (``SearchOptions(fine_grained=True)`` finds them) also shows
+its per-layer strip (:func:`~workbench.viz.plan.layer_strip_figure`): a
+colour per option along the layers, stage boundaries, and each stage's
+memory against the budget.
 
 Page hooks (CSS classes): ``wb-plan-button``, ``wb-strategy`` (the menu),
 ``wb-plan-table``, ``wb-infeasible``, ``wb-plan-detail``, ``wb-layer-strip``; the whole
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import html
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ import plotly.graph_objects as go
 
 from ..core.costs import ModelCosts
 from ..core.fields import check, check_int, number, optional
-from ..planning import PlanResult, cluster_names, plan
+from ..planning import Budget, PlanResult, SearchOptions, TransformerShape, Workload, cluster_names, plan
 from ..viz.plan import layer_strip_figure, plan_breakdown_figure, select_plan
 from ..viz.timeline import timeline_figure, update_timeline_figure
 from .figure import figure_widget
@@ -55,14 +56,19 @@ class PlanExplorer:
     """Interactive view of the planner's ranking (see the module docstring).
 
     ``model`` is a ``ModelCosts`` profile or its JSON file; ``result`` shows
-    an existing ``PlanResult`` instead of planning first. ``plan_options``
-    go to :func:`workbench.planning.plan` (``kinds``, ``recompute``,
-    ``shape``, ``world_size`` ...).
+    an existing ``PlanResult`` instead of planning first. The controls set the
+    cluster, the global batch, the memory cap and how many plans to show; the
+    rest of the question :func:`workbench.planning.plan` is asked comes from
+    ``shape`` and ``optimizer`` (the :class:`~workbench.planning.Workload`'s),
+    ``world_size`` (the :class:`~workbench.planning.Budget`'s) and ``options``
+    (a :class:`~workbench.planning.SearchOptions`: ``kinds``, ``recompute``,
+    ``fine_grained`` ...; its ``top`` is the slider's).
     """
 
     def __init__(self, model: ModelCosts | str | Path, cluster: str = "8xV100-PCIe", global_batch: int = 64, *,
                  top: int = 12, memory_cap_gib: float | None = None, result: PlanResult | None = None,
-                 **plan_options: Any):
+                 shape: TransformerShape | None = None, optimizer: str = "adam", world_size: int | None = None,
+                 options: SearchOptions | None = None):
         if not isinstance(model, ModelCosts):
             if not Path(str(model)).is_file():
                 raise ValueError(f"PlanExplorer model must be a ModelCosts or a ModelCosts JSON file, got {model!r}")
@@ -72,8 +78,11 @@ class PlanExplorer:
         check_int("PlanExplorer global_batch", global_batch, 1)
         check_int("PlanExplorer top", top, 1, 50)
         check("PlanExplorer memory_cap_gib", memory_cap_gib, optional(number(0, strict=True)))
+        if options is not None and not isinstance(options, SearchOptions):
+            raise ValueError(f"PlanExplorer options must be a SearchOptions or None, got {options!r}")
         self.costs = model
-        self.plan_options = plan_options
+        self.shape, self.optimizer, self.world_size = shape, optimizer, world_size
+        self.options = options or SearchOptions()
         style = {"description_width": "initial"}
         self.cluster = W.Dropdown(options=cluster_names(), value=cluster, description="cluster")
         self.global_batch = W.BoundedIntText(value=global_batch, min=1, max=1 << 20, description="global batch",
@@ -116,8 +125,9 @@ class PlanExplorer:
         cap = self.memory_cap.value or None
         self.plan_button.disabled = True
         try:
-            result = plan(self.costs, self.cluster.value, self.global_batch.value, memory_cap_gib=cap,
-                          top=self.top.value, **self.plan_options)
+            result = plan(Workload(self.costs, self.global_batch.value, shape=self.shape, optimizer=self.optimizer),
+                          self.cluster.value, Budget(memory_cap_gib=cap, world_size=self.world_size),
+                          replace(self.options, top=self.top.value))
         except ValueError as error:
             self.error.value = f"<span style='color:#d62728'>{html.escape(str(error))}</span>"
             return None

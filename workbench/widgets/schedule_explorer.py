@@ -42,7 +42,7 @@ from ..core.costs import ClusterSpec, LinkSpec
 from ..core.fields import check_int, check_number
 from ..core.ir import Schedule
 from ..core.timeline import Timeline
-from ..planning.clusters import get_device
+from ..planning.costs.clusters import get_device
 from ..core.plan import PIPELINE_KINDS, ParallelPlan
 from ..scheduling.registry import schedule_for
 from ..scheduling.simulate import SimResult, simulate

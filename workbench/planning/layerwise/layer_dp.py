@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from typing import Callable, Hashable, Sequence
 
-from ..core.fields import integer, optional
-from .layerwise_costs import MIB, _error
+from ...core.fields import integer, optional
+from .layer_costs import MIB, _error
 
 __all__ = ["Option", "pareto_dp", "bucket_dp"]
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ..core.partition import Partition
-from ..core.plan import ParallelPlan
-from .estimate import Estimate
-from .layer_strategies import LayerStrategy
-from .layerwise import StageAssignment
+from ...core.partition import Partition
+from ...core.plan import ParallelPlan
+from ..costs.estimate import Estimate
+from ..layerwise.layer_strategies import LayerStrategy
+from ..layerwise.stage_search import StageAssignment
 
 __all__ = ["StageEstimate", "HybridEstimate", "HybridResult", "as_estimate", "TEMPLATES", "TEMPLATE_TEXT",
            "TEMPLATE_SPLITS", "template_of"]
@@ -163,8 +163,9 @@ def _template_names(strategy: LayerStrategy, pp: int, templates: Sequence[str]) 
 
 
 def as_estimate(found: HybridEstimate) -> Estimate:
-    """A per-layer estimate as the planner's :class:`~.estimate.Estimate`: compute of the slowest stage, the bubble,
-    and as exposed communication its TP, DP and transition time plus the boundary transfers."""
+    """A per-layer estimate as the planner's :class:`~workbench.planning.costs.estimate.Estimate`: compute of the
+    slowest stage, the bubble, and as exposed communication its TP, DP and transition time plus the boundary
+    transfers."""
     b = found.breakdown()
     exposed = b["tp_comm_ms"] + b["dp_comm_ms"] + b["transition_ms"] + found.p2p_ms
     partition = Partition.parse(found.plan.partition) if found.plan.pp > 1 else None

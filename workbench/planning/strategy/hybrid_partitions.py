@@ -11,8 +11,8 @@ from typing import Callable, Sequence
 
 from .hybrid_results import HybridEstimate
 from .hybrid_stages import _as_template, _evaluate, _Search
-from .layer_strategies import LayerStrategy, for_layer
-from .layerwise import layer_cost
+from ..layerwise.layer_strategies import LayerStrategy, for_layer
+from ..layerwise.layer_costs import layer_cost
 
 def _split(weights: Sequence[float], parts: int) -> list[tuple[int, int]] | None:
     """Contiguous split of ``weights`` into ``parts`` non-empty runs minimising the largest run's sum."""

@@ -2,7 +2,7 @@
 into a timed plan.
 
 A stage's ranks follow the plan's mesh (data parallelism outermost), its
-assignment is the per-layer programme's (:func:`~.layerwise.search_stage`)
+assignment is the per-layer programme's (:func:`~workbench.planning.layerwise.stage_search.search_stage`)
 or a template's one strategy; a split becomes a
 :class:`~workbench.core.plan.ParallelPlan` and its iteration time (slowest
 stage, fill and drain, boundary transfers). Pure Python.
@@ -13,13 +13,13 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from ..core.costs import ClusterSpec, ModelCosts
-from ..core.plan import NoPipeline, OneFOneB, ParallelPlan
-from ..core.topology import Topology
-from ..scheduling.registry import stage_memory
+from ...core.costs import ClusterSpec, ModelCosts
+from ...core.plan import NoPipeline, OneFOneB, ParallelPlan
+from ...core.topology import Topology
+from ...scheduling.registry import stage_memory
 from .hybrid_results import TEMPLATES, HybridEstimate, StageEstimate, _template_names
-from .layer_strategies import LayerKind, LayerStrategy, stage_strategies
-from .layerwise import NoFit, StageAssignment, StageSpec, assignment_cost, search_stage
+from ..layerwise.layer_strategies import LayerKind, LayerStrategy, stage_strategies
+from ..layerwise.stage_search import NoFit, StageAssignment, StageSpec, assignment_cost, search_stage
 
 class _Search:
     """The state of one :func:`search_hybrid` call: the stage searches are cached across partitions."""

@@ -34,9 +34,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.costs import DeviceSpec, LinkSpec
-from ..core.fields import check_int
-from ..core.timeline import Event, Timeline
+from ...core.costs import DeviceSpec, LinkSpec
+from ...core.fields import check_int
+from ...core.timeline import Event, Timeline
 
 __all__ = [
     "TransformerShape", "linear_volume_2d", "step_volume_2d", "step_volume_1d", "collective_calls", "step_flops",

@@ -42,9 +42,9 @@ from dataclasses import dataclass
 from itertools import permutations
 from typing import Callable, Iterable, Sequence
 
-from ..core.costs import LayerCost
-from ..core.fields import integer, is_int
-from ..core.plan import DP_KINDS, LayerPlan, plan_error
+from ...core.costs import LayerCost
+from ...core.fields import integer, is_int
+from ...core.plan import DP_KINDS, LayerPlan, plan_error
 
 __all__ = ["LayerStrategy", "LayerKind", "TRANSFORMER", "LINEAR", "CONV", "OTHER", "guess_layer_kind",
            "decision_trees", "stage_strategies", "galvatron_space", "for_layer", "layer_kinds"]

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..core.costs import ModelCosts
-from ..core.plan import ParallelPlan
+from ...core.costs import ModelCosts
+from ...core.plan import ParallelPlan
 
 __all__ = ["RuntimeCalibration", "ComputeModel", "RUNTIME_FAMILIES", "runtime_family", "compute_models",
            "scale_compute", "fit_factor", "profiled_compute_models"]

@@ -6,16 +6,17 @@ micro-batches, and why. The space (:mod:`.space`) holds hundreds of points
 for 64 devices; simulating each is too slow for an interactive answer.
 
 Approach (two passes). Every valid strategy is first *projected* with the
-closed form (:func:`.estimate.project`: AMPA partition under the memory
+closed form (:func:`~workbench.planning.costs.estimate.project`: AMPA partition under the memory
 cap, ``(m + S - 1) x bottleneck``, exposed gradient all-reduce); strategies
 that cannot fit are kept with the reason. The ``simulate_top`` fastest are
-then *simulated* (:func:`.estimate.estimate`: the runtime's own schedule on
+then *simulated* (:func:`~workbench.planning.costs.estimate.estimate`: the runtime's own schedule on
 the cluster's links with the overlap slowdown) and ranked by the simulated
 time; the table says which method produced each row. With ``fine_grained``
 the pipelines that miss the memory cap also get a per-layer recomputation
-choice by dynamic programming over layers (:mod:`.finegrained`).
+choice by dynamic programming over layers (:mod:`~workbench.planning.layerwise.finegrained`).
 
-``plan(...)`` returns a :class:`PlanResult`: a ranked pandas table (name,
+``plan(workload, cluster, budget, options)`` (the typed values of
+:mod:`.request`) returns a :class:`PlanResult`: a ranked pandas table (name,
 iteration_ms, throughput, memory_gib, compute_ms, bubble_ms,
 exposed_comm_ms, feasible, reason), the :class:`RankedPlan` objects (plan,
 estimate, simulated timeline, ``to_config()`` for the jobs room) and the
@@ -29,22 +30,23 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
-from ..core.config import RunConfig, merge_changes
-from ..core.costs import ClusterSpec, ModelCosts
-from ..core.fields import check, check_int, check_number, integer, optional
-from ..core.plan import ParallelPlan
-from ..core.timeline import Timeline
-from ..scheduling.simulate import SimResult
-from .clusters import load_cluster, shared_cores
-from .compute_scaling import ComputeModel, RuntimeCalibration, compute_models, profiled_compute_models, scale_compute
-from .estimate import GIB, Estimate, cost_context, estimate, project
+from ...core.config import RunConfig, merge_changes
+from ...core.costs import ClusterSpec, ModelCosts
+from ...core.plan import ParallelPlan
+from ...core.timeline import Timeline
+from ...scheduling.simulate import SimResult
+from ..costs.clusters import load_cluster, shared_cores
+from ..costs.compute_scaling import (ComputeModel, RuntimeCalibration, compute_models, profiled_compute_models,
+                                     scale_compute)
+from ..costs.estimate import GIB, CostContext, Estimate, cost_context, estimate, project
+from ..costs.run_calibration import calibrate_from_run
+from ..costs.tensor_costs import TransformerShape
+from ..layerwise.layer_strategies import decision_trees, stage_strategies
 from .hybrid import TEMPLATE_TEXT, HybridEstimate, HybridResult, as_estimate, search_hybrid
-from .layer_strategies import decision_trees, stage_strategies
-from .run_calibration import calibrate_from_run
-from .space import STRATEGY_KINDS, check_plan, enumerate_strategies
-from .tensor_costs import TransformerShape
+from .request import Budget, SearchOptions, Workload
+from .space import check_plan, enumerate_strategies
 
 __all__ = ["plan", "RankedPlan", "PlanResult", "transformer_shape", "TABLE_COLUMNS"]
 
@@ -183,144 +185,133 @@ def _closest_miss(infeasible: list[dict[str, Any]], cap: int | None) -> str:
             f"{cap / GIB:.3f} GiB budget")
 
 
-def _candidates(costs: ModelCosts, world_size: int, global_batch: int, shape: TransformerShape | None,
-                kinds: Sequence[str], recompute: Iterable[bool], strategies: Sequence[str | ParallelPlan] | None,
-                microbatch_options: Iterable[int] | None) -> list[ParallelPlan]:
-    if strategies is not None:
-        chosen = [s if isinstance(s, ParallelPlan) else ParallelPlan.parse(s) for s in strategies]
+def _candidates(workload: Workload, world: int, options: SearchOptions, notes: list[str]) -> list[ParallelPlan]:
+    """The strategies to cost: the given ones, checked against the model and the devices, or the whole space;
+    only those of the allowed pipeline degrees (with a note saying so)."""
+    costs, shape, batch = workload.costs, workload.shape, workload.global_batch
+    heads, hidden = (shape.heads, shape.hidden) if shape else (None, None)
+    if options.strategies is not None:
+        chosen = list(options.strategies)
         for s in chosen:
-            if s.world_size != world_size:
-                raise ValueError(f"strategy {s.name} uses {s.world_size} devices, not the world size {world_size}")
-            check_plan(s, num_layers=costs.num_layers, global_batch=global_batch,
-                       num_heads=shape.heads if shape else None, hidden=shape.hidden if shape else None)
-        return chosen
-    return enumerate_strategies(world_size, num_layers=costs.num_layers, global_batch=global_batch,
-                                num_heads=shape.heads if shape else None, hidden=shape.hidden if shape else None,
-                                kinds=kinds, recompute_options=recompute, microbatch_options=microbatch_options)
+            if s.world_size != world:
+                raise ValueError(f"strategy {s.name} uses {s.world_size} devices, not the world size {world}")
+            check_plan(s, num_layers=costs.num_layers, global_batch=batch, num_heads=heads, hidden=hidden)
+    else:
+        chosen = enumerate_strategies(world, num_layers=costs.num_layers, global_batch=batch, num_heads=heads,
+                                      hidden=hidden, kinds=options.kinds, recompute_options=options.recompute,
+                                      microbatch_options=options.microbatch_options)
+    degrees = options.pipeline_degrees
+    if degrees is not None:
+        chosen = [s for s in chosen if s.pp in degrees]
+        notes.append(f"only pipeline degree{'s' if len(degrees) > 1 else ''} {', '.join(map(str, degrees))} considered")
+    return chosen
 
 
-def _load_costs(model: ModelCosts | str | Path) -> ModelCosts:
-    if isinstance(model, ModelCosts):
-        return model
-    if isinstance(model, (str, Path)) and Path(model).is_file():
-        return ModelCosts.load(model)
-    raise ValueError(f"model must be a ModelCosts or a ModelCosts JSON file, got {model!r}; profile a zoo model "
-                     f"first (workbench profile NAME, or `workbench plan NAME` which profiles it)")
-
-
-def plan(model: ModelCosts | str | Path, cluster: str | Path | ClusterSpec, global_batch: int, *,
-         memory_cap_gib: float | None = None, top: int | None = None, world_size: int | None = None,
-         kinds: Sequence[str] = STRATEGY_KINDS, recompute: Iterable[bool] = (False, True),
-         shape: TransformerShape | None = None, strategies: Sequence[str | ParallelPlan] | None = None,
-         simulate_top: int = 12, microbatch_options: Iterable[int] | None = None, optimizer: str = "adam",
-         fine_grained: bool = False,
-         background_load: float = 0.0, pipeline_degrees: Sequence[int] | None = None,
-         calibration: "RuntimeCalibration | str | Path | Sequence[RuntimeCalibration | str | Path] | None" = None,
-         ) -> PlanResult:
-    """Rank the strategies for ``model`` on ``cluster`` at ``global_batch`` (see the module docstring).
-
-    ``cluster``: a preset name (``8xV100-PCIe``, ``local``, ...), a
-    ``ClusterSpec`` JSON file or a ``ClusterSpec`` (all-reduces reach its
-    ``collective_link`` where it has one). ``world_size`` defaults to
-    the whole cluster. ``strategies`` evaluates (and simulates) exactly these
-    names instead of searching. ``top`` keeps that many feasible plans.
-    ``background_load``: on clusters whose ranks share the node's cores
-    (``local``), the other runnable work there (e.g. ``os.getloadavg()[0]``
-    before launching), which changes how much the ranks slow each other.
-    ``pipeline_degrees``: consider only plans with these pipeline degrees
-    (1 is no pipeline), in the templates and in the per-layer search alike.
-    ``calibration``: a :class:`~.compute_scaling.RuntimeCalibration` or the
-    directory of a finished run of this model (:func:`~.run_calibration.
-    calibrate_from_run`), whose measured compute scales the profile's; or a
-    list of them: each runtime family (scheduled, async, tensor2d,
-    tensor1d) is scaled by its own runs (a family without any by the
-    scheduled one's), and runs of a family at two or more micro-batch sizes
-    fit its per-micro-batch cost (:func:`~.compute_scaling.compute_models`). A
-    tensor-parallel run also needs ``shape``.
-    """
-    started = time.perf_counter()
-    costs = _load_costs(model)
-    spec = load_cluster(cluster)
-    notes: list[str] = []
-    models: dict[str, ComputeModel] = {}
-    if calibration is not None:
-        given = [calibration] if isinstance(calibration, (RuntimeCalibration, str, Path)) else list(calibration)
-        resolved = [c if isinstance(c, RuntimeCalibration) else
-                    calibrate_from_run(costs, c, cluster=spec, background_load=background_load, shape=shape)
-                    for c in given]
-        models = compute_models(resolved)
-        for cal in resolved:
-            notes.append(f"{cal.strategy or cal.source}: {cal.family} runtime's compute calibrated by "
-                         f"{cal.compute_scale:.3f} x the profile ({cal.events} measured events"
-                         f"{f', micro-batch {cal.microbatch_size}' if cal.microbatch_size else ''})")
+def _compute_models(workload: Workload, spec: ClusterSpec, world: int, options: SearchOptions,
+                    notes: list[str]) -> dict[str, ComputeModel]:
+    """Each runtime family's compute against the profile: from the calibration's runs where there are any, else
+    from the profile's own micro-batch passes (on a node whose ranks share its cores); noted."""
+    costs, load = workload.costs, options.background_load
+    if options.calibration is None:
+        models = profiled_compute_models(costs, min(world, spec.devices_per_node), shared_cores(spec), load)
         notes += [m.describe() for m in models.values()]
-    world = spec.world_size if world_size is None else world_size
-    for name, value in (("global_batch", global_batch), ("world_size", world), ("simulate_top", simulate_top + 1)):
-        check_int(name, value, 1)
-    if world > spec.world_size:
-        raise ValueError(f"world_size={world} is more devices than cluster {spec.name!r} has ({spec.world_size})")
-    check("top", top, optional(integer(1)))
-    if memory_cap_gib is not None:
-        check_number("memory_cap_gib", memory_cap_gib, 0, strict=True, expected="a number > 0 (GiB per device)")
-    check_number("background_load", background_load, 0, expected="a number >= 0 (runnable processes)")
-    if calibration is None:  # the profile's own micro-batch passes, where it has them
-        models = profiled_compute_models(costs, min(world, spec.devices_per_node), shared_cores(spec), background_load)
-        notes += [m.describe() for m in models.values()]
-    if pipeline_degrees is not None:
-        pipeline_degrees = tuple(pipeline_degrees)
-        if not pipeline_degrees or not all(integer(1).accepts(p) for p in pipeline_degrees):
-            raise ValueError(f"pipeline_degrees must be ints >= 1, got {list(pipeline_degrees)}")
-    cap = int(memory_cap_gib * GIB) if memory_cap_gib is not None else None
-    ctx = cost_context(costs, spec, global_batch, world_size=world, memory_cap_bytes=cap,
-                       shape=shape, optimizer=optimizer, background_load=background_load, compute_models=models)
-    spec = ctx.cluster
-    candidates = _candidates(costs, world, global_batch, shape, kinds, recompute, strategies, microbatch_options)
-    if pipeline_degrees is not None:
-        candidates = [s for s in candidates if s.pp in pipeline_degrees]
-        notes.append(f"only pipeline degree{'s' if len(pipeline_degrees) > 1 else ''} "
-                     f"{', '.join(map(str, pipeline_degrees))} considered")
+        return models
+    resolved = [c if isinstance(c, RuntimeCalibration) else
+                calibrate_from_run(costs, c, cluster=spec, background_load=load, shape=workload.shape)
+                for c in options.calibration]
+    models = compute_models(resolved)
+    for cal in resolved:
+        notes.append(f"{cal.strategy or cal.source}: {cal.family} runtime's compute calibrated by "
+                     f"{cal.compute_scale:.3f} x the profile ({cal.events} measured events"
+                     f"{f', micro-batch {cal.microbatch_size}' if cal.microbatch_size else ''})")
+    notes += [m.describe() for m in models.values()]
+    return models
+
+
+def _rank(ctx: CostContext, candidates: list[ParallelPlan], options: SearchOptions,
+          infeasible: list[dict[str, Any]]) -> tuple[list[Estimate], int]:
+    """Every candidate projected (or, when the strategies are given, simulated) and the ``simulate_top`` fastest
+    projections simulated; those that cannot run go to ``infeasible``. The estimates, and how many projected."""
     projected: list[Estimate] = []
-    infeasible: list[dict[str, Any]] = []
     for s in candidates:
         try:
-            projected.append(estimate(ctx, s) if strategies is not None else project(ctx, s))
+            projected.append(estimate(ctx, s) if options.strategies is not None else project(ctx, s))
         except ValueError as exc:
             infeasible.append({"name": s.name, "reason": " ".join(str(exc).split())})
     projected.sort(key=lambda e: (e.iteration_ms, e.strategy.world_size, e.strategy.name))
     final: list[Estimate] = []
     for i, e in enumerate(projected):
-        if e.method == "projected" and i < simulate_top:
+        if e.method == "projected" and i < options.simulate_top:
             try:
                 e = estimate(ctx, e.strategy)
             except ValueError as exc:
                 infeasible.append({"name": e.strategy.name, "reason": " ".join(str(exc).split())})
                 continue
         final.append(e)
-    hybrid = None
-    if fine_grained:
-        from .finegrained import selective_recompute_plans
+    return final, len(projected)
 
-        final += selective_recompute_plans(ctx, [s for s in candidates if not s.recompute], infeasible)
-        hybrid = _per_layer_search(ctx, costs, world, optimizer, notes, pipeline_degrees)
-        if hybrid is not None and "per-layer" in hybrid.best:
-            final += [as_estimate(p) for p in _distinct_mixes(hybrid)]
-            uniform = hybrid.best.get("uniform")
-            if uniform is not None and uniform.plan not in {e.strategy for e in final}:
-                final.append(as_estimate(uniform))  # the template to compare with, costed the same way
+
+def _fine_grained(ctx: CostContext, workload: Workload, world: int, options: SearchOptions,
+                  candidates: list[ParallelPlan], final: list[Estimate], infeasible: list[dict[str, Any]],
+                  notes: list[str]) -> "HybridResult | None":
+    """Add the per-layer plans to ``final``: recomputation per layer of the pipelines that miss the budget, and
+    the per-layer search's distinct mixes with the uniform template beside them unless ``final`` holds it
+    already (costed the same way); the per-layer search's own result."""
+    from ..layerwise.finegrained import selective_recompute_plans
+
+    final += selective_recompute_plans(ctx, [s for s in candidates if not s.recompute], infeasible)
+    hybrid = _per_layer_search(ctx, workload.costs, world, workload.optimizer, notes, options.pipeline_degrees)
+    if hybrid is not None and "per-layer" in hybrid.best:
+        final += [as_estimate(p) for p in _distinct_mixes(hybrid)]
+        uniform = hybrid.best.get("uniform")
+        if uniform is not None and uniform.plan not in {e.strategy for e in final}:
+            final.append(as_estimate(uniform))  # the template to compare with, costed the same way
+    return hybrid
+
+
+def plan(workload: Workload, cluster: ClusterSpec | str | Path, budget: Budget = Budget(),
+         options: SearchOptions = SearchOptions()) -> PlanResult:
+    """Rank the strategies for ``workload`` on ``cluster`` within ``budget`` (see the module docstring).
+
+    ``cluster``: a :class:`~workbench.core.costs.ClusterSpec`, a preset name
+    (``8xV100-PCIe``, ``local``, ...) or a ``ClusterSpec`` JSON file
+    (all-reduces reach its ``collective_link`` where it has one). The
+    :class:`~.request.Workload`, :class:`~.request.Budget` and
+    :class:`~.request.SearchOptions` say what is trained, what the plan may
+    use and how to search.
+    """
+    started = time.perf_counter()
+    for name, value, kind in (("workload", workload, Workload), ("budget", budget, Budget),
+                              ("options", options, SearchOptions)):
+        if not isinstance(value, kind):
+            raise ValueError(f"plan() {name} must be a {kind.__name__}, got {type(value).__name__}")
+    spec = load_cluster(cluster)
+    world = budget.devices(spec)
+    notes: list[str] = []
+    models = _compute_models(workload, spec, world, options, notes)
+    ctx = cost_context(workload.costs, spec, workload.global_batch, world_size=world,
+                       memory_cap_bytes=budget.memory_cap_bytes, shape=workload.shape, optimizer=workload.optimizer,
+                       background_load=options.background_load, compute_models=models)
+    candidates = _candidates(workload, world, options, notes)
+    infeasible: list[dict[str, Any]] = []
+    final, projected = _rank(ctx, candidates, options, infeasible)
+    hybrid = None
+    if options.fine_grained:
+        hybrid = _fine_grained(ctx, workload, world, options, candidates, final, infeasible, notes)
     if not final:
-        raise ValueError(f"no strategy for {costs.model} on {world} devices of {spec.name} fits"
+        raise ValueError(f"no strategy for {workload.costs.model} on {world} devices of {ctx.cluster.name} fits"
                          f"{_closest_miss(infeasible, ctx.cap)}")
     final.sort(key=lambda e: (e.method == "projected", e.iteration_ms, e.strategy.name))
-    if top is not None:
-        final = final[:top]
-    names = tuple(l.name for l in costs.layers)
-    plans = [RankedPlan(e.strategy, e, costs.model, global_batch, rank=i + 1, layer_names=names)
+    if options.top is not None:
+        final = final[:options.top]
+    names = tuple(l.name for l in workload.costs.layers)
+    plans = [RankedPlan(e.strategy, e, workload.costs.model, workload.global_batch, rank=i + 1, layer_names=names)
              for i, e in enumerate(final)]
-    if strategies is None:
-        notes.append(f"the {min(simulate_top, len(projected))} fastest projections are simulated; the rest are "
+    if options.strategies is None:
+        notes.append(f"the {min(options.simulate_top, projected)} fastest projections are simulated; the rest are "
                      f"ranked by the closed form")
-    return PlanResult(plans, infeasible, spec, global_batch, len(candidates), time.perf_counter() - started, notes,
-                      hybrid)
+    return PlanResult(plans, infeasible, ctx.cluster, workload.global_batch, len(candidates),
+                      time.perf_counter() - started, notes, hybrid)
 
 
 def _per_layer_search(ctx, costs: ModelCosts, world: int, optimizer: str, notes: list[str],

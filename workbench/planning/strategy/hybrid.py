@@ -1,6 +1,6 @@
 """Fine-grained hybrid plans: the pipeline around the per-layer programme, and the templates it is judged against.
 
-Problem. :func:`~.layerwise.search_stage` picks the best strategy of every
+Problem. :func:`~workbench.planning.layerwise.stage_search.search_stage` picks the best strategy of every
 layer of *one* pipeline stage under a memory budget. A plan also needs the
 pipeline degree, the micro-batch count and where the stages cut the model;
 and a claim that per-layer mixing wins needs the templates it beats,
@@ -56,16 +56,16 @@ import math
 import time
 from typing import Callable, Sequence
 
-from ..core.costs import ClusterSpec, LayerCost, ModelCosts
-from ..core.fields import check_int, number
-from ..core.partition import Partition
-from ..core.plan import GroPipe, NoPipeline, OneFOneB, ParallelPlan
+from ...core.costs import ClusterSpec, LayerCost, ModelCosts
+from ...core.fields import check_int, number
+from ...core.partition import Partition
+from ...core.plan import GroPipe, NoPipeline, OneFOneB, ParallelPlan
 from .hybrid_partitions import _partitions, _split
-from .hybrid_results import (TEMPLATE_SPLITS, TEMPLATE_TEXT, TEMPLATES, HybridEstimate, HybridResult,
-                             StageEstimate, _template_names, as_estimate, template_of)
+from .hybrid_results import (TEMPLATE_SPLITS, TEMPLATE_TEXT, TEMPLATES, HybridEstimate, HybridResult, StageEstimate,
+                             _template_names, as_estimate, template_of)
 from .hybrid_stages import _evaluate, _microbatch_options, _pp_options, _Search, _timed
-from .layer_strategies import LayerKind, LayerStrategy, layer_kinds, stage_strategies
-from .layerwise import assignment_cost
+from ..layerwise.layer_strategies import LayerKind, LayerStrategy, layer_kinds, stage_strategies
+from ..layerwise.stage_search import assignment_cost
 
 __all__ = ["StageEstimate", "HybridEstimate", "HybridResult", "search_hybrid", "cost_plan", "as_estimate",
            "TEMPLATES", "TEMPLATE_TEXT", "template_of"]

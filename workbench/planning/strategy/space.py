@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from ..core.fields import check_int
-from ..core.plan import PIPELINE_KINDS, PLAN_FAMILIES, LayerPlan, NoPipeline, \
+from ...core.fields import check_int
+from ...core.plan import PIPELINE_KINDS, PLAN_FAMILIES, LayerPlan, NoPipeline, \
     ParallelPlan
-from ..core.topology import Topology
+from ...core.topology import Topology
 
 __all__ = ["enumerate_strategies", "check_plan", "factorizations", "STRATEGY_KINDS"]
 

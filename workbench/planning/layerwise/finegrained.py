@@ -8,7 +8,7 @@ dynamic programming.
 
 Approach. :func:`choose_per_layer` takes, per layer, a list of options
 ``(time_ms, memory_bytes)`` and answers with the per-layer programme of
-:mod:`.layerwise_dp` (:func:`~.layerwise_dp.bucket_dp`, the same table over
+:mod:`.layer_dp` (:func:`~.layer_dp.bucket_dp`, the same table over
 memory buckets the per-layer hybrid search uses): memory is counted in
 ``resolution`` units of the budget (rounded up, so a chosen plan always
 fits). O(L x resolution x options).
@@ -28,18 +28,18 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Sequence
 
-from ..scheduling.stagecosts import layer_times_ms
-from .ampa import solve
-from .estimate import CostContext, Estimate, _stage_costs, simulate_strategy
-from .layerwise_dp import bucket_dp
-from ..core.plan import LayerPlan, NoPipeline, ParallelPlan
+from ...scheduling.stagecosts import layer_times_ms
+from ..partitioning.ampa import solve
+from ..costs.estimate import CostContext, Estimate, _stage_costs, simulate_strategy
+from .layer_dp import bucket_dp
+from ...core.plan import LayerPlan, NoPipeline, ParallelPlan
 
 __all__ = ["choose_per_layer", "selective_recompute_plans"]
 
 def choose_per_layer(options: Sequence[Sequence[tuple[float, float]]], budget_bytes: float, *,
                      resolution: int = 512) -> tuple[float, list[int]] | None:
     """Least-time choice of one option per layer with total memory <= ``budget_bytes`` (None if none fits):
-    the per-layer programme (:func:`~.layerwise_dp.bucket_dp`, ``resolution`` buckets) with each option its
+    the per-layer programme (:func:`~.layer_dp.bucket_dp`, ``resolution`` buckets) with each option its
     own layout and nothing to pay between layers. Of equally fast choices, the last layer's earliest option,
     then the least memory."""
     found = bucket_dp([[(t, m, o) for o, (t, m) in enumerate(layer)] for layer in options], _free, budget_bytes,

@@ -41,11 +41,11 @@ import json
 import os
 from pathlib import Path
 
-from ..core.costs import ClusterSpec, DeviceSpec, LinkSpec
-from ..core.fields import check_int
-from ..core.hardware import (DATASHEET_OVERLAP_SLOWDOWN, DEVICES, GIB, LINKS, LOCAL_COLLECTIVE_CALL_MS,
-                             LOCAL_OVERLAP_SLOWDOWN, PRESETS, get_device, get_preset)
-from ..scheduling.sharing import CoreSharing, sharing_slowdown, wait_fraction
+from ...core.costs import ClusterSpec, DeviceSpec, LinkSpec
+from ...core.fields import check_int
+from ...core.hardware import (DATASHEET_OVERLAP_SLOWDOWN, DEVICES, GIB, LINKS, LOCAL_COLLECTIVE_CALL_MS,
+                              LOCAL_OVERLAP_SLOWDOWN, PRESETS, get_device, get_preset)
+from ...scheduling.sharing import CoreSharing, sharing_slowdown, wait_fraction
 
 __all__ = ["DEVICES", "get_cluster", "share_gpus", "HOST_STAGED_LINK", "cluster_names", "collective_wait_fraction",
            "core_sharing", "get_device", "load_cluster", "shared_cores", "time_sharing_slowdown",

@@ -50,10 +50,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable, Sequence
 
-from ..core.costs import ClusterSpec, LayerCost, LinkSpec, ModelCosts
-from ..core.fields import ErrorForm, check_int, field_error, is_int
-from ..scheduling.stagecosts import OPTIMIZER_STATE_FACTORS, optimizer_bytes
-from .clusters import shared_cores
+from ...core.costs import ClusterSpec, LayerCost, LinkSpec, ModelCosts
+from ...core.fields import ErrorForm, check_int, field_error, is_int
+from ...scheduling.stagecosts import OPTIMIZER_STATE_FACTORS, optimizer_bytes
+from ..costs.clusters import shared_cores
 from .layer_strategies import LayerKind, LayerStrategy, layer_kinds
 
 __all__ = ["StageSpec", "LayerChoiceCost", "layer_cost", "transition_ms", "paying_steps", "MIB", "DDP_BUCKET_BYTES"]

@@ -39,13 +39,13 @@ from itertools import accumulate
 from operator import gt
 from typing import Any, Sequence
 
-from ..core.costs import ClusterSpec, LinkSpec, ModelCosts
-from ..core.fields import check_int
-from ..core.partition import Partition
-from ..core.plan import PIPELINE_KINDS, ParallelPlan
-from ..core.topology import Topology
-from ..scheduling.registry import StageMemory, stage_memory
-from ..scheduling.stagecosts import layer_times_ms, optimizer_bytes
+from ...core.costs import ClusterSpec, LinkSpec, ModelCosts
+from ...core.fields import check_int
+from ...core.partition import Partition
+from ...core.plan import PIPELINE_KINDS, ParallelPlan
+from ...core.topology import Topology
+from ...scheduling.registry import StageMemory, stage_memory
+from ...scheduling.stagecosts import layer_times_ms, optimizer_bytes
 
 __all__ = ["ampa", "search", "PartitionResult", "SearchCandidate", "Projection", "kind_memory"]
 

@@ -1,8 +1,8 @@
 """Baseline partitioners, manual partitions, and one entry point for all of them.
 
-AMPA (:mod:`workbench.planning.ampa`) is only interesting next to what
+AMPA (:mod:`workbench.planning.partitioning.ampa`) is only interesting next to what
 people use without it, so the classic choices live here, each returning the
-same :class:`~workbench.planning.ampa.PartitionResult` evaluated with the
+same :class:`~workbench.planning.partitioning.ampa.PartitionResult` evaluated with the
 same projection (per-stage time, boundary transfers, memory) so they
 compare directly:
 
@@ -29,9 +29,9 @@ from bisect import bisect_left
 from itertools import accumulate
 from typing import Callable, Sequence
 
-from ..core.costs import ClusterSpec, ModelCosts
-from ..core.partition import Partition
-from ..scheduling.registry import StageMemory
+from ...core.costs import ClusterSpec, ModelCosts
+from ...core.partition import Partition
+from ...scheduling.registry import StageMemory
 from .ampa import PartitionResult, Projection, check_fits, solve
 
 __all__ = ["partition", "ALGORITHMS", "block_partition", "min_max_dp", "manual"]

@@ -23,7 +23,7 @@ predicts for the same stage and micro-batch
 apply` multiplies every layer's forward and backward time by it. The other
 costs (links, collective calls, overlap, memory) keep their own
 calibrations. Use :func:`calibrate_from_run` on a finished run directory
-and pass ``plan(..., calibration=...)`` (CLI: ``workbench plan ...
+and pass ``SearchOptions(calibration=...)`` to ``plan`` (CLI: ``workbench plan ...
 --calibrate RUN_DIR``).
 
 Runtimes differ in what they add around the same arithmetic: the
@@ -64,15 +64,15 @@ import statistics
 from pathlib import Path
 from typing import Any, Callable
 
-from ..core.config import RunConfig
-from ..core.costs import ClusterSpec, ModelCosts
-from ..core.fields import check_int
-from ..core.partition import Partition
-from ..core.plan import ParallelPlan
-from ..core.rundir import load_measured_timeline, read_events
-from ..core.timeline import Timeline
-from ..scheduling.sharing import solo_durations
-from ..scheduling.stagecosts import StageCosts
+from ...core.config import RunConfig
+from ...core.costs import ClusterSpec, ModelCosts
+from ...core.fields import check_int
+from ...core.partition import Partition
+from ...core.plan import ParallelPlan
+from ...core.rundir import load_measured_timeline, read_events
+from ...core.timeline import Timeline
+from ...scheduling.sharing import solo_durations
+from ...scheduling.stagecosts import StageCosts
 from .clusters import core_sharing, load_cluster
 from .compute_scaling import RuntimeCalibration, runtime_family
 from .estimate import cost_context, estimate

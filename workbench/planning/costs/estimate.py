@@ -9,7 +9,7 @@ busiest device needs, before anything runs.
 Approach. Every estimate is built from the workbench's own models, never a
 second formula for the same thing:
 
-* partition: AMPA (:mod:`.ampa`) cuts the profile into the strategy's
+* partition: AMPA (:mod:`~workbench.planning.partitioning.ampa`) cuts the profile into the strategy's
   stages under the memory cap, for its schedule's in-flight micro-batches;
 * schedule: the generator the runtime executes (:mod:`~workbench.scheduling.
   generators`), lowered with its sends, receives and gradient all-reduces;
@@ -43,15 +43,15 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Callable
 
-from ..core.costs import ClusterSpec, DeviceSpec, ModelCosts
-from ..core.partition import Partition
-from ..core.plan import GroPipe, NoPipeline, ParallelPlan
-from ..core.timeline import Timeline
-from ..scheduling.registry import schedule_for, stage_memory
-from ..scheduling.sharing import CoreSharing
-from ..scheduling.simulate import SimResult, simulate
-from ..scheduling.stagecosts import StageCosts
-from .ampa import PartitionResult, Projection, _allreduce_exposed, solve
+from ...core.costs import ClusterSpec, DeviceSpec, ModelCosts
+from ...core.partition import Partition
+from ...core.plan import GroPipe, NoPipeline, ParallelPlan
+from ...core.timeline import Timeline
+from ...scheduling.registry import schedule_for, stage_memory
+from ...scheduling.sharing import CoreSharing
+from ...scheduling.simulate import SimResult, simulate
+from ...scheduling.stagecosts import StageCosts
+from ..partitioning.ampa import PartitionResult, Projection, _allreduce_exposed, solve
 from .clusters import collective_wait_fraction, core_sharing, shared_cores, time_sharing_slowdown
 from .compute_scaling import ComputeModel, runtime_family, scale_compute
 from .tensor_costs import TransformerShape, estimate_step, simulate_step, step_flops
@@ -74,7 +74,7 @@ class CostContext:
     optimizer: str = "adam"
     world_size: int | None = None
     background_load: float = 0.0
-    # the runtime families' compute against the profile (planning.compute_scaling.compute_models); empty: as profiled
+    # the runtime families' compute against the profile (compute_scaling.compute_models); empty: as profiled
     compute_models: dict[str, ComputeModel] = field(default_factory=dict)
     _partitions: dict[tuple, PartitionResult | ValueError] = field(default_factory=dict, repr=False)
     _projections: dict[tuple, Projection] = field(default_factory=dict, repr=False)
@@ -326,8 +326,8 @@ def estimate(ctx: CostContext, strategy: ParallelPlan) -> Estimate:
 
 def _placement(ctx: CostContext, strategy: ParallelPlan, sc: StageCosts):
     """The topology-aware placement of a pipeline's (replica, stage) pairs on a multi-node cluster, when its
-    link cost beats the node-major order's (:mod:`.placement`; the simulator then times both and keeps the
-    faster); None otherwise, or where it does not apply (one node,
+    link cost beats the node-major order's (:mod:`~workbench.planning.partitioning.placement`; the simulator
+    then times both and keeps the faster); None otherwise, or where it does not apply (one node,
     fewer ranks than the cluster's devices, no pipeline, tensor parallelism or interleaved chunks inside the
     pipeline, too many pairs to enumerate). The run config carries it (``RunConfig.placement``), so the
     launched processes take the places the estimate's links assumed."""
@@ -335,7 +335,7 @@ def _placement(ctx: CostContext, strategy: ParallelPlan, sc: StageCosts):
             or isinstance(strategy.pipeline, NoPipeline) or strategy.tp > 1 or strategy.chunks > 1 \
             or len(sc.send_bytes) != strategy.pp:
         return None
-    from .placement import place
+    from ..partitioning.placement import place
 
     try:
         found = place(sc.send_bytes, ctx.cluster, grad_bytes=sc.grad_bytes if strategy.dp > 1 else None,
@@ -359,7 +359,7 @@ def simulate_strategy(ctx: CostContext, strategy: ParallelPlan, partition: Parti
     iteration = _steady_iteration_ms(sim, iterations)
     placement = _placement(ctx, strategy, sc)
     if placement is not None:  # the links' cost model prefers another placement: keep it if the simulator agrees
-        from .placement import placed_schedule
+        from ..partitioning.placement import placed_schedule
 
         placed = run(placed_schedule(schedule, placement.device_of, ctx.cluster))
         placed_iteration = _steady_iteration_ms(placed, iterations)

@@ -9,8 +9,8 @@ strategy set comes from :mod:`.layer_strategies`, the costs from the profile
 (:class:`~workbench.core.costs.LayerCost`) and the cluster's links.
 
 The cost model, per layer and strategy on each device of the stage, is
-:mod:`.layerwise_costs` (:func:`layer_cost`, :func:`transition_ms`); the
-dynamic programmes over the layers are :mod:`.layerwise_dp`; both are
+:mod:`.layer_costs` (:func:`layer_cost`, :func:`transition_ms`); the
+dynamic programmes over the layers are :mod:`.layer_dp`; both are
 re-exported here.
 
 Search (:func:`search_stage`). A dynamic programme over layers whose state is
@@ -34,12 +34,12 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..core.fields import number
-from ..core.plan import LayerPlan
+from ...core.fields import number
+from ...core.plan import LayerPlan
 from .layer_strategies import LayerStrategy, for_layer, stage_strategies
-from .layerwise_costs import (DDP_BUCKET_BYTES, MIB, LayerChoiceCost, StageSpec, _error, layer_cost, paying_steps,
-                              transition_ms)
-from .layerwise_dp import Option, bucket_dp, pareto_dp
+from .layer_costs import (DDP_BUCKET_BYTES, MIB, LayerChoiceCost, StageSpec, _error, layer_cost, paying_steps,
+                          transition_ms)
+from .layer_dp import Option, bucket_dp, pareto_dp
 
 __all__ = ["StageSpec", "LayerChoiceCost", "StageAssignment", "NoFit", "layer_cost", "transition_ms",
            "paying_steps", "assignment_cost", "search_stage", "pareto_dp", "bucket_dp"]

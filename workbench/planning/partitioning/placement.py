@@ -34,10 +34,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from ..core.costs import ClusterSpec
-from ..core.fields import check_int, integer
-from ..core.ir import Schedule
-from ..core.topology import Topology
+from ...core.costs import ClusterSpec
+from ...core.fields import check_int, integer
+from ...core.ir import Schedule
+from ...core.topology import Topology
 
 __all__ = ["Placement", "place", "placement_cost", "placed_schedule", "naive_devices"]
 

@@ -1,0 +1,184 @@
+"""What the planner is asked, as typed values: the workload, the budget on the cluster, and how to search.
+
+:func:`~workbench.planning.strategy.search.plan` takes a :class:`Workload`
+(what is trained), a cluster (a :class:`~workbench.core.costs.ClusterSpec`,
+a preset name or a cluster file), a :class:`Budget` (what the plan may use
+of the cluster) and :class:`SearchOptions` (which strategies to consider,
+how many to simulate and keep, and the cost model's adjustments)::
+
+    plan(Workload(costs, 64, shape=shape), "8xV100-PCIe", Budget(memory_cap_gib=16, world_size=4),
+         SearchOptions(kinds=("dp", "pipeline"), fine_grained=True))
+
+Each value is frozen and checks its fields when it is made: a wrong one is
+refused with a one-line ``ValueError`` naming the field. Sequences are kept
+as tuples, so a value can be reused and compared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from ...core.costs import ModelCosts
+from ...core.fields import boolean, check_bool, check_int, check_number, integer
+from ...core.plan import ParallelPlan
+from ...scheduling.stagecosts import OPTIMIZER_STATE_FACTORS
+from ..costs.compute_scaling import RuntimeCalibration
+from ..costs.estimate import GIB
+from ..costs.tensor_costs import TransformerShape
+from .space import STRATEGY_KINDS
+
+__all__ = ["Workload", "Budget", "SearchOptions"]
+
+
+def _ints(owner: str, name: str, values: Iterable[int] | None) -> tuple[int, ...] | None:
+    """``values`` as a non-empty tuple of ints >= 1 (None stays None), else a ValueError naming the field."""
+    if values is None:
+        return None
+    out = tuple(values) if not isinstance(values, (str, bytes)) and isinstance(values, Iterable) else (values,)
+    if not out or not all(integer(1).accepts(v) for v in out):
+        raise ValueError(f"{owner}.{name} must be ints >= 1, got {list(out)}")
+    return out
+
+
+def _set(obj: Any, name: str, value: Any) -> None:
+    object.__setattr__(obj, name, value)  # normalising a field of a frozen value while it is made
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What is trained: the profiled model, the global batch, and what the cost model needs besides.
+
+    ``costs``: a :class:`~workbench.core.costs.ModelCosts` or its JSON file
+    (loaded here). ``shape``: the transformer's sizes, which tensor
+    parallelism needs (GPT-2 / BERT; :func:`~workbench.planning.strategy.search.
+    transformer_shape` reads them from a config). ``optimizer``: whose state
+    the memory counts (``adam``, ``sgd-momentum``, ``sgd``).
+    """
+
+    costs: ModelCosts
+    global_batch: int
+    shape: TransformerShape | None = None
+    optimizer: str = "adam"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.costs, (str, Path)) and Path(self.costs).is_file():
+            _set(self, "costs", ModelCosts.load(self.costs))
+        if not isinstance(self.costs, ModelCosts):
+            raise ValueError(f"Workload.costs must be a ModelCosts or a ModelCosts JSON file, got {self.costs!r}; "
+                             f"profile a zoo model first (workbench profile NAME, or `workbench plan NAME` which "
+                             f"profiles it)")
+        check_int("Workload.global_batch", self.global_batch, 1)
+        if self.shape is not None and not isinstance(self.shape, TransformerShape):
+            raise ValueError(f"Workload.shape must be a TransformerShape or None, got {self.shape!r}")
+        if self.optimizer not in OPTIMIZER_STATE_FACTORS:
+            raise ValueError(f"Workload.optimizer must be one of {sorted(OPTIMIZER_STATE_FACTORS)}, "
+                             f"got {self.optimizer!r}")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a plan may use of the cluster: memory per device (GiB; None: the device's own memory) and devices
+    (None: all of the cluster's)."""
+
+    memory_cap_gib: float | None = None
+    world_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.memory_cap_gib is not None:
+            check_number("Budget.memory_cap_gib", self.memory_cap_gib, 0, strict=True,
+                         expected="a number > 0 (GiB per device)")
+        if self.world_size is not None:
+            check_int("Budget.world_size", self.world_size, 1, expected="an int >= 1 or None")
+
+    @property
+    def memory_cap_bytes(self) -> int | None:
+        return int(self.memory_cap_gib * GIB) if self.memory_cap_gib is not None else None
+
+    def devices(self, cluster) -> int:
+        """How many of ``cluster``'s devices the plan uses; refused when the cluster has fewer."""
+        world = cluster.world_size if self.world_size is None else self.world_size
+        if world > cluster.world_size:
+            raise ValueError(f"world_size={world} is more devices than cluster {cluster.name!r} has "
+                             f"({cluster.world_size})")
+        return world
+
+
+Calibration = RuntimeCalibration | str | Path
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """How the planner searches, and what it adjusts its cost model by.
+
+    Which strategies: ``kinds`` (families of :data:`~.space.STRATEGY_KINDS`),
+    ``recompute`` (with and / or without activation recomputation),
+    ``microbatch_options`` (micro-batch counts; None: powers of two and
+    multiples of the stage count), ``pipeline_degrees`` (only these; 1 is no
+    pipeline; also in the per-layer search), or exactly ``strategies``
+    (plan names or :class:`~workbench.core.plan.ParallelPlan`; each is
+    simulated, and the other choices are ignored). ``fine_grained``: also
+    per-layer plans (and per-layer recomputation of pipelines that miss the
+    budget). ``simulate_top``: how many of the fastest projections are
+    simulated; ``top``: how many feasible plans to keep (None: all).
+
+    The cost model: ``background_load``, on clusters whose ranks share the
+    node's cores (``local``), the other runnable work there (e.g.
+    ``os.getloadavg()[0]`` before launching); ``calibration``, one or more
+    :class:`~workbench.planning.costs.compute_scaling.RuntimeCalibration` or
+    directories of finished runs of the model, whose measured compute scales
+    the profile's, each runtime family by its own runs (a family without any
+    by the scheduled one's; runs at two or more micro-batch sizes fit its
+    per-micro-batch cost). None: the profile's own micro-batch passes, where
+    it has them. A tensor-parallel run also needs the workload's ``shape``.
+    """
+
+    kinds: tuple[str, ...] = STRATEGY_KINDS
+    recompute: tuple[bool, ...] = (False, True)
+    microbatch_options: tuple[int, ...] | None = None
+    pipeline_degrees: tuple[int, ...] | None = None
+    strategies: tuple[ParallelPlan, ...] | None = None
+    fine_grained: bool = False
+    simulate_top: int = 12
+    top: int | None = None
+    background_load: float = 0.0
+    calibration: tuple[Calibration, ...] | None = None
+
+    def __post_init__(self) -> None:
+        self._check_space()
+        check_bool("SearchOptions.fine_grained", self.fine_grained)
+        check_int("SearchOptions.simulate_top", self.simulate_top, 0)
+        if self.top is not None:
+            check_int("SearchOptions.top", self.top, 1, expected="an int >= 1 or None")
+        check_number("SearchOptions.background_load", self.background_load, 0,
+                     expected="a number >= 0 (runnable processes)")
+        self._check_calibration()
+
+    def _check_space(self) -> None:
+        kinds = (self.kinds,) if isinstance(self.kinds, str) else tuple(self.kinds)
+        if not kinds or set(kinds) - set(STRATEGY_KINDS):
+            raise ValueError(f"SearchOptions.kinds must be some of {STRATEGY_KINDS}, got {list(kinds)}")
+        recompute = tuple(self.recompute)
+        if not recompute or not all(boolean().accepts(r) for r in recompute):
+            raise ValueError(f"SearchOptions.recompute must be one or both of False, True, got {list(recompute)}")
+        _set(self, "kinds", kinds)
+        _set(self, "recompute", recompute)
+        _set(self, "microbatch_options", _ints("SearchOptions", "microbatch_options", self.microbatch_options))
+        _set(self, "pipeline_degrees", _ints("SearchOptions", "pipeline_degrees", self.pipeline_degrees))
+        if self.strategies is not None:
+            given = (self.strategies,) if isinstance(self.strategies, (str, ParallelPlan)) else tuple(self.strategies)
+            if not all(isinstance(s, (str, ParallelPlan)) for s in given):
+                raise ValueError(f"SearchOptions.strategies must be plan names or ParallelPlans, got {list(given)}")
+            _set(self, "strategies", tuple(s if isinstance(s, ParallelPlan) else ParallelPlan.parse(s)
+                                           for s in given))
+
+    def _check_calibration(self) -> None:
+        if self.calibration is None:
+            return
+        given = (self.calibration,) if isinstance(self.calibration, (RuntimeCalibration, str, Path)) \
+            else tuple(self.calibration)
+        if not all(isinstance(c, (RuntimeCalibration, str, Path)) for c in given):
+            raise ValueError(f"SearchOptions.calibration must be RuntimeCalibrations or run directories, "
+                             f"got {list(given)}")
+        _set(self, "calibration", given)
