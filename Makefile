@@ -24,10 +24,8 @@ help:
 	@echo "make gpu-wheels - download into .whl/ the wheels the lent GPU image lacks (for an offline gpu-check)"
 	@echo "make bench  - set up .venv and run the benchmarks in bench/"
 
-$(STAMP): pyproject.toml
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+$(STAMP): pyproject.toml scripts/install.sh
+	bash scripts/install.sh $(VENV) $(PYTHON)
 	@rm -f $(VENV)/.installed-*
 	@touch $(STAMP)
 
@@ -36,13 +34,18 @@ install: $(STAMP)
 lab: install
 	bash scripts/lab.sh
 
+# The whole suite on TEST_WORKERS pytest-xdist workers (default: the cores, at most 4; 0 runs in one process).
+# The multi-process tests spend much of their time starting processes and waiting on each other, so two
+# workers on two cores finish far sooner than one; the JupyterLab tests stay together on one worker.
+TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
+
 test: install
 	bash scripts/ensure_chromium.sh
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The edit loop's tier: the tests that launch no run and open no browser (the whole suite is make test).
 test-quick: install
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not multiproc and not notebook and not browser and not gpu and not slow" $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not multiproc and not notebook and not browser and not gpu and not slow" $(PYTEST_ARGS)
 
 # The GPU tier: every test marked gpu (tests/gpu and any other). `make test` skips them without CUDA.
 test-gpu: install

@@ -8,7 +8,20 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 
+# Tests that start JupyterLab share one server and browser per worker: under pytest-xdist (make test runs
+# -n 2 --dist loadgroup) they all go to one worker, one at a time, while the other worker runs the rest.
+ONE_WORKER_GROUPS = {"browser": "jupyterlab", "lab": "jupyterlab"}
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        room = item.path.parent.name
+        if room in ONE_WORKER_GROUPS:
+            item.add_marker(pytest.mark.xdist_group(ONE_WORKER_GROUPS[room]))
+    _skip_gpu_tests(items)
+
+
+def _skip_gpu_tests(items):
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:
         return
