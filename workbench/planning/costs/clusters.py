@@ -12,9 +12,11 @@ all-reduces.
 ``get_cluster(name)`` and the CLI's ``--cluster`` read the catalogue. A
 user's own cluster is a ``ClusterSpec`` JSON file (:func:`load_cluster`
 takes a preset name or a path; numbers no real machine has are refused with
-the field that holds them). The GPU presets charge an overlap slowdown of
-``DATASHEET_OVERLAP_SLOWDOWN`` (1.2) to compute and collectives that run at
-the same time on one GPU.
+the field that holds them). A cluster with ``nodes_per_pod`` and
+``inter_pod`` has its nodes in pods
+(:class:`~workbench.core.pods.PodClusterSpec`). The GPU presets charge an
+overlap slowdown of ``DATASHEET_OVERLAP_SLOWDOWN`` (1.2) to compute and
+collectives that run at the same time on one GPU.
 
 ``local-cpu`` and ``local`` are this machine: gloo processes time-sharing
 its cores (``shared_compute``), with the overlap slowdown measured by
@@ -39,11 +41,13 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from ...core.costs import ClusterSpec, DeviceSpec, LinkSpec
 from ...core.hardware import (DATASHEET_OVERLAP_SLOWDOWN, DEVICES, GIB, LINKS, LOCAL_COLLECTIVE_CALL_MS,
                               LOCAL_OVERLAP_SLOWDOWN, PRESETS, get_device, get_preset)
+from ...core.pods import cluster_from_dict
 from ...scheduling.sharing import CoreSharing, sharing_slowdown, wait_fraction
 
 __all__ = ["DEVICES", "get_cluster", "share_gpus", "HOST_STAGED_LINK", "cluster_names", "collective_wait_fraction",
@@ -84,7 +88,7 @@ def share_gpus(cluster: ClusterSpec, ranks_per_gpu: int, link: LinkSpec = HOST_S
     time-share its SMs: the planner charges every rank as if all computed at
     once, which a pipeline's idle ranks do not), talking over ``link``
     (host-staged gloo) inside a node. 1 returns ``cluster`` itself. The
-    cluster's ``collective_link`` (the link its all-reduces reach) stays.
+    cluster's other links (between nodes and pods, ``collective_link``) stay.
     """
     if isinstance(ranks_per_gpu, bool) or not isinstance(ranks_per_gpu, int) or ranks_per_gpu < 1:
         raise ValueError(f"ranks_per_gpu must be an int >= 1, got {ranks_per_gpu!r}")
@@ -97,9 +101,8 @@ def share_gpus(cluster: ClusterSpec, ranks_per_gpu: int, link: LinkSpec = HOST_S
     share = DeviceSpec(f"{device.name}/{k}", {dtype: peak / k for dtype, peak in device.peak_tflops.items()},
                        device.memory_bytes // k, device.memory_bandwidth_gbs / k, efficiency=device.efficiency,
                        winograd=dict(device.winograd))
-    return ClusterSpec(f"{cluster.name}-shared{k}", cluster.num_nodes, cluster.devices_per_node * k, share, link,
-                       cluster.inter_node, overlap_slowdown=cluster.overlap_slowdown,
-                       collective_call_ms=cluster.collective_call_ms, collective_link=cluster.collective_link)
+    return replace(cluster, name=f"{cluster.name}-shared{k}", devices_per_node=cluster.devices_per_node * k,
+                   device=share, intra_node=link)
 
 
 def shared_cores(cluster: ClusterSpec) -> int | None:
@@ -167,7 +170,7 @@ def _cluster_from_json(data: object) -> ClusterSpec:
     if not isinstance(data, dict):
         raise ValueError(f"a cluster must be a JSON object, got {type(data).__name__}")
     if "cluster" not in data:
-        return ClusterSpec.from_dict(data)
+        return cluster_from_dict(data)
     body = data["cluster"]
     if not isinstance(body, dict):
         raise ValueError(f"\"cluster\" must be a JSON object, got {type(body).__name__}")
@@ -175,7 +178,7 @@ def _cluster_from_json(data: object) -> ClusterSpec:
         if body.get("collective_link") is not None:
             raise ValueError("collective_link is given twice (in \"cluster\" and beside it); give it once")
         body = {**body, "collective_link": data["collective_link"]}
-    return ClusterSpec.from_dict(body)
+    return cluster_from_dict(body)
 
 
 def _check_plausible(cluster: ClusterSpec, origin: str) -> None:
@@ -184,8 +187,8 @@ def _check_plausible(cluster: ClusterSpec, origin: str) -> None:
               ("device.memory_bytes", cluster.device.memory_bytes),
               ("device.memory_bandwidth_gbs", cluster.device.memory_bandwidth_gbs)]
     checks += [(f"device.peak_tflops[{k}]", v) for k, v in cluster.device.peak_tflops.items()]
-    for name in ("intra_node", "inter_node", "collective_link"):
-        link = getattr(cluster, name)
+    for name in ("intra_node", "inter_node", "collective_link", "inter_pod"):
+        link = getattr(cluster, name, None)
         if link is not None:
             checks += [(f"{name}.bandwidth_gbs", link.bandwidth_gbs), (f"{name}.latency_us", link.latency_us)]
     for field_name, value in checks:
