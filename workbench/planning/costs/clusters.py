@@ -10,7 +10,8 @@ on this machine's loopback is ~1.2 GB/s bus bandwidth while a send reaches
 all-reduces.
 
 ``get_cluster(name)`` and the CLI's ``--cluster`` read the catalogue. A
-user's own cluster is a ``ClusterSpec`` JSON file (:func:`load_cluster`
+user's own cluster is a ``ClusterSpec`` JSON file or a TOML file of the same
+fields (:mod:`~workbench.planning.costs.cluster_toml`; :func:`load_cluster`
 takes a preset name or a path; numbers no real machine has are refused with
 the field that holds them). A cluster with ``nodes_per_pod`` and
 ``inter_pod`` has its nodes in pods
@@ -49,6 +50,7 @@ from ...core.hardware import (DATASHEET_OVERLAP_SLOWDOWN, DEVICES, GIB, LINKS, L
                               LOCAL_OVERLAP_SLOWDOWN, PRESETS, get_device, get_preset)
 from ...core.pods import cluster_from_dict
 from ...scheduling.sharing import CoreSharing, sharing_slowdown, wait_fraction
+from .cluster_toml import read_cluster_toml
 
 __all__ = ["DEVICES", "get_cluster", "share_gpus", "HOST_STAGED_LINK", "cluster_names", "collective_wait_fraction",
            "core_sharing", "get_device", "load_cluster", "shared_cores", "time_sharing_slowdown",
@@ -199,10 +201,12 @@ def _check_plausible(cluster: ClusterSpec, origin: str) -> None:
 
 
 def load_cluster(spec: str | Path | ClusterSpec) -> ClusterSpec:
-    """A preset name, a ``ClusterSpec`` JSON file or a ``ClusterSpec`` -> the cluster, its numbers checked.
+    """A preset name, a ``ClusterSpec`` JSON or TOML file or a ``ClusterSpec`` -> the cluster, its numbers checked.
 
     A JSON file holds the ``ClusterSpec`` fields, its ``collective_link``
-    among them (or is ``{"cluster": {...}, "collective_link": {...}}``).
+    among them (or is ``{"cluster": {...}, "collective_link": {...}}``); a
+    file whose name ends in ``.toml`` holds them as TOML
+    (:mod:`~workbench.planning.costs.cluster_toml`).
     """
     if isinstance(spec, ClusterSpec):
         _check_plausible(spec, f"cluster {spec.name!r}")
@@ -212,7 +216,11 @@ def load_cluster(spec: str | Path | ClusterSpec) -> ClusterSpec:
         return get_cluster(text)
     path = Path(text)
     if not path.is_file():
-        raise ValueError(f"cluster {text!r} is neither a preset ({', '.join(PRESETS)}) nor a JSON file")
+        raise ValueError(f"cluster {text!r} is neither a preset ({', '.join(PRESETS)}) nor a JSON or TOML file")
+    if path.suffix == ".toml":
+        cluster = read_cluster_toml(path)
+        _check_plausible(cluster, f"cluster file {text!r}")
+        return cluster
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
