@@ -130,3 +130,15 @@ def test_the_cli_plans_on_a_toml_cluster(tmp_path, capsys):
     bad = write(tmp_path, PRESET_TOML.replace("num_nodes = 2", "num_nodes = 0"), "bad.toml")
     assert main(["plan", str(costs), "--cluster", str(bad), "--batch", "64"]) == 2
     assert "num_nodes must be an int >= 1" in capsys.readouterr().err
+
+
+def test_the_toml_cluster_of_the_planner_docs_loads(tmp_path):
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "planner.md").read_text()
+    blocks = [b for b in re.findall(r"```toml\n(.*?)```", text, re.S) if "devices_per_node" in b]
+    assert blocks, "docs/planner.md shows a TOML cluster file"
+    cluster = load_cluster(write(tmp_path, blocks[0]))
+    assert cluster.collective_link.name == "measured-allreduce"
+    assert cluster.intra_node == get_cluster("2x8xH100-IB").intra_node
