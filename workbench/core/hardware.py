@@ -37,10 +37,10 @@ point-to-point). The multi-node H100 presets (``2x8xH100-IB`` to
 ``128x8xH100-IB``) are DGX H100-like nodes on InfiniBand NDR,
 ``32x8xA100-IB`` DGX A100-like nodes on HDR, and ``4pod-32x8xH100`` puts
 128 H100 nodes in 4 pods joined by a slower link
-(:class:`~workbench.core.pods.PodClusterSpec`). GPU presets charge an overlap slowdown of
-:data:`DATASHEET_OVERLAP_SLOWDOWN`; the CPU presets time-share their cores
-(``shared_compute``) with the overlap slowdown and per-step collective cost
-measured on the 2-core machine.
+(:class:`~workbench.core.pods.PodClusterSpec`). GPU presets charge an
+overlap slowdown of :data:`DATASHEET_OVERLAP_SLOWDOWN`; the CPU presets
+time-share their cores (``shared_compute``) with the overlap slowdown and
+per-step collective cost measured on the 2-core machine.
 
 To add a device, a link or a preset, add one record to :data:`DATASHEET_DEVICES`
 (or :data:`DEVICES`), :data:`LINKS` or :data:`PRESETS`; a preset names only
