@@ -87,3 +87,13 @@ def test_profile_takes_model_args_as_plan_does(capsys):
     assert "--model-arg takes KEY=VALUE" in capsys.readouterr().err
     assert main(["profile", "no-such-model", "--model-arg", "image_size=64"]) == 2
     assert "--model-arg applies to a zoo model" in capsys.readouterr().err
+
+
+def test_profile_says_which_layers_share_a_timing_and_every_layer_times_them_all(capsys):
+    args = ["profile", "gpt2-tiny", "--model-arg", "n_layer=4", "--batch", "2", "--repeats", "1"]
+    assert main(args) == 0
+    assert "4 identical layers share one timing (block_0 .. block_3), taken on block_0, block_1, block_2" in \
+        capsys.readouterr().out
+    assert main(args + ["--every-layer", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["meta"]["identical_layers"] == [] and data["meta"]["share_identical"] is False

@@ -194,7 +194,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p = sub.add_parser("plan", parents=[common], help="rank hybrid-parallel strategies for a model on a cluster")
     p.add_argument("model", help="ModelCosts JSON file or zoo model name (profiled here, projected to the cluster)")
     p.add_argument("--cluster", required=True, help="preset (local, local-cpu, 8xV100-PCIe, 8xA100-NVLink, "
-                   "4xV100-NVLink, 2x8xH100-IB, 1xH100, 1xH200) or a ClusterSpec JSON file")
+                   "4xV100-NVLink, 2x8xH100-IB to 128x8xH100-IB, 32x8xA100-IB, 4pod-32x8xH100, 1xH100, 1xH200) "
+                   "or a cluster file (ClusterSpec JSON, or TOML if it ends in .toml)")
     p.add_argument("--batch", type=int, required=True, help="global batch (samples per optimizer step)")
     p.add_argument("--memory-cap", type=float, help="per-device memory budget in GiB (default: the device's memory)")
     p.add_argument("--top", type=int, help="show the K fastest feasible strategies")

@@ -56,6 +56,14 @@ def _costs_table(costs) -> str:
     return "\n".join(lines)
 
 
+def _shared_lines(costs) -> str:
+    """Which layers share one timing (``meta["identical_layers"]``), and the layers it was taken on."""
+    names = costs.names
+    return "".join(f"\n{len(group['layers'])} identical layers share one timing ({names[group['layers'][0]]} .. "
+                   f"{names[group['layers'][-1]]}), taken on {', '.join(names[i] for i in group['timed'])}"
+                   for group in costs.meta.get("identical_layers", []))
+
+
 def _profile(args: argparse.Namespace) -> Result:
     from ..profiling import profile
     from ..profiling.projection import project
@@ -72,10 +80,10 @@ def _profile(args: argparse.Namespace) -> Result:
         model = build_model(model, **parse_model_args(args.model_arg))
     costs = profile(model, args.batch, device=args.device, warmup=args.warmup, repeats=args.repeats,
                     cache=not args.no_cache, progress=not args.json, optimizer=args.optimizer,
-                    microbatch_passes=args.microbatch_passes)
+                    microbatch_passes=args.microbatch_passes, share_identical=not args.every_layer)
     if args.project:
         costs = project(costs, args.project, dtype=args.dtype)
-    text = _costs_table(costs)
+    text = _costs_table(costs) + _shared_lines(costs)
     factors = costs.meta.get("microbatch_factors")
     if factors:
         text += "\nmicro-batch passes against the profile's share: " + "; ".join(
@@ -129,6 +137,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--warmup", type=int, default=1, help="untimed repetitions per layer")
     p.add_argument("--optimizer", default="adam", help="optimizer whose state is counted: adam, adamw, sgd, none")
     p.add_argument("--no-cache", action="store_true", help="measure even if a cached profile exists")
+    p.add_argument("--every-layer", action="store_true",
+                   help="time every layer; by default layers that are the same computation on the same shapes (the "
+                        "blocks of a transformer) share one timing, taken on the first few (meta.identical_layers)")
     p.add_argument("--microbatch-passes", action="store_true",
                    help="(CPU) also time the batch in micro-batches of 1, 2, 4, ... samples, with the cache hot, "
                         "flushed, and with bound weight copies (meta.microbatch_factors), which the planner "

@@ -26,7 +26,9 @@ from ..core.costs import ModelCosts
 
 __all__ = ["cache_dir", "entry_path", "load", "store", "CACHE_FORMAT"]
 
-CACHE_FORMAT = 4  # 2: meta["winograd_flops"]; 3: the split backward; 4: I and W timed as the stages run them
+# 2: meta["winograd_flops"]; 3: the split backward; 4: I and W timed as the stages run them; 5: identical layers
+# timed once (meta["identical_layers"], the key's share_identical)
+CACHE_FORMAT = 5
 # Key fields whose change makes an entry stale (same file, different contents).
 _VERSION_FIELDS = ("torch", "format")
 

@@ -19,9 +19,15 @@ apart on the same clock, from one forward
 ``input_grad_ms``/``weight_grad_ms`` beside the fused ``backward_ms``.
 Interleaving the two kinds of run lets drift hit both alike.
 
-One extra, untimed pass per layer counts FLOPs (torch's FlopCounterMode, 2
-FLOPs per multiply-add, forward and backward separately) and the bytes
-autograd saves for backward (a saved-tensors hook, deduplicated by storage,
+Layers that are the same computation on the same shapes (the blocks of a
+transformer) share one measurement by default, taken on the first few of
+them and pooled (:mod:`workbench.profiling.identical`:
+``meta["identical_layers"]`` says which layers share and which were timed;
+``share_identical=False`` times every layer); what is counted is counted
+for every layer.
+
+One extra, untimed pass per layer counts FLOPs (torch's FlopCounterMode, 2 FLOPs per multiply-add, forward and backward separately)
+and the bytes autograd saves for backward (a saved-tensors hook, deduplicated by storage,
 parameters excluded). Parameter, gradient and optimizer-state bytes follow
 from the parameters (Adam: 2 states, SGD with momentum: 1). The same pass
 counts the FLOPs of the convolutions a GPU library runs by Winograd
@@ -72,6 +78,7 @@ from ..models import LayerSequence, build_model, sample_batch
 from ..models.boundary import stage_input
 from . import cache as profile_cache
 from .flops import flop_counter
+from .identical import TimingGroups, layer_signature
 from .microbatch import microbatch_factors
 from .split_backward import SPLIT_FIELDS, time_split_run
 
@@ -300,43 +307,65 @@ def _time_fields(times: dict[str, list[float]]) -> dict[str, float]:
     return fields
 
 
+def _layer_fields(runner: _LayerRunner, counts: dict[str, Any], x: torch.Tensor, states: int,
+                  device: torch.device) -> dict[str, Any]:
+    """A layer's counted fields of its ``LayerCost``: FLOPs and bytes, which every layer gets on its own."""
+    params = [p for p in runner.layer.parameters() if p.requires_grad]
+    param_bytes = sum(_nbytes(p) for p in runner.layer.parameters())
+    grad_bytes = sum(_nbytes(p) for p in params)
+    activation_bytes = _nbytes(runner.layer_output)
+    live_after_forward = (param_bytes + grad_bytes + _nbytes(x) + counts["saved_bytes"] + activation_bytes)
+    peak = counts.get("transient_peak", 0) + param_bytes + _nbytes(x) if device.type == "cuda" else live_after_forward
+    return dict(flops=int(counts["forward_flops"]), param_bytes=param_bytes, activation_bytes=activation_bytes,
+                saved_bytes=counts["saved_bytes"], grad_bytes=grad_bytes, optimizer_bytes=states * grad_bytes,
+                peak_bytes=int(peak), num_params=sum(p.numel() for p in runner.layer.parameters()))
+
+
+def _counted_key(runner: _LayerRunner, counts: dict[str, Any]) -> tuple:
+    """What counting a layer found that two layers of one measurement must share besides their signature
+    (:mod:`workbench.profiling.identical`): FLOPs, saved bytes, the output's shape and dtype."""
+    out = runner.layer_output
+    return (int(counts["forward_flops"]), int(counts["backward_flops"]), tuple(counts["winograd_flops"]),
+            counts["saved_bytes"], tuple(out.shape), str(out.dtype))
+
+
 def _measure(seq: LayerSequence, inputs: torch.Tensor, targets: torch.Tensor, device: torch.device,
-             warmup: int, repeats: int, optimizer: str, progress: bool) -> tuple[list[LayerCost], dict[str, list]]:
+             warmup: int, repeats: int, optimizer: str, progress: bool,
+             share_identical: bool = True) -> tuple[list[LayerCost], dict[str, Any]]:
     from tqdm.auto import tqdm
 
-    layers, backward_flops, winograd_flops = [], [], []
-    samples: dict[str, list[list[float]]] = {name: [] for name in ("forward_ms", "backward_ms", *SPLIT_FIELDS)}
+    fields, backward_flops, winograd_flops = [], [], []
+    groups = TimingGroups(share_identical)
     x = inputs
-    states = OPTIMIZER_STATES[optimizer]
     bar = tqdm(total=len(seq), desc=f"profile {seq.model_name}", disable=not progress, leave=False)
     try:
         for index, name in enumerate(seq.layer_names):
             bar.set_postfix_str(name)
             runner = _LayerRunner(seq, index, x, targets)
-            times = _time_layer(runner, device, warmup, repeats)
+            signature = layer_signature(runner.layer, x, needs_grad=runner.needs_grad, is_last=runner.is_last)
+            # timed, then counted, unless an identical layer's timing is taken: then counted, and timed only if
+            # the counts set it apart
+            times = None if groups.full(signature) else _time_layer(runner, device, warmup, repeats)
             counts = _count_layer(runner, device)
-            params = [p for p in runner.layer.parameters() if p.requires_grad]
-            param_bytes = sum(_nbytes(p) for p in runner.layer.parameters())
-            grad_bytes = sum(_nbytes(p) for p in params)
-            next_x = runner.layer_output
-            activation_bytes = _nbytes(next_x)
-            live_after_forward = (param_bytes + grad_bytes + _nbytes(x) + counts["saved_bytes"] + activation_bytes)
-            peak = counts.get("transient_peak", 0) + param_bytes + _nbytes(x) if device.type == "cuda" else live_after_forward
-            layers.append(LayerCost(
-                name=name, **_time_fields(times), flops=int(counts["forward_flops"]),
-                param_bytes=param_bytes, activation_bytes=activation_bytes, saved_bytes=counts["saved_bytes"],
-                grad_bytes=grad_bytes, optimizer_bytes=states * grad_bytes, peak_bytes=int(peak),
-                num_params=sum(p.numel() for p in runner.layer.parameters())))
+            fields.append(_layer_fields(runner, counts, x, OPTIMIZER_STATES[optimizer], device))
             backward_flops.append(int(counts["backward_flops"]))
             winograd_flops.append([int(f) for f in counts["winograd_flops"]])
-            for kind, values in times.items():
-                samples[kind].append([round(t, 4) for t in values])
+            next_x = runner.layer_output
+            if groups.join(index, signature, _counted_key(runner, counts)):
+                groups.add(index, times if times is not None else _time_layer(runner, device, warmup, repeats))
             x = next_x
             bar.update(1)
     finally:
         bar.close()
     _zero_grads(seq)
-    return layers, {"backward_flops": backward_flops, "winograd_flops": winograd_flops, "samples_ms": samples}
+    layers, samples = [], {name: [] for name in ("forward_ms", "backward_ms", *SPLIT_FIELDS)}
+    for index, name in enumerate(seq.layer_names):
+        times = groups.samples(index)
+        layers.append(LayerCost(name=name, **_time_fields(times), **fields[index]))
+        for kind, values in times.items():
+            samples[kind].append([round(t, 4) for t in values])
+    return layers, {"backward_flops": backward_flops, "winograd_flops": winograd_flops, "samples_ms": samples,
+                    "share_identical": share_identical, "identical_layers": groups.shared()}
 
 
 def _check_settings(warmup: Any, repeats: Any, optimizer: Any) -> None:
@@ -348,17 +377,22 @@ def _check_settings(warmup: Any, repeats: Any, optimizer: Any) -> None:
 
 def profile(model_or_sequence: LayerSequence | nn.Module | str, batch: Any = None, device: str = "auto",
             warmup: int = 1, repeats: int = 3, cache: bool = True, progress: bool = True, *,
-            optimizer: str = "adam", cache_dir: str | None = None, microbatch_passes: bool = False) -> ModelCosts:
+            optimizer: str = "adam", cache_dir: str | None = None, microbatch_passes: bool = False,
+            share_identical: bool = True) -> ModelCosts:
     """Measure every layer of a model; returns :class:`~workbench.core.costs.ModelCosts`.
 
     ``batch``: None (8 synthetic samples), a batch size (synthetic) or an
     ``(inputs, targets)`` pair. The model is moved to ``device`` and left in
     train mode; measured gradients are cleared afterwards. ``microbatch_passes``:
     also measure the cost of splitting the batch (``meta["microbatch_factors"]``,
-    CPU only; see the module docstring).
+    CPU only; see the module docstring). ``share_identical``: layers that are
+    the same computation on the same input shapes share one timing
+    (:mod:`workbench.profiling.identical`; ``meta["identical_layers"]`` lists
+    them); False times every layer.
     """
-    if not isinstance(microbatch_passes, bool):
-        raise ValueError(f"microbatch_passes must be true or false, got {microbatch_passes!r}")
+    for name, value in (("microbatch_passes", microbatch_passes), ("share_identical", share_identical)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be true or false, got {value!r}")
     _check_settings(warmup, repeats, optimizer)
     seq = as_sequence(model_or_sequence)
     inputs, targets = _as_batch(seq, batch)
@@ -367,7 +401,8 @@ def profile(model_or_sequence: LayerSequence | nn.Module | str, batch: Any = Non
     key = {"model": seq.model_name, "fingerprint": _fingerprint(seq), "layers": seq.layer_names,
            "inputs": [list(inputs.shape), str(inputs.dtype)], "targets": [list(targets.shape), str(targets.dtype)],
            "dtype": str(dtype).replace("torch.", ""), "device": _device_key(target_device), "warmup": warmup,
-           "repeats": repeats, "optimizer": optimizer, "torch": torch.__version__, "format": profile_cache.CACHE_FORMAT}
+           "repeats": repeats, "optimizer": optimizer, "share_identical": share_identical, "torch": torch.__version__,
+           "format": profile_cache.CACHE_FORMAT}
     if microbatch_passes:
         key["microbatch_passes"] = True
     if target_device.type == "cuda":
@@ -382,7 +417,8 @@ def profile(model_or_sequence: LayerSequence | nn.Module | str, batch: Any = Non
     inputs, targets = inputs.to(target_device), targets.to(target_device)
     started = time.perf_counter()
     with torch.random.fork_rng(devices=[]):  # dropout in the measured passes leaves the caller's CPU RNG as it was
-        layers, measured = _measure(seq, inputs, targets, target_device, warmup, repeats, optimizer, progress)
+        layers, measured = _measure(seq, inputs, targets, target_device, warmup, repeats, optimizer, progress,
+                                    share_identical)
         if microbatch_passes and target_device.type == "cpu":
             measured["microbatch_factors"] = microbatch_factors(seq, inputs, targets, layers, repeats)
     meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "warmup": warmup, "repeats": repeats,

@@ -10,11 +10,14 @@ on this machine's loopback is ~1.2 GB/s bus bandwidth while a send reaches
 all-reduces.
 
 ``get_cluster(name)`` and the CLI's ``--cluster`` read the catalogue. A
-user's own cluster is a ``ClusterSpec`` JSON file (:func:`load_cluster`
+user's own cluster is a ``ClusterSpec`` JSON file or a TOML file of the same
+fields (:mod:`~workbench.planning.costs.cluster_toml`; :func:`load_cluster`
 takes a preset name or a path; numbers no real machine has are refused with
-the field that holds them). The GPU presets charge an overlap slowdown of
-``DATASHEET_OVERLAP_SLOWDOWN`` (1.2) to compute and collectives that run at
-the same time on one GPU.
+the field that holds them). A cluster with ``nodes_per_pod`` and
+``inter_pod`` has its nodes in pods
+(:class:`~workbench.core.pods.PodClusterSpec`). The GPU presets charge an
+overlap slowdown of ``DATASHEET_OVERLAP_SLOWDOWN`` (1.2) to compute and
+collectives that run at the same time on one GPU.
 
 ``local-cpu`` and ``local`` are this machine: gloo processes time-sharing
 its cores (``shared_compute``), with the overlap slowdown measured by
@@ -39,13 +42,16 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from ...core.costs import ClusterSpec, DeviceSpec, LinkSpec
 from ...core.fields import check_int
 from ...core.hardware import (DATASHEET_OVERLAP_SLOWDOWN, DEVICES, GIB, LINKS, LOCAL_COLLECTIVE_CALL_MS,
                               LOCAL_OVERLAP_SLOWDOWN, PRESETS, get_device, get_preset)
+from ...core.pods import cluster_from_dict
 from ...scheduling.sharing import CoreSharing, sharing_slowdown, wait_fraction
+from .cluster_toml import read_cluster_toml
 
 __all__ = ["DEVICES", "get_cluster", "share_gpus", "HOST_STAGED_LINK", "cluster_names", "collective_wait_fraction",
            "core_sharing", "get_device", "load_cluster", "shared_cores", "time_sharing_slowdown",
@@ -85,7 +91,7 @@ def share_gpus(cluster: ClusterSpec, ranks_per_gpu: int, link: LinkSpec = HOST_S
     time-share its SMs: the planner charges every rank as if all computed at
     once, which a pipeline's idle ranks do not), talking over ``link``
     (host-staged gloo) inside a node. 1 returns ``cluster`` itself. The
-    cluster's ``collective_link`` (the link its all-reduces reach) stays.
+    cluster's other links (between nodes and pods, ``collective_link``) stay.
     """
     check_int("ranks_per_gpu", ranks_per_gpu, 1)
     if ranks_per_gpu == 1:
@@ -97,9 +103,8 @@ def share_gpus(cluster: ClusterSpec, ranks_per_gpu: int, link: LinkSpec = HOST_S
     share = DeviceSpec(f"{device.name}/{k}", {dtype: peak / k for dtype, peak in device.peak_tflops.items()},
                        device.memory_bytes // k, device.memory_bandwidth_gbs / k, efficiency=device.efficiency,
                        winograd=dict(device.winograd))
-    return ClusterSpec(f"{cluster.name}-shared{k}", cluster.num_nodes, cluster.devices_per_node * k, share, link,
-                       cluster.inter_node, overlap_slowdown=cluster.overlap_slowdown,
-                       collective_call_ms=cluster.collective_call_ms, collective_link=cluster.collective_link)
+    return replace(cluster, name=f"{cluster.name}-shared{k}", devices_per_node=cluster.devices_per_node * k,
+                   device=share, intra_node=link)
 
 
 def shared_cores(cluster: ClusterSpec) -> int | None:
@@ -167,7 +172,7 @@ def _cluster_from_json(data: object) -> ClusterSpec:
     if not isinstance(data, dict):
         raise ValueError(f"a cluster must be a JSON object, got {type(data).__name__}")
     if "cluster" not in data:
-        return ClusterSpec.from_dict(data)
+        return cluster_from_dict(data)
     body = data["cluster"]
     if not isinstance(body, dict):
         raise ValueError(f"\"cluster\" must be a JSON object, got {type(body).__name__}")
@@ -175,7 +180,7 @@ def _cluster_from_json(data: object) -> ClusterSpec:
         if body.get("collective_link") is not None:
             raise ValueError("collective_link is given twice (in \"cluster\" and beside it); give it once")
         body = {**body, "collective_link": data["collective_link"]}
-    return ClusterSpec.from_dict(body)
+    return cluster_from_dict(body)
 
 
 def _check_plausible(cluster: ClusterSpec, origin: str) -> None:
@@ -184,8 +189,8 @@ def _check_plausible(cluster: ClusterSpec, origin: str) -> None:
               ("device.memory_bytes", cluster.device.memory_bytes),
               ("device.memory_bandwidth_gbs", cluster.device.memory_bandwidth_gbs)]
     checks += [(f"device.peak_tflops[{k}]", v) for k, v in cluster.device.peak_tflops.items()]
-    for name in ("intra_node", "inter_node", "collective_link"):
-        link = getattr(cluster, name)
+    for name in ("intra_node", "inter_node", "collective_link", "inter_pod"):
+        link = getattr(cluster, name, None)
         if link is not None:
             checks += [(f"{name}.bandwidth_gbs", link.bandwidth_gbs), (f"{name}.latency_us", link.latency_us)]
     for field_name, value in checks:
@@ -196,10 +201,12 @@ def _check_plausible(cluster: ClusterSpec, origin: str) -> None:
 
 
 def load_cluster(spec: str | Path | ClusterSpec) -> ClusterSpec:
-    """A preset name, a ``ClusterSpec`` JSON file or a ``ClusterSpec`` -> the cluster, its numbers checked.
+    """A preset name, a ``ClusterSpec`` JSON or TOML file or a ``ClusterSpec`` -> the cluster, its numbers checked.
 
     A JSON file holds the ``ClusterSpec`` fields, its ``collective_link``
-    among them (or is ``{"cluster": {...}, "collective_link": {...}}``).
+    among them (or is ``{"cluster": {...}, "collective_link": {...}}``); a
+    file whose name ends in ``.toml`` holds them as TOML
+    (:mod:`~workbench.planning.costs.cluster_toml`).
     """
     if isinstance(spec, ClusterSpec):
         _check_plausible(spec, f"cluster {spec.name!r}")
@@ -209,7 +216,11 @@ def load_cluster(spec: str | Path | ClusterSpec) -> ClusterSpec:
         return get_cluster(text)
     path = Path(text)
     if not path.is_file():
-        raise ValueError(f"cluster {text!r} is neither a preset ({', '.join(PRESETS)}) nor a JSON file")
+        raise ValueError(f"cluster {text!r} is neither a preset ({', '.join(PRESETS)}) nor a JSON or TOML file")
+    if path.suffix == ".toml":
+        cluster = read_cluster_toml(path)
+        _check_plausible(cluster, f"cluster file {text!r}")
+        return cluster
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:

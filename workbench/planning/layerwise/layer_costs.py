@@ -52,6 +52,7 @@ from typing import Callable, Sequence
 
 from ...core.costs import ClusterSpec, LayerCost, LinkSpec, ModelCosts
 from ...core.fields import ErrorForm, check_int, field_error, is_int
+from ...core.pods import level_link, span_level
 from ...scheduling.stagecosts import OPTIMIZER_STATE_FACTORS, optimizer_bytes
 from ..costs.clusters import shared_cores
 from .layer_strategies import LayerKind, LayerStrategy, layer_kinds
@@ -164,8 +165,7 @@ class StageSpec:
         nodes, cluster = self.nodes, self.cluster
         if cluster.collective_link is not None:
             return cluster.collective_link
-        spans = [len({nodes[r] for r in g}) > 1 for g in groups]
-        return (cluster.inter_node or cluster.intra_node) if any(spans) else cluster.intra_node
+        return level_link(cluster, max((span_level(cluster, {nodes[r] for r in g}) for g in groups), default=0))
 
     def strategy_link(self, strategy: LayerStrategy, group: str) -> LinkSpec:
         """The link of ``strategy``'s ``"tp"`` or ``"dp"`` groups on this stage (cached per layout)."""
@@ -339,7 +339,7 @@ def transition_ms(spec: StageSpec, index: int, before: LayerStrategy, after: Lay
         return 0.0
     n, cluster = spec.devices, spec.cluster
     unit = spec.layer_costs[index - 1].activation_bytes * spec.microbatch_size / spec.costs.batch_size / (n * n)
-    far_link = cluster.inter_node or cluster.intra_node
+    far_link = level_link(cluster, span_level(cluster, spec.nodes))  # the slowest link inside the stage
     total = 0.0
     for have, need in ((before.layout, after.layout), (after.layout, before.layout)):  # activation, then gradient
         fetches = _fetch_units(have, need, n, spec.nodes)

@@ -15,10 +15,12 @@ the alpha-beta model of :class:`~workbench.core.costs.LinkSpec`: for every
 replica and boundary ``s -> s+1``, ``2 * m`` messages (activation and
 gradient per micro-batch) of ``send_bytes[s]`` over the link between the two
 devices, plus every stage's ring all-reduce of ``grad_bytes[s]`` over the
-slowest link its group crosses. Node assignments are searched exhaustively
+slowest link its group crosses. On a cluster of pods
+(:class:`~workbench.core.pods.PodClusterSpec`) a transfer between two pods
+takes the link between pods. Node assignments are searched exhaustively
 (depth first, nodes numbered in order of first use so identical nodes are
-tried once, branches pruned when their partial cost already exceeds the best
-found), and the cheapest wins; the naive node-major mapping is evaluated too
+tried once: within a pod, and pods among themselves; branches pruned when
+their partial cost already exceeds the best found), and the cheapest wins; the naive node-major mapping is evaluated too
 and reported as the rejected alternative when it costs more. Devices inside
 a node are then taken in order. Problems too large to enumerate
 (``max_assignments``) are refused with the sizes involved.
@@ -37,6 +39,7 @@ from typing import Any, Sequence
 from ...core.costs import ClusterSpec
 from ...core.fields import check_int, integer
 from ...core.ir import Schedule
+from ...core.pods import level_link, nodes_link
 from ...core.topology import Topology
 
 __all__ = ["Placement", "place", "placement_cost", "placed_schedule", "naive_devices"]
@@ -105,14 +108,12 @@ def _breakdown(nodes: Sequence[int], sends: list[int], grads: list[int], num_rep
     rows = []
     for g in range(num_replicas):
         for s in range(S - 1):
-            a, b = nodes[layout.rank(dp=g, pp=s)], nodes[layout.rank(dp=g, pp=s + 1)]
-            link = cluster.intra_node if a == b else cluster.inter_node
+            link = nodes_link(cluster, (nodes[layout.rank(dp=g, pp=s)], nodes[layout.rank(dp=g, pp=s + 1)]))
             rows.append({"what": f"replica {g} stage {s}->{s + 1}", "bytes": 2 * num_microbatches * sends[s],
                          "link": link.name, "ms": 2 * num_microbatches * link.transfer_ms(sends[s])})
     if num_replicas > 1:
         for s in range(S):
-            spans = {nodes[r] for r in layout.group_of(layout.rank(dp=0, pp=s), "dp")}
-            link = cluster.intra_node if len(spans) == 1 else cluster.inter_node
+            link = nodes_link(cluster, {nodes[r] for r in layout.group_of(layout.rank(dp=0, pp=s), "dp")})
             rows.append({"what": f"all-reduce stage {s}", "bytes": grads[s], "link": link.name,
                          "ms": link.allreduce_ms(grads[s], num_replicas)})
     return rows
@@ -127,6 +128,15 @@ def placement_cost(device_of: Sequence[int], send_bytes: Sequence[int], cluster:
     return sum(r["ms"] for r in _breakdown(nodes, sends, grads, num_replicas, num_microbatches, cluster))
 
 
+def _candidate_nodes(opened: list[int], per_pod: int) -> list[int]:
+    """The nodes the next (replica, stage) may take: the nodes of a pod are interchangeable, and so are the pods,
+    so a new node is only opened in order within its pod (the next unused one) and a new pod only in order too;
+    ``opened[p]``: the nodes of pod ``p`` in use (one pod: nodes ``0..used``, the next new one last)."""
+    pods_used = sum(1 for count in opened if count)
+    out = [p * per_pod + j for p in range(pods_used) for j in range(min(opened[p] + 1, per_pod))]
+    return out + ([pods_used * per_pod] if pods_used < len(opened) else [])
+
+
 def place(send_bytes: Sequence[int], cluster: ClusterSpec, *, grad_bytes: Sequence[int] | None = None,
           num_replicas: int = 1, num_microbatches: int = 1, max_assignments: int = 2_000_000) -> Placement:
     """The cheapest mapping of ``num_replicas`` pipelines of ``len(send_bytes)`` stages onto ``cluster``."""
@@ -136,16 +146,19 @@ def place(send_bytes: Sequence[int], cluster: ClusterSpec, *, grad_bytes: Sequen
     if min(N, n) ** n > max_assignments * max(1, N):
         raise ValueError(f"{n} (replica, stage) pairs on {N} nodes are too many node assignments to enumerate "
                          f"(limit max_assignments={max_assignments}); place fewer stages or replicas per call")
-    intra, inter = cluster.intra_node, cluster.inter_node
+    per_pod = getattr(cluster, "nodes_per_pod", None) or N
+    links = [level_link(cluster, level) for level in range(3)]
 
     def edge_ms(a: int, b: int, nbytes: int) -> float:
-        return 2 * num_microbatches * (intra if a == b else inter).transfer_ms(nbytes)
+        level = 0 if a == b else 1 if a // per_pod == b // per_pod else 2
+        return 2 * num_microbatches * links[level].transfer_ms(nbytes)
 
     best: dict[str, Any] = {"cost": float("inf"), "nodes": None}
     nodes = [0] * n
     load = [0] * N
+    opened = [0] * (N // per_pod)  # nodes in use in each pod
 
-    def dfs(i: int, used: int, partial: float) -> None:
+    def dfs(i: int, partial: float) -> None:
         if partial >= best["cost"]:
             return
         if i == n:
@@ -154,16 +167,19 @@ def place(send_bytes: Sequence[int], cluster: ClusterSpec, *, grad_bytes: Sequen
             if total < best["cost"]:
                 best.update(cost=total, nodes=list(nodes))
             return
-        for node in range(min(used + 1, N)):  # nodes are interchangeable: open a new one only in order
+        for node in _candidate_nodes(opened, per_pod):
             if load[node] == d:
                 continue
             nodes[i] = node
+            pod, new = node // per_pod, node % per_pod == opened[node // per_pod]
             load[node] += 1
+            opened[pod] += new
             step = edge_ms(nodes[i - 1], node, sends[i % S - 1]) if i % S else 0.0
-            dfs(i + 1, max(used, node + 1), partial + step)
+            dfs(i + 1, partial + step)
             load[node] -= 1
+            opened[pod] -= new
 
-    dfs(0, 0, 0.0)
+    dfs(0, 0.0)
     chosen_nodes = best["nodes"]
     taken = [0] * N
     device_of = []
