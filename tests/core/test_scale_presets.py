@@ -95,5 +95,5 @@ def test_pod_fields_are_checked_and_round_trip_through_json():
         cluster_from_dict({**data, "inter_pod": "infiniband-ndr-2to1"})
     one_pod = cluster_from_dict({**data, "nodes_per_pod": 128, "inter_pod": None})
     assert one_pod.link(0, 1023).name == "infiniband-ndr"
-    with pytest.raises(ValueError, match=r"unknown ClusterSpec fields \['pods'\]"):
+    with pytest.raises(ValueError, match=r"'ClusterSpec.pods' = 4 is invalid: unknown field; valid fields are \['collective_call_ms'"):
         cluster_from_dict({**data, "pods": 4})

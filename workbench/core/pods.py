@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from .costs import ClusterSpec, LinkSpec
+from .fields import check_int
 
 __all__ = ["PodClusterSpec", "POD_FIELDS", "nodes_link", "span_level", "level_link", "cluster_from_dict"]
 
@@ -39,9 +40,7 @@ class PodClusterSpec(ClusterSpec):
     def __post_init__(self) -> None:
         super().__post_init__()
         owner = f"PodClusterSpec[{self.name}]"
-        per_pod = self.nodes_per_pod
-        if isinstance(per_pod, bool) or not isinstance(per_pod, int) or per_pod < 1:
-            raise ValueError(f"{owner}.nodes_per_pod must be an int >= 1, got {per_pod!r}")
+        per_pod = check_int(f"{owner}.nodes_per_pod", self.nodes_per_pod, 1)
         if self.num_nodes % per_pod:
             raise ValueError(f"{owner}.nodes_per_pod must divide num_nodes ({self.num_nodes}), got {per_pod}")
         if isinstance(self.inter_pod, dict):

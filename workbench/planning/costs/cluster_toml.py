@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.costs import ClusterSpec, DeviceSpec, LinkSpec
+from ...core.fields import is_int, is_number
 from ...core.hardware import DEVICES, LINKS
 from ...core.pods import cluster_from_dict
 from ...core.toml_text import to_toml
@@ -52,8 +53,8 @@ _DEVICE_FIELDS = {"name": "str", "peak_tflops": "rates", "memory_bytes": "int>=1
 _LINK_FIELDS = {"name": "str", "latency_us": "number", "bandwidth_gbs": "number>0"}
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def _finite_number(value: Any) -> bool:
+    return is_number(value) and math.isfinite(value)
 
 
 def _check_value(field: str, kind: str, value: Any) -> None:
@@ -61,15 +62,15 @@ def _check_value(field: str, kind: str, value: Any) -> None:
     if kind == "str":
         ok, want = isinstance(value, str) and bool(value), "a non-empty string"
     elif kind == "int>=1":
-        ok, want = isinstance(value, int) and not isinstance(value, bool) and value >= 1, "an int >= 1"
+        ok, want = is_int(value) and value >= 1, "an int >= 1"
     elif kind == "bool":
         ok, want = isinstance(value, bool), "true or false"
     elif kind == "number":
-        ok, want = _is_number(value) and value >= 0, "a number >= 0"
+        ok, want = _finite_number(value) and value >= 0, "a number >= 0"
     elif kind == "number>0":
-        ok, want = _is_number(value) and value > 0, "a number > 0"
+        ok, want = _finite_number(value) and value > 0, "a number > 0"
     else:  # "rates": dtype -> number
-        ok = isinstance(value, dict) and bool(value) and all(_is_number(v) and v > 0 for v in value.values())
+        ok = isinstance(value, dict) and bool(value) and all(_finite_number(v) and v > 0 for v in value.values())
         want = "a table of dtype = number > 0, e.g. { float32 = 19.5, bfloat16 = 312.0 }"
     if not ok:
         raise ValueError(f"{field} must be {want}, got {value!r}")
