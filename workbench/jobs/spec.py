@@ -220,12 +220,13 @@ def check_launchable(spec: LaunchSpec, *, check_entry: bool = True) -> None:
 
 
 def _needs_model_check(config: Any) -> bool:
-    """Whether launching must build the model first: a factory, a dataset, overrides, an explicit partition or
-    a schedule built from the stages' costs under a memory limit (a zoo model on built-in data with defaults
-    cannot fail the preflight's checks, so it skips the subprocess)."""
+    """Whether launching must build the model first: a factory, a dataset, overrides, a pipeline (its stages
+    need as many layers, its explicit partition must fit them) or a schedule built from the stages' costs under
+    a memory limit (a zoo model on built-in data with defaults and no stages cannot fail the preflight's
+    checks, so it skips the subprocess)."""
     plan = config.plan
     return bool(config.model.from_factory or config.data.is_dataset or config.model.overrides
-                or (plan.partition not in ("uniform", "ampa") and plan.num_virtual_stages > 1)
+                or plan.num_virtual_stages > 1
                 or (plan.pipeline.uses_costs and getattr(plan.pipeline, "memory_limit_mb", 0)))
 
 

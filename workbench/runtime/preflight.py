@@ -50,7 +50,7 @@ def check_run(config: RunConfig) -> None:
 
     limited = config.plan.pipeline.uses_costs and getattr(config.plan.pipeline, "memory_limit_mb", 0)
     needs_model = (config.model.from_factory or config.data.is_dataset or limited
-                   or (config.plan.partition not in ("uniform", "ampa") and config.plan.num_virtual_stages > 1))
+                   or config.plan.num_virtual_stages > 1)  # a pipeline's stages each need a layer
     if not config.model.from_factory:
         if config.model.name not in list_models():
             raise ValueError(f"config field 'model.name' = {config.model.name!r} is not in the zoo; valid: "
