@@ -76,13 +76,18 @@ def _check_value(field: str, kind: str, value: Any) -> None:
         raise ValueError(f"{field} must be {want}, got {value!r}")
 
 
-def _check_table(prefix: str, data: dict[str, Any], fields: dict[str, str], required: tuple[str, ...]) -> None:
+def _check_keys(prefix: str, data: dict[str, Any], fields: dict[str, str], required: tuple[str, ...]) -> None:
+    """No key outside ``fields`` and every ``required`` one, or a ValueError naming the first that is not so."""
     unknown = [key for key in data if key not in fields]
     if unknown:
         raise ValueError(f"unknown field {prefix}{unknown[0]}; valid fields: {', '.join(fields)}")
     missing = [key for key in required if key not in data]
     if missing:
         raise ValueError(f"{prefix}{missing[0]} is missing (required: {', '.join(required)})")
+
+
+def _check_table(prefix: str, data: dict[str, Any], fields: dict[str, str], required: tuple[str, ...]) -> None:
+    _check_keys(prefix, data, fields, required)
     for key, value in data.items():
         _check_value(prefix + key, fields[key], value)
 
@@ -110,12 +115,7 @@ def cluster_from_toml(data: Any) -> ClusterSpec:
     """The cluster a parsed TOML file describes, every field checked (see the module docstring)."""
     if not isinstance(data, dict):
         raise ValueError(f"a cluster must be a table of fields, got {type(data).__name__}")
-    unknown = [key for key in data if key not in CLUSTER_FIELDS]
-    if unknown:
-        raise ValueError(f"unknown field {unknown[0]}; valid fields: {', '.join(CLUSTER_FIELDS)}")
-    missing = [key for key in _REQUIRED if key not in data]
-    if missing:
-        raise ValueError(f"{missing[0]} is missing (required: {', '.join(_REQUIRED)})")
+    _check_keys("", data, CLUSTER_FIELDS, _REQUIRED)
     fields: dict[str, Any] = {}
     for key, value in data.items():
         kind = CLUSTER_FIELDS[key]
