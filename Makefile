@@ -34,18 +34,19 @@ install: $(STAMP)
 lab: install
 	bash scripts/lab.sh
 
-# The whole suite on TEST_WORKERS pytest-xdist workers (default: the cores, at most 4; 0 runs in one process).
-# The multi-process tests spend much of their time starting processes and waiting on each other, so two
-# workers on two cores finish far sooner than one; the JupyterLab tests stay together on one worker.
-TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
+# The whole suite in one process by default. TEST_WORKERS=N runs it on N pytest-xdist workers (the JupyterLab
+# tests stay together on one): on this project's 2-core machine two workers made the multi-process tests
+# 1.33x slower and cost 1.72x the CPU (paired runs, bench/RESULTS.md "Test suite time"), their ranks
+# fighting over the cores; on a machine with more cores than the ranks of two tests need, workers help.
+TEST_WORKERS ?= 0
 
 test: install
 	bash scripts/ensure_chromium.sh
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
 
 # The edit loop's tier: the tests that launch no run and open no browser (the whole suite is make test).
 test-quick: install
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not multiproc and not notebook and not browser and not gpu and not slow" $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS)) -m "not multiproc and not notebook and not browser and not gpu and not slow" $(PYTEST_ARGS)
 
 # The GPU tier: every test marked gpu (tests/gpu and any other). `make test` skips them without CUDA.
 test-gpu: install
