@@ -30,15 +30,42 @@ its step; a caller running one iteration at a time passes
 
 from __future__ import annotations
 
-from typing import Sequence
+from functools import lru_cache, wraps
+from typing import Callable, Sequence, TypeVar
 
 from ..core.ir import Action, Op, Schedule, ScheduleMeta
 from ..core.topology import Topology
 
 __all__ = [
     "gpipe", "one_f_one_b", "interleaved", "async_1f1b", "async_inflight", "ASYNC_MODES", "gropipe", "data_parallel",
-    "tensor2d_step", "pipeline_order",
+    "tensor2d_step", "pipeline_order", "memoised",
 ]
+
+
+_F = TypeVar("_F", bound=Callable[..., Schedule])
+
+
+def memoised(fn: _F) -> _F:
+    """``fn`` remembering the last schedules it built, by their arguments (typed: ``4`` and ``4.0`` differ).
+
+    A schedule is an immutable value, and the simulator keeps a schedule's
+    lowered, compiled form while the schedule lives (:mod:`.sim_compile`),
+    so a sweep asking for the same kind and shape again (a partition editor,
+    a planner trying partitions) pays for neither. A call with an argument
+    that cannot be hashed (a list of in-flight caps) is not remembered.
+    """
+    remembered = lru_cache(maxsize=16, typed=True)(fn)
+
+    @wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            hash((args, tuple(kwargs.items())))
+        except TypeError:
+            return fn(*args, **kwargs)
+        return remembered(*args, **kwargs)
+
+    call.cache_clear = remembered.cache_clear  # type: ignore[attr-defined]
+    return call  # type: ignore[return-value]
 
 
 def _check_positive(name: str, value: int) -> None:
@@ -87,16 +114,19 @@ def _single_pipeline(name: str, num_stages: int, num_microbatches: int) -> Sched
                     meta=ScheduleMeta(stage_to_rank=(tuple(range(num_stages)),)))
 
 
+@memoised
 def gpipe(num_stages: int, num_microbatches: int) -> Schedule:
     """GPipe fill-drain: all forwards, then all backwards; rank ``r`` runs stage ``r``."""
     return _single_pipeline("gpipe", num_stages, num_microbatches)
 
 
+@memoised
 def one_f_one_b(num_stages: int, num_microbatches: int) -> Schedule:
     """1F1B with a flush per iteration; at most ``num_stages - s`` micro-batches in flight on stage ``s``."""
     return _single_pipeline("1f1b", num_stages, num_microbatches)
 
 
+@memoised
 def interleaved(num_ranks: int, num_microbatches: int, num_chunks: int) -> Schedule:
     """Interleaved 1F1B (Megatron): each rank holds ``num_chunks`` virtual stages.
 
@@ -188,6 +218,7 @@ def async_inflight(num_stages: int, inflight: int | Sequence[int] | None = None)
     return tuple(caps)
 
 
+@memoised
 def async_1f1b(num_stages: int, num_microbatches: int, num_iterations: int, *,
                inflight: int | Sequence[int] | None = None, mode: str = "stash",
                vertical_sync: bool = False, num_groups: int = 1) -> Schedule:
@@ -265,6 +296,7 @@ def _use_version(action: Action, version: int | None) -> Action:
     return action
 
 
+@memoised
 def gropipe(num_groups: int, num_stages: int, num_microbatches: int, *, inner: str | Schedule = "1f1b",
             delay: int = 0, num_iterations: int = 1, first_iteration: int = 0, drain: bool = False) -> Schedule:
     """GroPipe: ``num_groups`` pipelines with a per-stage gradient all-reduce across groups.
@@ -312,6 +344,7 @@ def gropipe(num_groups: int, num_stages: int, num_microbatches: int, *, inner: s
                     num_microbatches=m, meta=synced.meta)
 
 
+@memoised
 def data_parallel(num_ranks: int, num_buckets: int) -> Schedule:
     """Data parallel: one forward, the backward in buckets, each bucket's all-reduce launched as it is done.
 
@@ -330,6 +363,7 @@ def data_parallel(num_ranks: int, num_buckets: int) -> Schedule:
                                       backward_buckets=num_buckets))
 
 
+@memoised
 def tensor2d_step(q: int, num_layers: int) -> Schedule:
     """One training step of 2D (SUMMA) tensor parallelism on a ``q x q`` grid.
 
