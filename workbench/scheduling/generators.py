@@ -68,6 +68,15 @@ def memoised(fn: _F) -> _F:
     return call  # type: ignore[return-value]
 
 
+_action = Action.unchecked  # the generators' fields are valid by construction: ints from ranges, Op members
+_OPS = {op.value: op for op in Op}
+
+
+def _versioned(a: Action, version: int | None) -> Action:
+    """``a.with_(version=version)`` for a valid action and version (an int >= 0 or None), without re-checking."""
+    return _action(a.stage, a.op, a.microbatch, a.chunk, a.iteration, version, a.bucket, a.peer)
+
+
 def _check_positive(name: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
@@ -109,7 +118,7 @@ def _single_pipeline(name: str, num_stages: int, num_microbatches: int) -> Sched
     ranks = []
     for s in range(num_stages):
         order = pipeline_order(name, num_stages, s, num_microbatches)
-        ranks.append(tuple(Action(s, Op(kind), mb) for kind, mb in order))
+        ranks.append(tuple(_action(s, _OPS[kind], mb) for kind, mb in order))
     return Schedule(tuple(ranks), name=name, num_stages=num_stages, num_microbatches=num_microbatches,
                     meta=ScheduleMeta(stage_to_rank=(tuple(range(num_stages)),)))
 
@@ -160,7 +169,7 @@ def interleaved(num_ranks: int, num_microbatches: int, num_chunks: int) -> Sched
         actions = []
         for kind, k in kinds:
             chunk, mb = unit(k, kind == "B")
-            actions.append(Action(chunk * p + r, Op(kind), mb, chunk=chunk))
+            actions.append(_action(chunk * p + r, _OPS[kind], mb, chunk))
         ranks.append(tuple(actions))
     return Schedule(tuple(ranks), name="interleaved", num_stages=p * v, num_microbatches=m,
                     meta=ScheduleMeta(stage_to_rank=(tuple(vs % p for vs in range(p * v)),), chunks=v))
@@ -173,9 +182,9 @@ def _with_versions(actions: list[Action], start: int = 0) -> list[Action]:
         key = (a.stage, a.microbatch, a.iteration)
         if a.op is Op.FORWARD:
             used[key] = version
-            out.append(a.with_(version=version))
+            out.append(_versioned(a, version))
         elif a.op in _BACKWARD_OPS:
-            out.append(a.with_(version=used[key]))
+            out.append(_versioned(a, used[key]))
         else:
             out.append(a)
             if a.op is Op.STEP:
@@ -269,7 +278,7 @@ def async_1f1b(num_stages: int, num_microbatches: int, num_iterations: int, *,
         actions = []
         for kind, j in _warmup_order(min(caps[s] - 1, n), n):
             it, mb = divmod(j, m)
-            actions.append(Action(s, Op(kind), mb, iteration=it))
+            actions.append(_action(s, _OPS[kind], mb, None, it))
             if kind == "B" and mb == m - 1:
                 if num_groups > 1:
                     actions.append(Action(s, Op.ALL_REDUCE, iteration=it))
@@ -292,7 +301,7 @@ def async_1f1b(num_stages: int, num_microbatches: int, num_iterations: int, *,
 def _use_version(action: Action, version: int | None) -> Action:
     """The action with ``version`` when it is a forward or backward."""
     if action.op is Op.FORWARD or action.op in _BACKWARD_OPS:
-        return action.with_(version=version)
+        return _versioned(action, version)
     return action
 
 
@@ -333,7 +342,7 @@ def gropipe(num_groups: int, num_stages: int, num_microbatches: int, *, inner: s
     ranks = []
     for _g in range(G):
         for s in range(S):
-            ranks.append(tuple(Action(s, Op(kind), mb, iteration=first_iteration + t)
+            ranks.append(tuple(_action(s, _OPS[kind], mb, None, first_iteration + t)
                                for t in range(num_iterations) for kind, mb in orders[s]))
     base = Schedule(tuple(ranks), name=gropipe.__name__, num_stages=S, num_microbatches=m,
                     meta=ScheduleMeta(stage_to_rank=Topology(dp=G, pp=S).groups("pp"), replicas=G, inner=inner_name,
