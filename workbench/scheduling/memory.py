@@ -153,9 +153,21 @@ class MemoryWalk:
     for value.
     """
 
-    def __init__(self, schedule: Schedule) -> None:
+    def __init__(self, schedule: Schedule, lowered: Schedule | None = None) -> None:
         self.pending = schedule.meta.delay == 1
         self.ranks = [self._rank(schedule, r) for r in range(schedule.num_ranks)]
+        if lowered is not None:  # walked the schedule before lowering: the same changes, fewer actions
+            self._lowered_lead(schedule, lowered)
+
+    def _lowered_lead(self, schedule: Schedule, lowered: Schedule) -> None:
+        """Lowering only inserts actions (sends, receives, stash and restore), none of which changes what a rank
+        holds, so the walk of ``lowered`` is the walk of ``schedule`` except where lowering put an action first."""
+        if lowered.num_ranks != schedule.num_ranks:
+            raise ValueError(f"the lowered schedule has {lowered.num_ranks} ranks, the schedule {schedule.num_ranks}")
+        for r, (stages, lead, changes, stashes) in enumerate(self.ranks):
+            first, first_lowered = schedule.actions(r)[:1], lowered.actions(r)[:1]
+            if first_lowered and (not first or first_lowered[0] is not first[0]):
+                self.ranks[r] = (stages, True, changes, stashes)
 
     @staticmethod
     def _rank(schedule: Schedule, rank: int) -> tuple:

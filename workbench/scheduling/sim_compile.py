@@ -31,7 +31,7 @@ off a schedule.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.ir import Action, Op, Schedule
@@ -61,6 +61,7 @@ class Compiled:
     """One lowered schedule as integer programs and the tables they index (see the module docstring)."""
 
     lowered: Schedule
+    actions: tuple[tuple[Action, ...], ...]  # per rank, the lowered actions the programs index
     programs: tuple[tuple[tuple[int, int, int], ...], ...]
     classes: tuple[Action, ...]  # one representative action per cost class
     sends: tuple[tuple[int, int, bool, int], ...]  # (sender, receiver, forward, stage) per send descriptor
@@ -71,10 +72,23 @@ class Compiled:
     max_stage: int  # the highest stage any action names (-1: none)
     iterations: frozenset  # the iteration numbers the actions carry (None where an action has none)
     memory: MemoryWalk
+    _made: dict = field(default_factory=dict, repr=False)  # what is made from the rest on first use
 
     @property
     def num_ranks(self) -> int:
         return len(self.programs)
+
+    def event_fields(self) -> list[list[tuple]]:
+        """Per rank and action, what its event carries besides its times: (stage, op, micro-batch, iteration,
+        version, chunk, peer, send descriptor or -1), made on first use and kept."""
+        made = self._made.get("event_fields")
+        if made is None:
+            made = self._made["event_fields"] = [
+                [(a.stage, a.op.value, a.microbatch, a.iteration or 0, a.version, a.chunk,
+                  a.peer if code in (SEND, RECV) else None, x if code == SEND else -1)
+                 for a, (code, x, _) in zip(actions, program)]
+                for actions, program in zip(self.actions, self.programs)]
+        return made
 
 
 def _step_needs(actions: list[Action], ar_index: _Index) -> dict[tuple, tuple[int, ...]]:
@@ -86,40 +100,55 @@ def _step_needs(actions: list[Action], ar_index: _Index) -> dict[tuple, tuple[in
     return {key: tuple(ids) for key, ids in needs.items()}
 
 
-def _compile(lowered: Schedule) -> Compiled:
-    classes, sends, queues, ar_index, need_index = _Index(), _Index(), _Index(), _Index(), _Index()
-    programs, max_stage, iterations = [], -1, set()
+class _Tables:
+    """The tables a compiled schedule's programs index, numbered as the compiler meets their keys."""
+
+    def __init__(self) -> None:
+        self.classes, self.sends, self.queues, self.ar_keys, self.needs = _Index(), _Index(), _Index(), _Index(), _Index()
+
+    def entry(self, r: int, a: Action, step_needs: dict[tuple, tuple[int, ...]]) -> tuple[int, int, int]:
+        """The ``(code, x, y)`` of action ``a`` on rank ``r`` (see the module docstring)."""
+        op = a.op
+        if op in _SEND:
+            return SEND, self.sends.of((r, a.peer, _SEND[op], a.stage)), self.queues.of((r, a.peer, _SEND[op]))
+        if op in _RECV:
+            return RECV, self.queues.of((a.peer, r, _RECV[op])), 0
+        if op is Op.ALL_REDUCE:
+            return ALL_REDUCE, self.ar_keys.of((a.stage, a.iteration, a.bucket)), 0
+        if op is not Op.STEP and op not in BUSY_OPS:
+            return OTHER, 0, 0
+        cls = self.classes.get((op, a.stage, a.bucket is not None))
+        if cls is None:
+            cls = self.classes[(op, a.stage, a.bucket is not None)] = (len(self.classes), a)
+        if op is Op.STEP:
+            return STEP, cls[0], self.needs.of(step_needs.get((a.stage, a.iteration), ()))
+        return COMPUTE, cls[0], 0
+
+
+def _compile(schedule: Schedule, lowered: Schedule) -> Compiled:
+    tables = _Tables()
+    programs, every, max_stage, iterations = [], [], -1, set()
     for r in range(lowered.num_ranks):
         actions = lowered.actions(r)
-        step_needs = _step_needs(actions, ar_index)
+        every.append(tuple(actions))
+        step_needs = _step_needs(actions, tables.ar_keys)
+        # an action's entry depends on these fields only, and a rank repeats few of them (not the micro-batch)
+        seen: dict[tuple, tuple[int, int, int]] = {}
         program = []
         for a in actions:
-            op = a.op
-            if a.stage > max_stage:
-                max_stage = a.stage
-            iterations.add(a.iteration)
-            if op in _SEND:
-                queue = queues.of((r, a.peer, _SEND[op]))
-                program.append((SEND, sends.of((r, a.peer, _SEND[op], a.stage)), queue))
-            elif op in _RECV:
-                program.append((RECV, queues.of((a.peer, r, _RECV[op])), 0))
-            elif op is Op.ALL_REDUCE:
-                program.append((ALL_REDUCE, ar_index.of((a.stage, a.iteration, a.bucket)), 0))
-            elif op is Op.STEP or op in BUSY_OPS:
-                cls = classes.get((op, a.stage, a.bucket is not None))
-                if cls is None:
-                    cls = classes[(op, a.stage, a.bucket is not None)] = (len(classes), a)
-                if op is Op.STEP:
-                    program.append((STEP, cls[0], need_index.of(step_needs.get((a.stage, a.iteration), ()))))
-                else:
-                    program.append((COMPUTE, cls[0], 0))
-            else:
-                program.append((OTHER, 0, 0))
+            key = (a.op, a.stage, a.peer, a.bucket, a.iteration)
+            entry = seen.get(key)
+            if entry is None:
+                entry = seen[key] = tables.entry(r, a, step_needs)
+                max_stage = max(max_stage, a.stage)
+                iterations.add(a.iteration)
+            program.append(entry)
         programs.append(tuple(program))
+    sends, queues = tables.sends, tables.queues
     return Compiled(
-        lowered, tuple(programs), tuple(a for _, a in classes.values()), tuple(sends),
+        lowered, tuple(every), tuple(programs), tuple(a for _, a in tables.classes.values()), tuple(sends),
         tuple(queues[(src, dst, forward)] for src, dst, forward, _ in sends), tuple(dst for _, dst, _ in queues),
-        tuple(ar_index), tuple(need_index), max_stage, frozenset(iterations), MemoryWalk(lowered))
+        tuple(tables.ar_keys), tuple(tables.needs), max_stage, frozenset(iterations), MemoryWalk(schedule, lowered))
 
 
 _COMPILED: dict[int, tuple[weakref.ref, Compiled]] = {}
@@ -132,7 +161,7 @@ def compiled(schedule: Schedule) -> Compiled:
     hit = _COMPILED.get(key)
     if hit is not None and hit[0]() is schedule:
         return hit[1]
-    result = _compile(lower(schedule))
+    result = _compile(schedule, lower(schedule))
     _COMPILED[key] = (weakref.ref(schedule), result)
     weakref.finalize(schedule, _COMPILED.pop, key, None)
     return result
