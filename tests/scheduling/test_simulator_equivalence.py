@@ -39,6 +39,16 @@ def assert_same(fast, slow) -> None:
     assert len(fast.timeline.events) == len(slow.timeline.events)
     for i, (a, b) in enumerate(zip(fast.timeline.events, slow.timeline.events)):
         assert a == b, f"event {i}: {a} != {b}"
+    # what the planner's estimate reads, as it read it off the timeline before
+    work = [0.0] * slow.metrics["num_ranks"]
+    steps: dict[tuple[int, int], float] = {}
+    for e in slow.timeline.events:
+        if e.op in ("F", "B", "I", "W", "STEP"):
+            work[e.rank] += e.end - e.start
+        if e.op == "STEP":
+            steps[(e.rank, e.iteration)] = max(steps.get((e.rank, e.iteration), 0.0), e.end)
+    assert fast.work_ms() == work
+    assert fast.step_ends() == steps
 
 
 def _pipeline(rng: random.Random) -> Schedule:
@@ -153,10 +163,13 @@ def test_errors_are_the_reference_errors():
 
 
 def test_the_timeline_is_made_when_read_and_then_kept():
-    result = simulate(g.one_f_one_b(3, 4))
+    result = simulate(g.gropipe(2, 3, 4, delay=1, num_iterations=3))
+    work, steps = result.work_ms(), result.step_ends()
     first = result.timeline
     assert result.timeline is first and len(first) > 0
     shifted = result.replace(timeline=first.shifted(1.0))
     assert shifted.timeline.start == 1.0 and shifted.metrics is result.metrics
+    assert shifted.work_ms() == work  # read off the new timeline
+    assert shifted.step_ends() == {key: end + 1.0 for key, end in steps.items()}
     with pytest.raises(ValueError, match="no field 'nope'"):
         result.replace(nope=1)

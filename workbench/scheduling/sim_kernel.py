@@ -97,7 +97,9 @@ class Pass:
         self._send_tables(comp, costs, cluster)
         self.clock, self.pointer = [0.0] * n, [0] * n
         self.exposed, self.busy, self.first, self.last = [0.0] * n, [0.0] * n, [None] * n, [0.0] * n
+        self.work = [0.0] * n  # compute and optimizer steps
         self.events: list[tuple] = []
+        self.steps: list[tuple] = []  # the steps' events again
         self.bytes_by_link: dict[str, int] = defaultdict(int)
         self.arrivals = [[] for _ in comp.queue_receiver]
         self.taken = [0] * len(comp.queue_receiver)
@@ -134,12 +136,10 @@ class Pass:
         self.send_table = [(ch, port, t, name, size) for (ch, port, _, _, _), t, name, size in zip(res, ms, names, nbytes)]
 
     def run(self) -> None:
-        """Every rank to the end of its program (ValueError naming a rank that cannot finish).
-
-        A rank that is no longer the earliest trades places with the earliest in one heap operation
-        (``heapreplace``: the earliest is strictly earlier, so it is what a push and a pop would give)."""
+        """Every rank to the end of its program (ValueError naming a rank that cannot finish). A rank no longer the
+        earliest trades places with the earliest in one ``heapreplace`` (what a push and a pop would give)."""
         programs, clock, pointer, tables = self.comp.programs, self.clock, self.pointer, self.tables
-        busy, first, last, exposed = self.busy, self.first, self.last, self.exposed
+        busy, work, first, last, exposed = self.busy, self.work, self.first, self.last, self.exposed
         arrivals, taken, parked, free = self.arrivals, self.taken, self.parked_recv, self.free
         append, inter, sends, by_link = self.events.append, self.interference, self.send_table, self.bytes_by_link
         plain = inter is None and self.message_wait is None  # sends inside a node then need no call
@@ -147,8 +147,7 @@ class Pass:
         heapify(heap)
         r = heappop(heap)[1] if heap else -1
         while r >= 0:
-            prog, p, now, cms, nxt = programs[r], pointer[r], clock[r], tables[r], -1
-            size = len(prog)
+            prog, p, now, cms, nxt, size = programs[r], pointer[r], clock[r], tables[r], -1, len(programs[r])
             while True:
                 code, x, y = prog[p]
                 if code == COMPUTE:
@@ -158,7 +157,9 @@ class Pass:
                     if d > 0:
                         e = now + d
                         append((r, p, now, e))
-                        busy[r] += e - now
+                        d = e - now
+                        busy[r] += d
+                        work[r] += d
                         if first[r] is None:
                             first[r] = now
                         last[r] = e
@@ -255,8 +256,11 @@ class Pass:
         d = self.tables[r][cls]
         if self.interference is not None and d > 0:
             d = self.interference.place("compute", [r], now, d) - now
-        self.events.append((r, p, now, now + d))
-        return now + d
+        end = now + d
+        self.events.append((r, p, now, end))
+        self.steps.append((r, p, now, end))
+        self.work[r] += end - now
+        return end
 
     def _all_reduce(self, r: int, kid: int, now: float, heap: list) -> None:
         """Launch an all-reduce; the last member of its group to launch it starts it."""
@@ -306,7 +310,7 @@ class Pass:
             r = stuck[0]
             lowered = self.comp.lowered
             raise ValueError(f"schedule {lowered.name!r} cannot finish: rank {r} is blocked at step {pointer[r]} "
-                             f"({lowered.actions(r)[pointer[r]]}); run validate() for the full diagnosis")
+                             f"({self.comp.actions[r][pointer[r]]}); run validate() for the full diagnosis")
 
     # -- what the pass recorded ------------------------------------------------------------------------------------
     def span(self) -> tuple[float, float]:
@@ -315,22 +319,27 @@ class Pass:
             return 0.0, 0.0
         return min(map(itemgetter(2), self.events)), max(map(itemgetter(3), self.events))
 
+    def step_ends(self) -> dict[tuple[int, int], float]:
+        """(rank, iteration) -> when the rank's last optimizer step of that iteration ended."""
+        actions = self.comp.actions
+        out: dict[tuple[int, int], float] = {}
+        for r, p, _, end in self.steps:
+            key = (r, actions[r][p].iteration or 0)
+            out[key] = max(out.get(key, 0.0), end)
+        return out
+
     def timeline(self) -> Timeline:
-        """The events as a :class:`~workbench.core.timeline.Timeline` (what the runtime would record)."""
-        lowered = self.comp.lowered
-        actions = [lowered.actions(r) for r in range(lowered.num_ranks)]
-        programs, send_bytes = self.comp.programs, self.send_bytes
+        """The events as a :class:`~workbench.core.timeline.Timeline` (what the runtime would record): the records
+        sorted as a Timeline sorts its events (stable, by start, rank and end), then an Event each."""
+        fields, send_bytes = self.comp.event_fields(), self.send_bytes
         out = []
-        for rec in self.events:
+        for rec in sorted(self.events, key=itemgetter(2, 0, 3)):
             r, p, start, end = rec[0], rec[1], rec[2], rec[3]
             if p < 0:
                 out.append(_event(r, rec[4], "AR", start, end, None, rec[5], None, None, None, rec[6]))
                 continue
-            a = actions[r][p]
-            code, x, _ = programs[r][p]
-            peer = a.peer if code == SEND or code == RECV else None
-            nbytes = send_bytes[x] if code == SEND else None
-            out.append(_event(r, a.stage, a.op.value, start, end, a.microbatch, a.iteration or 0, a.version,
-                              a.chunk, peer, nbytes))
-        cluster = self.cluster
-        return Timeline(tuple(out), {"schedule": lowered.name, "cluster": cluster.name if cluster else None})
+            stage, op, microbatch, iteration, version, chunk, peer, send = fields[r][p]
+            out.append(_event(r, stage, op, start, end, microbatch, iteration, version, chunk, peer,
+                              send_bytes[send] if send >= 0 else None))
+        cluster, lowered = self.cluster, self.comp.lowered
+        return Timeline.from_sorted(tuple(out), {"schedule": lowered.name, "cluster": cluster.name if cluster else None})

@@ -74,6 +74,7 @@ from .stagecosts import StageCosts
 __all__ = ["simulate", "SimResult", "BUBBLE_DEFINITION"]
 
 BUBBLE_DEFINITION = "1 - (time the rank spends in F/B/I/W) / makespan of the whole run"
+_WORK = frozenset({"F", "B", "I", "W", "STEP"})
 
 
 class SimResult:
@@ -81,16 +82,20 @@ class SimResult:
 
     ``timeline`` is made on first access (one ``Event`` per event; the metrics
     and memory do not need it), from ``make_timeline`` when no timeline is given.
+    :meth:`work_ms` and :meth:`step_ends` read what an estimate needs off the
+    timeline, or off ``summary`` (the same values, as the simulator recorded
+    them) while the timeline is the simulator's own.
     """
 
-    __slots__ = ("_timeline", "_make_timeline", "metrics", "schedule", "memory")
+    __slots__ = ("_timeline", "_make_timeline", "_summary", "metrics", "schedule", "memory")
 
     def __init__(self, timeline: Timeline | None, metrics: dict[str, Any], schedule: Schedule,
                  memory: list[dict[str, int]] | None = None, *,
-                 make_timeline: Callable[[], Timeline] | None = None) -> None:
+                 make_timeline: Callable[[], Timeline] | None = None,
+                 summary: tuple[list[float], dict[tuple[int, int], float]] | None = None) -> None:
         if timeline is None and make_timeline is None:
             raise ValueError("SimResult needs a timeline or a make_timeline to build it from")
-        self._timeline, self._make_timeline = timeline, make_timeline
+        self._timeline, self._make_timeline, self._summary = timeline, make_timeline, summary
         self.metrics, self.schedule, self.memory = metrics, schedule, [] if memory is None else memory
 
     @property
@@ -99,17 +104,37 @@ class SimResult:
             self._timeline, self._make_timeline = self._make_timeline(), None
         return self._timeline
 
+    def work_ms(self) -> list[float]:
+        """Per rank, the time its compute and optimizer steps (F, B, I, W, STEP) take, summed in timeline order."""
+        if self._summary is not None:
+            return list(self._summary[0])
+        work = [0.0] * self.schedule.num_ranks
+        for e in self.timeline.events:
+            if e.op in _WORK:
+                work[e.rank] += e.end - e.start
+        return work
+
+    def step_ends(self) -> dict[tuple[int, int], float]:
+        """(rank, iteration) -> when the rank's last optimizer step of that iteration ended."""
+        if self._summary is not None:
+            return dict(self._summary[1])
+        steps: dict[tuple[int, int], float] = {}
+        for e in self.timeline.events:
+            if e.op == "STEP":
+                steps[(e.rank, e.iteration)] = max(steps.get((e.rank, e.iteration), 0.0), e.end)
+        return steps
+
     def replace(self, **changes: Any) -> "SimResult":
         """A copy with some of ``timeline``, ``metrics``, ``schedule``, ``memory`` changed."""
         unknown = set(changes) - {"timeline", "metrics", "schedule", "memory"}
         if unknown:
             raise ValueError(f"SimResult has no field {sorted(unknown)[0]!r}")
         if "timeline" in changes:
-            timeline, make = changes["timeline"], None
+            timeline, make, summary = changes["timeline"], None, None
         else:
-            timeline, make = self._timeline, self._make_timeline
+            timeline, make, summary = self._timeline, self._make_timeline, self._summary
         return SimResult(timeline, changes.get("metrics", self.metrics), changes.get("schedule", self.schedule),
-                         changes.get("memory", self.memory), make_timeline=make)
+                         changes.get("memory", self.memory), make_timeline=make, summary=summary)
 
     def __repr__(self) -> str:
         return (f"SimResult(schedule={self.schedule.name!r}, makespan_ms={self.metrics.get('makespan_ms')!r}, "
@@ -178,7 +203,7 @@ def _simulate(comp: Compiled, costs: StageCosts, cluster: ClusterSpec | None, mi
     run.run()
     memory = comp.memory.breakdown(costs)
     return SimResult(None, _metrics(comp.lowered, run, costs, microbatch_size, memory), comp.lowered, memory,
-                     make_timeline=run.timeline)
+                     make_timeline=run.timeline, summary=(run.work, run.step_ends()))
 
 
 def _metrics(schedule: Schedule, run: Pass, costs: StageCosts, microbatch_size: int | None,
