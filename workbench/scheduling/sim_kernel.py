@@ -145,9 +145,10 @@ class Pass:
         plain = inter is None and self.message_wait is None  # sends inside a node then need no call
         heap = [(0.0, r) for r in range(len(programs)) if programs[r]]
         heapify(heap)
-        r = heappop(heap)[1] if heap else -1
-        while r >= 0:
-            prog, p, now, cms, nxt, size = programs[r], pointer[r], clock[r], tables[r], -1, len(programs[r])
+        sizes = [len(prog) for prog in programs]
+        while heap:  # a heap entry's time is its rank's clock
+            now, r = heappop(heap)
+            prog, p, cms, size = programs[r], pointer[r], tables[r], sizes[r]
             while True:
                 code, x, y = prog[p]
                 if code == COMPUTE:
@@ -205,14 +206,11 @@ class Pass:
                 p += 1
                 if p == size:
                     break
-                if heap and heap[0][0] < now:
+                if heap and heap[0][0] < now:  # no longer the earliest: trade places with the earliest
                     pointer[r], clock[r] = p, now
-                    nxt = heapreplace(heap, (now, r))[1]
-                    break
-            if nxt < 0:
-                pointer[r], clock[r] = p, now
-                nxt = heappop(heap)[1] if heap else -1
-            r = nxt
+                    now, r = heapreplace(heap, (now, r))
+                    prog, p, cms, size = programs[r], pointer[r], tables[r], sizes[r]
+            pointer[r], clock[r] = p, now
         self._check_finished()
 
     def _send(self, r: int, p: int, x: int, queue: int, now: float, heap: list) -> None:
