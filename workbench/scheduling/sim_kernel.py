@@ -55,23 +55,28 @@ def action_ms(a: Action, costs: StageCosts, meta, cluster: ClusterSpec | None) -
     return base
 
 
+# Event's slot setters: an Event is made without re-validation, its values valid by construction (hot path)
+(_rank, _stage, _op, _start, _end, _microbatch, _iteration, _version, _source, _chunk, _peer, _nbytes) = (
+    getattr(Event, name).__set__ for name in ("rank", "stage", "op", "start", "end", "microbatch", "iteration",
+                                              "version", "source", "chunk", "peer", "nbytes"))
+
+
 def _event(rank: int, stage: int, op: str, start: float, end: float, microbatch: int | None, iteration: int,
            version: int | None, chunk: int | None, peer: int | None, nbytes: int | None) -> Event:
     """An Event built without re-validation: the simulator produces valid values by construction."""
     e = object.__new__(Event)
-    put = object.__setattr__
-    put(e, "rank", rank)
-    put(e, "stage", stage)
-    put(e, "op", op)
-    put(e, "start", start)
-    put(e, "end", end)
-    put(e, "microbatch", microbatch)
-    put(e, "iteration", iteration)
-    put(e, "version", version)
-    put(e, "source", "simulated")
-    put(e, "chunk", chunk)
-    put(e, "peer", peer)
-    put(e, "nbytes", nbytes)
+    _rank(e, rank)
+    _stage(e, stage)
+    _op(e, op)
+    _start(e, start)
+    _end(e, end)
+    _microbatch(e, microbatch)
+    _iteration(e, iteration)
+    _version(e, version)
+    _source(e, "simulated")
+    _chunk(e, chunk)
+    _peer(e, peer)
+    _nbytes(e, nbytes)
     return e
 
 
