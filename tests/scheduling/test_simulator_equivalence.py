@@ -85,7 +85,8 @@ def _costs(rng: random.Random, stages: int, floats: bool) -> StageCosts:
         return tuple(rng.choice([0.0, round(rng.uniform(0.1, 3.0), 3), rng.uniform(0.05, 3.0)]) for _ in range(stages))
 
     def sizes(top: int) -> tuple:
-        return tuple(rng.uniform(0, top) if floats else rng.choice([0, rng.randint(1, top)]) for _ in range(stages))
+        return tuple(rng.choice([0.0, rng.uniform(0, top)]) if floats else rng.choice([0, rng.randint(1, top)])
+                     for _ in range(stages))
 
     inputs, weights = times(), times()
     return StageCosts(forward_ms=times(), backward_ms=tuple(i + w for i, w in zip(inputs, weights)),
@@ -173,3 +174,48 @@ def test_the_timeline_is_made_when_read_and_then_kept():
     assert shifted.step_ends() == {key: end + 1.0 for key, end in steps.items()}
     with pytest.raises(ValueError, match="no field 'nope'"):
         result.replace(nope=1)
+
+
+def _random_walk_schedule(rng: random.Random) -> Schedule:
+    """Ranks of random forwards, backwards (whole or split, some bucketed), steps and sends, weight versions on
+    some: whatever order, memory_breakdown walks it."""
+    from workbench.core.ir import Action, Op, ScheduleMeta
+
+    def action() -> Action:
+        op = rng.choice([Op.FORWARD, Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT, Op.STEP,
+                         Op.SEND_F])
+        stage, mb = rng.randint(0, 2), rng.randint(0, 3)
+        if op is Op.STEP:
+            return Action(stage, op)
+        if op is Op.SEND_F:
+            return Action(stage, op, mb, peer=1)
+        return Action(stage, op, mb, iteration=rng.choice([None, 0, 1]), version=rng.choice([None, 0, 1, 2]),
+                      bucket=rng.choice([None, None, 0, 1]))
+
+    def burst() -> list[Action]:  # forwards, a step while they are in flight, their backwards: stale versions
+        stage, mbs = rng.randint(0, 2), rng.sample(range(4), rng.randint(1, 3))
+        return ([Action(stage, Op.FORWARD, mb, version=rng.choice([None, 0, 1])) for mb in mbs]
+                + [Action(stage, Op.STEP)] * rng.randint(1, 2) + [Action(stage, Op.BACKWARD, mb) for mb in mbs])
+
+    def rank() -> tuple[Action, ...]:
+        out: list[Action] = []
+        for _ in range(rng.randint(0, 6)):
+            out += burst() if rng.random() < 0.4 else [action() for _ in range(rng.randint(1, 6))]
+        return tuple(out)
+
+    ranks = tuple(rank() for _ in range(rng.randint(1, 3)))
+    meta = ScheduleMeta(weight_stashing=rng.random() < 0.5, delay=rng.randint(0, 1))
+    return Schedule(ranks, num_stages=3, meta=meta)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_memory_walk_equals_memory_breakdown(seed):
+    from workbench.scheduling.memory import MemoryWalk, memory_breakdown
+
+    rng = random.Random(seed)
+    schedule = _random_walk_schedule(rng)
+    costs = _costs(rng, 3, floats=rng.random() < 0.3)
+    expected = memory_breakdown(schedule, costs)
+    got = MemoryWalk(schedule).breakdown(costs)
+    assert got == expected
+    assert [[type(v) for v in row.values()] for row in got] == [[type(v) for v in row.values()] for row in expected]

@@ -178,6 +178,7 @@ class MemoryWalk:
         users: dict[tuple[int, int], int] = {}
         stashing = schedule.meta.weight_stashing
         changes, stashes, lead = [], False, False
+        now: tuple[int, ...] = ()  # what held() gives: it can only grow at a step or an older version's forward
 
         def held() -> tuple[int, ...]:
             return tuple(s for (s, v), n in users.items() if n and v != steps.get(s, 0))
@@ -189,13 +190,16 @@ class MemoryWalk:
                 live[key] = version
                 users[(a.stage, version)] = users.get((a.stage, version), 0) + 1
                 older = version != steps.get(a.stage, 0)
-                changes.append((a.stage, 1, _ALWAYS if older else 0, held() if older else ()))
+                now = held() if older else now
+                changes.append((a.stage, 1, _ALWAYS if older else 0, now if older else ()))
             elif a.op in _FREES and key in live and a.bucket in (None, 0):
                 users[(a.stage, live.pop(key))] -= 1
-                changes.append((a.stage, -1, _IF_STASHED, held()))
+                now = held() if now else now
+                changes.append((a.stage, -1, _IF_STASHED, now))
             elif a.op is Op.STEP:
                 steps[a.stage] = steps.get(a.stage, 0) + 1
-                changes.append((a.stage, 0, _ALWAYS, held()))
+                now = held()
+                changes.append((a.stage, 0, _ALWAYS, now))
             else:
                 lead = lead or not changes
                 continue

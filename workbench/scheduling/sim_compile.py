@@ -94,9 +94,8 @@ class Compiled:
 def _step_needs(actions: list[Action], ar_index: _Index) -> dict[tuple, tuple[int, ...]]:
     """(stage, iteration) -> the all-reduces of the rank's program a step of that stage and iteration waits for."""
     needs: dict[tuple, list[int]] = {}
-    for a in actions:
-        if a.op is Op.ALL_REDUCE:
-            needs.setdefault((a.stage, a.iteration), []).append(ar_index.of((a.stage, a.iteration, a.bucket)))
+    for a in [a for a in actions if a.op is Op.ALL_REDUCE]:
+        needs.setdefault((a.stage, a.iteration), []).append(ar_index.of((a.stage, a.iteration, a.bucket)))
     return {key: tuple(ids) for key, ids in needs.items()}
 
 
