@@ -22,9 +22,24 @@ from typing import Any, Callable
 
 from ..core.ir import Action, Op, Schedule
 
-__all__ = ["add_p2p", "add_grad_sync", "add_weight_stash", "lower", "dp_groups", "LoweredIterations"]
+__all__ = ["add_p2p", "add_grad_sync", "add_weight_stash", "lower", "dp_groups", "LoweredIterations", "p2p_neighbours"]
 
 _BACKWARDS = (Op.BACKWARD, Op.BACKWARD_INPUT)
+
+
+def p2p_neighbours(schedule: Schedule) -> Callable[[int, Action], tuple | None]:
+    """What :func:`add_p2p` puts around action ``a`` of rank ``r``: ``(receive op or None, its peer, send op or None,
+    its peer)``, or None for an action it leaves alone (not a forward or backward). ValueError where
+    ``meta.stage_to_rank`` is missing or names ranks the schedule does not have."""
+    pipes = _stage_to_rank(schedule)
+    owner = _pipeline_of_rank(pipes, schedule.num_ranks)
+
+    def around(r: int, a: Action) -> tuple | None:
+        if a.op is Op.FORWARD or a.op in _BACKWARDS:
+            return _neighbours(a.op is Op.FORWARD, a.stage, pipes[owner[r]], r)
+        return None
+
+    return around
 
 
 def _neighbours(forward: bool, stage: int, pipe: list[int], r: int) -> tuple:
@@ -76,8 +91,7 @@ def add_p2p(schedule: Schedule) -> Schedule:
     ``SEND_B`` after it (not on the first). Peers are absolute ranks taken
     from ``meta.stage_to_rank``; stages that share a rank hand over locally.
     """
-    pipes = _stage_to_rank(schedule)
-    owner = _pipeline_of_rank(pipes, schedule.num_ranks)
+    around = p2p_neighbours(schedule)
     ranks: list[list[Action]] = []
     for r in range(schedule.num_ranks):
         out: list[Action] = []
@@ -86,7 +100,7 @@ def add_p2p(schedule: Schedule) -> Schedule:
             if a.op is Op.FORWARD or a.op in _BACKWARDS:
                 found = peers.get((a.op, a.stage))
                 if found is None:
-                    found = peers[(a.op, a.stage)] = _neighbours(a.op is Op.FORWARD, a.stage, pipes[owner[r]], r)
+                    found = peers[(a.op, a.stage)] = around(r, a)
                 recv, src, send, dst = found
                 if recv is not None:
                     out.append(Action.unchecked(a.stage, recv, a.microbatch, a.chunk, a.iteration, None, None, src))
