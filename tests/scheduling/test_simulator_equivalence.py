@@ -219,3 +219,18 @@ def test_memory_walk_equals_memory_breakdown(seed):
     got = MemoryWalk(schedule).breakdown(costs)
     assert got == expected
     assert [[type(v) for v in row.values()] for row in got] == [[type(v) for v in row.values()] for row in expected]
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_compiling_before_lowering_equals_compiling_the_lowered_schedule(seed):
+    """Where lowering only adds sends and receives, the compiler adds their entries itself: the same programs,
+    tables and memory walk as compiling the lowered schedule."""
+    from workbench.scheduling.sim_compile import _compile
+
+    schedule = _case(seed)[0]
+    direct, lowered = _compile(schedule), _compile(lower(schedule))
+    for name in ("programs", "classes", "sends", "send_queue", "queue_receiver", "ar_keys", "needs", "max_stage",
+                 "iterations"):
+        assert getattr(direct, name) == getattr(lowered, name), name
+    assert direct.memory.ranks == lowered.memory.ranks and direct.memory.pending == lowered.memory.pending
+    assert direct.lowered == lowered.lowered == lower(schedule)

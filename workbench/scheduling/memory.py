@@ -22,6 +22,7 @@ accumulates into the live one.
 from __future__ import annotations
 
 from itertools import accumulate
+from typing import Sequence
 
 from ..core.ir import Op, Schedule
 from .stagecosts import StageCosts
@@ -153,20 +154,16 @@ class MemoryWalk:
     for value.
     """
 
-    def __init__(self, schedule: Schedule, lowered: Schedule | None = None) -> None:
+    def __init__(self, schedule: Schedule, inserted_first: Sequence[bool] | None = None) -> None:
+        """``inserted_first``: per rank, whether lowering puts an action before the rank's first (a receive), when
+        ``schedule`` is walked for its lowered form. Lowering only inserts actions (sends, receives, stash and
+        restore), none of which changes what a rank holds, so the walk of the lowered schedule is the walk of
+        ``schedule`` with one more state, holding nothing, before the first action where that is so."""
         self.pending = schedule.meta.delay == 1
         self.ranks = [self._rank(schedule, r) for r in range(schedule.num_ranks)]
-        if lowered is not None:  # walked the schedule before lowering: the same changes, fewer actions
-            self._lowered_lead(schedule, lowered)
-
-    def _lowered_lead(self, schedule: Schedule, lowered: Schedule) -> None:
-        """Lowering only inserts actions (sends, receives, stash and restore), none of which changes what a rank
-        holds, so the walk of ``lowered`` is the walk of ``schedule`` except where lowering put an action first."""
-        if lowered.num_ranks != schedule.num_ranks:
-            raise ValueError(f"the lowered schedule has {lowered.num_ranks} ranks, the schedule {schedule.num_ranks}")
-        for r, (stages, lead, changes, stashes) in enumerate(self.ranks):
-            first, first_lowered = schedule.actions(r)[:1], lowered.actions(r)[:1]
-            if first_lowered and (not first or first_lowered[0] is not first[0]):
+        for r, inserted in enumerate(inserted_first or ()):
+            if inserted:
+                stages, _, changes, stashes = self.ranks[r]
                 self.ranks[r] = (stages, True, changes, stashes)
 
     @staticmethod

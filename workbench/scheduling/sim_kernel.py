@@ -93,7 +93,7 @@ class Pass:
         self.comp, self.costs, self.cluster, self.message_wait = comp, costs, cluster, message_wait
         overlap = cluster is not None and cluster.overlap_slowdown > 1 and scale is None
         self.interference = _Interference(cluster, n) if overlap else None
-        meta = comp.lowered.meta
+        meta = comp.source.meta  # lowering changes only which passes the meta says ran
         class_ms = [action_ms(a, costs, meta, cluster) for a in comp.classes]
         self.tables = [class_ms] * n if scale is None else [[c * scale[r] for c in class_ms] for r in range(n)]
         per_node = cluster.devices_per_node if cluster else 1
@@ -104,7 +104,7 @@ class Pass:
         self.exposed, self.busy, self.first, self.last = [0.0] * n, [0.0] * n, [None] * n, [0.0] * n
         self.work = [0.0] * n  # compute and optimizer steps
         self.events: list[tuple] = []
-        self.steps: list[tuple] = []  # the steps' events again
+        self.steps: list[tuple] = []  # (rank, its entry's needs, end) per optimizer step
         self.bytes_by_link: dict[str, int] = defaultdict(int)
         self.arrivals = [[] for _ in comp.queue_receiver]
         self.taken = [0] * len(comp.queue_receiver)
@@ -246,7 +246,7 @@ class Pass:
 
     def _step(self, r: int, p: int, cls: int, need: int, now: float) -> float | None:
         """An optimizer step: wait for the all-reduces it needs (None: parked on one), then compute."""
-        needed, done = self.comp.needs[need], self.ar_done
+        needed, done = self.comp.needs[need][0], self.ar_done
         for k in needed:
             if done[k] is None:
                 self.parked_ar[k].append(r)
@@ -261,20 +261,20 @@ class Pass:
             d = self.interference.place("compute", [r], now, d) - now
         end = now + d
         self.events.append((r, p, now, end))
-        self.steps.append((r, p, now, end))
+        self.steps.append((r, need, end))
         self.work[r] += end - now
         return end
 
     def _all_reduce(self, r: int, kid: int, now: float, heap: list) -> None:
         """Launch an all-reduce; the last member of its group to launch it starts it."""
         stage, iteration, bucket = self.comp.ar_keys[kid]
-        groups = self.comp.lowered.meta.dp_groups
+        groups = self.comp.source.meta.dp_groups
         group = groups[stage] if stage < len(groups) else [r]
         launched = self.launches[kid]
         launched[r] = now
         if len(launched) != len(group):
             return
-        buckets = self.comp.lowered.meta.num_buckets
+        buckets = self.comp.source.meta.num_buckets
         nbytes = self.costs.grad_bytes[stage] // (buckets if bucket is not None else 1)
         start, end = self._reduce(group, nbytes, max(launched.values()))
         self.ar_done[kid] = (start, end)
@@ -311,8 +311,7 @@ class Pass:
         stuck = [r for r in range(len(programs)) if pointer[r] < len(programs[r])]
         if stuck:
             r = stuck[0]
-            lowered = self.comp.lowered
-            raise ValueError(f"schedule {lowered.name!r} cannot finish: rank {r} is blocked at step {pointer[r]} "
+            raise ValueError(f"schedule {self.comp.source.name!r} cannot finish: rank {r} is blocked at step {pointer[r]} "
                              f"({self.comp.actions[r][pointer[r]]}); run validate() for the full diagnosis")
 
     # -- what the pass recorded ------------------------------------------------------------------------------------
@@ -324,10 +323,10 @@ class Pass:
 
     def step_ends(self) -> dict[tuple[int, int], float]:
         """(rank, iteration) -> when the rank's last optimizer step of that iteration ended."""
-        actions = self.comp.actions
+        needs = self.comp.needs
         out: dict[tuple[int, int], float] = {}
-        for r, p, _, end in self.steps:
-            key = (r, actions[r][p].iteration or 0)
+        for r, need, end in self.steps:
+            key = (r, needs[need][1])
             out[key] = max(out.get(key, 0.0), end)
         return out
 
@@ -344,5 +343,6 @@ class Pass:
             stage, op, microbatch, iteration, version, chunk, peer, send = fields[r][p]
             out.append(_event(r, stage, op, start, end, microbatch, iteration, version, chunk, peer,
                               send_bytes[send] if send >= 0 else None))
-        cluster, lowered = self.cluster, self.comp.lowered
-        return Timeline.from_sorted(tuple(out), {"schedule": lowered.name, "cluster": cluster.name if cluster else None})
+        cluster = self.cluster
+        return Timeline.from_sorted(tuple(out), {"schedule": self.comp.source.name,
+                                                 "cluster": cluster.name if cluster else None})

@@ -87,16 +87,21 @@ class SimResult:
     them) while the timeline is the simulator's own.
     """
 
-    __slots__ = ("_timeline", "_make_timeline", "_summary", "metrics", "schedule", "memory")
+    __slots__ = ("_timeline", "_make_timeline", "_summary", "_schedule", "metrics", "memory")
 
-    def __init__(self, timeline: Timeline | None, metrics: dict[str, Any], schedule: Schedule,
+    def __init__(self, timeline: Timeline | None, metrics: dict[str, Any], schedule: Schedule | Compiled,
                  memory: list[dict[str, int]] | None = None, *,
                  make_timeline: Callable[[], Timeline] | None = None,
                  summary: tuple[list[float], dict[tuple[int, int], float]] | None = None) -> None:
         if timeline is None and make_timeline is None:
             raise ValueError("SimResult needs a timeline or a make_timeline to build it from")
         self._timeline, self._make_timeline, self._summary = timeline, make_timeline, summary
-        self.metrics, self.schedule, self.memory = metrics, schedule, [] if memory is None else memory
+        self._schedule, self.metrics, self.memory = schedule, metrics, [] if memory is None else memory
+
+    @property
+    def schedule(self) -> Schedule:
+        """The lowered schedule simulated (lowered when first read, when the simulator compiled it directly)."""
+        return self._schedule.lowered if isinstance(self._schedule, Compiled) else self._schedule
 
     @property
     def timeline(self) -> Timeline:
@@ -108,7 +113,7 @@ class SimResult:
         """Per rank, the time its compute and optimizer steps (F, B, I, W, STEP) take, summed in timeline order."""
         if self._summary is not None:
             return list(self._summary[0])
-        work = [0.0] * self.schedule.num_ranks
+        work = [0.0] * self.metrics["num_ranks"]
         for e in self.timeline.events:
             if e.op in _WORK:
                 work[e.rank] += e.end - e.start
@@ -133,12 +138,12 @@ class SimResult:
             timeline, make, summary = changes["timeline"], None, None
         else:
             timeline, make, summary = self._timeline, self._make_timeline, self._summary
-        return SimResult(timeline, changes.get("metrics", self.metrics), changes.get("schedule", self.schedule),
+        return SimResult(timeline, changes.get("metrics", self.metrics), changes.get("schedule", self._schedule),
                          changes.get("memory", self.memory), make_timeline=make, summary=summary)
 
     def __repr__(self) -> str:
-        return (f"SimResult(schedule={self.schedule.name!r}, makespan_ms={self.metrics.get('makespan_ms')!r}, "
-                f"ranks={self.schedule.num_ranks})")
+        return (f"SimResult(schedule={self.metrics.get('schedule')!r}, "
+                f"makespan_ms={self.metrics.get('makespan_ms')!r}, ranks={self.metrics.get('num_ranks')!r})")
 
 
 def _default_costs(schedule: Schedule) -> StageCosts:
@@ -202,7 +207,7 @@ def _simulate(comp: Compiled, costs: StageCosts, cluster: ClusterSpec | None, mi
     run = Pass(comp, costs, cluster, scale, message_wait)
     run.run()
     memory = comp.memory.breakdown(costs)
-    return SimResult(None, _metrics(comp.lowered, run, costs, microbatch_size, memory), comp.lowered, memory,
+    return SimResult(None, _metrics(comp.source, run, costs, microbatch_size, memory), comp, memory,
                      make_timeline=run.timeline, summary=(run.work, run.step_ends()))
 
 
