@@ -157,7 +157,8 @@ def main(argv: list[str]) -> int:
     print(f"{'measurement':<46} {'wall ms':>9} {'cpu ms':>9} {'target ms':>10}")
     for m in MEASUREMENTS:
         wall, cpu, every = timed(m.setup(), m.repeats)
-        rows[m.name] = {"wall_ms": round(wall, 2), "cpu_ms": round(cpu, 2), "every_wall_ms": [round(t, 2) for t in every],
+        rows[m.name] = {"wall_ms": round(wall, 2), "cpu_ms": round(cpu, 2),
+                        "every_wall_ms": [round(t, 2) for t in every],
                         "target_ms": None if m.target_ms != m.target_ms else m.target_ms, "repeats": m.repeats,
                         "note": m.note}
         print(f"{m.name:<46} {wall:>9.1f} {cpu:>9.1f} {m.target_ms:>10.0f}  {_verdict(wall, m.target_ms)} wall, "

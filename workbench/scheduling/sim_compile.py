@@ -122,7 +122,8 @@ class _Tables:
     """The tables a compiled schedule's programs index, numbered as the compiler meets their keys."""
 
     def __init__(self) -> None:
-        self.classes, self.sends, self.queues, self.ar_keys, self.needs = _Index(), _Index(), _Index(), _Index(), _Index()
+        self.classes, self.sends, self.queues = _Index(), _Index(), _Index()
+        self.ar_keys, self.needs = _Index(), _Index()
 
     def entry(self, r: int, a: Action, step_needs: dict[tuple, tuple[int, ...]]) -> tuple[int, int, int]:
         """The ``(code, x, y)`` of action ``a`` on rank ``r`` (see the module docstring)."""

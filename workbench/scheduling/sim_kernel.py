@@ -138,7 +138,8 @@ class Pass:
             res.append((channels[(src, dst)], self.port0 + self.node[src] if across else -1,
                         self.port0 + self.node[dst] if across else -1, src, dst))
         self.send_bytes, self.send_ms, self.send_name, self.send_res = nbytes, ms, names, res
-        self.send_table = [(ch, port, t, name, size) for (ch, port, _, _, _), t, name, size in zip(res, ms, names, nbytes)]
+        self.send_table = [(ch, port, t, name, size)  # what the kernel's loop reads of a send
+                           for (ch, port, _, _, _), t, name, size in zip(res, ms, names, nbytes)]
 
     def run(self) -> None:
         """Every rank to the end of its program (ValueError naming a rank that cannot finish). A rank no longer the
@@ -311,8 +312,9 @@ class Pass:
         stuck = [r for r in range(len(programs)) if pointer[r] < len(programs[r])]
         if stuck:
             r = stuck[0]
-            raise ValueError(f"schedule {self.comp.source.name!r} cannot finish: rank {r} is blocked at step {pointer[r]} "
-                             f"({self.comp.actions[r][pointer[r]]}); run validate() for the full diagnosis")
+            raise ValueError(f"schedule {self.comp.source.name!r} cannot finish: rank {r} is blocked at step "
+                             f"{pointer[r]} ({self.comp.actions[r][pointer[r]]}); run validate() for the full "
+                             f"diagnosis")
 
     # -- what the pass recorded ------------------------------------------------------------------------------------
     def span(self) -> tuple[float, float]:
