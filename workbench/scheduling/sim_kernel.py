@@ -18,7 +18,7 @@ for the timeline.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 from heapq import heapify, heappop, heappush, heapreplace
 from operator import itemgetter
 from typing import Callable
@@ -106,8 +106,7 @@ class Pass:
         self.events: list[tuple] = []
         self.steps: list[tuple] = []  # (rank, its entry's needs, end) per optimizer step
         self.bytes_by_link: dict[str, int] = defaultdict(int)
-        self.arrivals = [[] for _ in comp.queue_receiver]
-        self.taken = [0] * len(comp.queue_receiver)
+        self.arrivals = [deque() for _ in comp.queue_receiver]  # per queue, the messages not yet received
         self.parked_recv = [-1] * len(comp.queue_receiver)
         self.launches = [dict() for _ in comp.ar_keys]
         self.ar_done: list[tuple[float, float] | None] = [None] * len(comp.ar_keys)
@@ -146,7 +145,7 @@ class Pass:
         earliest trades places with the earliest in one ``heapreplace`` (what a push and a pop would give)."""
         programs, clock, pointer, tables = self.comp.programs, self.clock, self.pointer, self.tables
         busy, work, first, last, exposed = self.busy, self.work, self.first, self.last, self.exposed
-        arrivals, taken, parked, free = self.arrivals, self.taken, self.parked_recv, self.free
+        arrivals, parked, free = self.arrivals, self.parked_recv, self.free
         append, inter, sends, by_link = self.events.append, self.interference, self.send_table, self.bytes_by_link
         plain = inter is None and self.message_wait is None  # sends inside a node then need no call
         heap = [(0.0, r) for r in range(len(programs)) if programs[r]]
@@ -172,12 +171,11 @@ class Pass:
                         last[r] = e
                         now = e
                 elif code == RECV:
-                    arrived, k = arrivals[x], taken[x]
-                    if k >= len(arrived):
+                    arrived = arrivals[x]
+                    if not arrived:
                         parked[x] = r
                         break
-                    taken[x] = k + 1
-                    s, e = arrived[k]
+                    s, e = arrived.popleft()
                     if e > now:
                         b = now if now > s else s
                         if e > b:
