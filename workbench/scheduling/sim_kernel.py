@@ -32,6 +32,8 @@ from .stagecosts import StageCosts
 
 __all__ = ["Pass", "action_ms"]
 
+_END = (-1, 0, 0)  # the entry the kernel puts after each rank's last
+
 _FULL_OR_SPLIT = (Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT)
 
 
@@ -150,10 +152,10 @@ class Pass:
         plain = inter is None and self.message_wait is None  # sends inside a node then need no call
         heap = [(0.0, r) for r in range(len(programs)) if programs[r]]
         heapify(heap)
-        sizes = [len(prog) for prog in programs]
-        while heap:  # a heap entry's time is its rank's clock
+        programs = [prog + (_END,) for prog in programs]
+        while heap:  # a heap entry's time is its rank's clock (clock[r] is kept for ranks that park)
             now, r = heappop(heap)
-            prog, p, cms, size = programs[r], pointer[r], tables[r], sizes[r]
+            prog, p, cms = programs[r], pointer[r], tables[r]
             while True:
                 code, x, y = prog[p]
                 if code == COMPUTE:
@@ -207,13 +209,13 @@ class Pass:
                     now = done
                 elif code == ALL_REDUCE:
                     self._all_reduce(r, x, now, heap)
-                p += 1
-                if p == size:
+                elif code < 0:  # the end of the rank's program
                     break
+                p += 1
                 if heap and heap[0][0] < now:  # no longer the earliest: trade places with the earliest
-                    pointer[r], clock[r] = p, now
+                    pointer[r] = p
                     now, r = heapreplace(heap, (now, r))
-                    prog, p, cms, size = programs[r], pointer[r], tables[r], sizes[r]
+                    prog, p, cms = programs[r], pointer[r], tables[r]
             pointer[r], clock[r] = p, now
         self._check_finished()
 
