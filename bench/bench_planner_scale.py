@@ -174,8 +174,7 @@ def main(argv: list[str]) -> int:
                         "note": m.note}
         print(f"{m.name:<46} {wall:>9.1f} {cpu:>9.1f} {m.target_ms:>10.0f}  {_verdict(wall, m.target_ms)} wall, "
               f"{_verdict(cpu, m.target_ms)} cpu")
-    data = {"rows": rows, "load_average_1min": [load_before, os.getloadavg()[0]], "python": sys.version.split()[0],
-            "workbench": str(Path(g.__file__).resolve().parents[2])}
+    data = {"rows": rows, "load_average_1min": [load_before, os.getloadavg()[0]], "python": sys.version.split()[0]}
     print(f"load average (1 min) {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=1))
