@@ -154,6 +154,24 @@ class Action:
         """A copy with some fields changed (validated again)."""
         return replace(self, **changes)
 
+    @classmethod
+    def unchecked(cls, stage: int, op: Op, microbatch: int | None = None, chunk: int | None = None,
+                  iteration: int | None = None, version: int | None = None, bucket: int | None = None,
+                  peer: int | None = None) -> "Action":
+        """An action made without ``__init__``'s checks, for code whose fields are valid by construction
+        (generators and passes writing tens of thousands of actions); ``op`` must be an :class:`Op`."""
+        a = object.__new__(cls)
+        put = object.__setattr__
+        put(a, "stage", stage)
+        put(a, "op", op)
+        put(a, "microbatch", microbatch)
+        put(a, "chunk", chunk)
+        put(a, "iteration", iteration)
+        put(a, "version", version)
+        put(a, "bucket", bucket)
+        put(a, "peer", peer)
+        return a
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"stage": self.stage, "op": self.op.value}
         for name in ("microbatch", "chunk", "iteration", "version", "bucket", "peer"):

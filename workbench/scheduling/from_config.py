@@ -133,4 +133,4 @@ def predict_from_measured(config: Any, measured: Timeline, *, cluster: ClusterSp
     kept = [e for e in result.timeline.events if e.iteration == iteration]
     t0 = min(e.start for e in kept)
     shifted = Timeline(tuple(replace(e, start=e.start - t0, end=e.end - t0) for e in kept), result.timeline.meta)
-    return replace(result, timeline=shifted)
+    return result.replace(timeline=shifted)

@@ -30,7 +30,8 @@ its step; a caller running one iteration at a time passes
 
 from __future__ import annotations
 
-from typing import Sequence
+from functools import lru_cache, wraps
+from typing import Callable, Sequence, TypeVar
 
 from ..core.fields import check_int, is_int
 from ..core.ir import Action, Op, Schedule, ScheduleMeta
@@ -38,8 +39,43 @@ from ..core.topology import Topology
 
 __all__ = [
     "gpipe", "one_f_one_b", "interleaved", "async_1f1b", "async_inflight", "ASYNC_MODES", "gropipe", "data_parallel",
-    "tensor2d_step", "pipeline_order",
+    "tensor2d_step", "pipeline_order", "memoised",
 ]
+
+
+_F = TypeVar("_F", bound=Callable[..., Schedule])
+
+
+def memoised(fn: _F) -> _F:
+    """``fn`` remembering the last schedules it built, by their arguments (typed: ``4`` and ``4.0`` differ).
+
+    A schedule is an immutable value, and the simulator keeps a schedule's
+    lowered, compiled form while the schedule lives (:mod:`.sim_compile`),
+    so a sweep asking for the same kind and shape again (a partition editor,
+    a planner trying partitions) pays for neither. A call with an argument
+    that cannot be hashed (a list of in-flight caps) is not remembered.
+    """
+    remembered = lru_cache(maxsize=16, typed=True)(fn)
+
+    @wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            hash((args, tuple(kwargs.items())))
+        except TypeError:
+            return fn(*args, **kwargs)
+        return remembered(*args, **kwargs)
+
+    call.cache_clear = remembered.cache_clear  # type: ignore[attr-defined]
+    return call  # type: ignore[return-value]
+
+
+_action = Action.unchecked  # the generators' fields are valid by construction: ints from ranges, Op members
+_OPS = {op.value: op for op in Op}
+
+
+def _versioned(a: Action, version: int | None) -> Action:
+    """``a.with_(version=version)`` for a valid action and version (an int >= 0 or None), without re-checking."""
+    return _action(a.stage, a.op, a.microbatch, a.chunk, a.iteration, version, a.bucket, a.peer)
 
 
 # -- per-stage orders ------------------------------------------------------------------
@@ -78,21 +114,24 @@ def _single_pipeline(name: str, num_stages: int, num_microbatches: int) -> Sched
     ranks = []
     for s in range(num_stages):
         order = pipeline_order(name, num_stages, s, num_microbatches)
-        ranks.append(tuple(Action(s, Op(kind), mb) for kind, mb in order))
+        ranks.append(tuple(_action(s, _OPS[kind], mb) for kind, mb in order))
     return Schedule(tuple(ranks), name=name, num_stages=num_stages, num_microbatches=num_microbatches,
                     meta=ScheduleMeta(stage_to_rank=(tuple(range(num_stages)),)))
 
 
+@memoised
 def gpipe(num_stages: int, num_microbatches: int) -> Schedule:
     """GPipe fill-drain: all forwards, then all backwards; rank ``r`` runs stage ``r``."""
     return _single_pipeline("gpipe", num_stages, num_microbatches)
 
 
+@memoised
 def one_f_one_b(num_stages: int, num_microbatches: int) -> Schedule:
     """1F1B with a flush per iteration; at most ``num_stages - s`` micro-batches in flight on stage ``s``."""
     return _single_pipeline("1f1b", num_stages, num_microbatches)
 
 
+@memoised
 def interleaved(num_ranks: int, num_microbatches: int, num_chunks: int) -> Schedule:
     """Interleaved 1F1B (Megatron): each rank holds ``num_chunks`` virtual stages.
 
@@ -126,7 +165,7 @@ def interleaved(num_ranks: int, num_microbatches: int, num_chunks: int) -> Sched
         actions = []
         for kind, k in kinds:
             chunk, mb = unit(k, kind == "B")
-            actions.append(Action(chunk * p + r, Op(kind), mb, chunk=chunk))
+            actions.append(_action(chunk * p + r, _OPS[kind], mb, chunk))
         ranks.append(tuple(actions))
     return Schedule(tuple(ranks), name="interleaved", num_stages=p * v, num_microbatches=m,
                     meta=ScheduleMeta(stage_to_rank=(tuple(vs % p for vs in range(p * v)),), chunks=v))
@@ -139,9 +178,9 @@ def _with_versions(actions: list[Action], start: int = 0) -> list[Action]:
         key = (a.stage, a.microbatch, a.iteration)
         if a.op is Op.FORWARD:
             used[key] = version
-            out.append(a.with_(version=version))
+            out.append(_versioned(a, version))
         elif a.op in _BACKWARD_OPS:
-            out.append(a.with_(version=used[key]))
+            out.append(_versioned(a, used[key]))
         else:
             out.append(a)
             if a.op is Op.STEP:
@@ -184,6 +223,7 @@ def async_inflight(num_stages: int, inflight: int | Sequence[int] | None = None)
     return tuple(caps)
 
 
+@memoised
 def async_1f1b(num_stages: int, num_microbatches: int, num_iterations: int, *,
                inflight: int | Sequence[int] | None = None, mode: str = "stash",
                vertical_sync: bool = False, num_groups: int = 1) -> Schedule:
@@ -234,7 +274,7 @@ def async_1f1b(num_stages: int, num_microbatches: int, num_iterations: int, *,
         actions = []
         for kind, j in _warmup_order(min(caps[s] - 1, n), n):
             it, mb = divmod(j, m)
-            actions.append(Action(s, Op(kind), mb, iteration=it))
+            actions.append(_action(s, _OPS[kind], mb, None, it))
             if kind == "B" and mb == m - 1:
                 if num_groups > 1:
                     actions.append(Action(s, Op.ALL_REDUCE, iteration=it))
@@ -257,10 +297,11 @@ def async_1f1b(num_stages: int, num_microbatches: int, num_iterations: int, *,
 def _use_version(action: Action, version: int | None) -> Action:
     """The action with ``version`` when it is a forward or backward."""
     if action.op is Op.FORWARD or action.op in _BACKWARD_OPS:
-        return action.with_(version=version)
+        return _versioned(action, version)
     return action
 
 
+@memoised
 def gropipe(num_groups: int, num_stages: int, num_microbatches: int, *, inner: str | Schedule = "1f1b",
             delay: int = 0, num_iterations: int = 1, first_iteration: int = 0, drain: bool = False) -> Schedule:
     """GroPipe: ``num_groups`` pipelines with a per-stage gradient all-reduce across groups.
@@ -296,7 +337,7 @@ def gropipe(num_groups: int, num_stages: int, num_microbatches: int, *, inner: s
     ranks = []
     for _g in range(G):
         for s in range(S):
-            ranks.append(tuple(Action(s, Op(kind), mb, iteration=first_iteration + t)
+            ranks.append(tuple(_action(s, _OPS[kind], mb, None, first_iteration + t)
                                for t in range(num_iterations) for kind, mb in orders[s]))
     base = Schedule(tuple(ranks), name=gropipe.__name__, num_stages=S, num_microbatches=m,
                     meta=ScheduleMeta(stage_to_rank=Topology(dp=G, pp=S).groups("pp"), replicas=G, inner=inner_name,
@@ -307,6 +348,7 @@ def gropipe(num_groups: int, num_stages: int, num_microbatches: int, *, inner: s
                     num_microbatches=m, meta=synced.meta)
 
 
+@memoised
 def data_parallel(num_ranks: int, num_buckets: int) -> Schedule:
     """Data parallel: one forward, the backward in buckets, each bucket's all-reduce launched as it is done.
 
@@ -325,6 +367,7 @@ def data_parallel(num_ranks: int, num_buckets: int) -> Schedule:
                                       backward_buckets=num_buckets))
 
 
+@memoised
 def tensor2d_step(q: int, num_layers: int) -> Schedule:
     """One training step of 2D (SUMMA) tensor parallelism on a ``q x q`` grid.
 

@@ -23,21 +23,34 @@ from typing import Any, Callable
 from ..core.fields import check_int
 from ..core.ir import Action, Op, Schedule
 
-__all__ = ["add_p2p", "add_grad_sync", "add_weight_stash", "lower", "dp_groups", "LoweredIterations"]
+__all__ = ["add_p2p", "add_grad_sync", "add_weight_stash", "lower", "dp_groups", "LoweredIterations", "p2p_neighbours"]
 
 _BACKWARDS = (Op.BACKWARD, Op.BACKWARD_INPUT)
 
 
-_ACTION_FIELDS = ("stage", "op", "microbatch", "chunk", "iteration", "version", "bucket", "peer")
+def p2p_neighbours(schedule: Schedule) -> Callable[[int, Action], tuple | None]:
+    """What :func:`add_p2p` puts around action ``a`` of rank ``r``: ``(receive op or None, its peer, send op or None,
+    its peer)``, or None for an action it leaves alone (not a forward or backward). ValueError where
+    ``meta.stage_to_rank`` is missing or names ranks the schedule does not have."""
+    pipes = _stage_to_rank(schedule)
+    owner = _pipeline_of_rank(pipes, schedule.num_ranks)
+
+    def around(r: int, a: Action) -> tuple | None:
+        if a.op is Op.FORWARD or a.op in _BACKWARDS:
+            return _neighbours(a.op is Op.FORWARD, a.stage, pipes[owner[r]], r)
+        return None
+
+    return around
 
 
-def _derived(stage: int, op: Op, microbatch: int | None, chunk: int | None, iteration: int | None,
-             peer: int) -> Action:
-    """A send/receive built from an already-validated action's fields, skipping re-validation (hot path)."""
-    a = object.__new__(Action)
-    for name, value in zip(_ACTION_FIELDS, (stage, op, microbatch, chunk, iteration, None, None, peer)):
-        object.__setattr__(a, name, value)
-    return a
+def _neighbours(forward: bool, stage: int, pipe: list[int], r: int) -> tuple:
+    """(receive op or None, its peer, send op or None, its peer) around a forward or backward of ``stage`` on rank
+    ``r`` of pipeline ``pipe``: a neighbouring stage on another rank exchanges its activations or gradients."""
+    before = stage - 1 if forward else stage + 1
+    after = stage + 1 if forward else stage - 1
+    recv = (Op.RECV_F if forward else Op.RECV_B) if 0 <= before < len(pipe) and pipe[before] != r else None
+    send = (Op.SEND_F if forward else Op.SEND_B) if 0 <= after < len(pipe) and pipe[after] != r else None
+    return recv, pipe[before] if recv is not None else None, send, pipe[after] if send is not None else None
 
 
 def _with_meta(schedule: Schedule, ranks: list[list[Action]], pass_name: str, **extra: Any) -> Schedule:
@@ -79,24 +92,22 @@ def add_p2p(schedule: Schedule) -> Schedule:
     ``SEND_B`` after it (not on the first). Peers are absolute ranks taken
     from ``meta.stage_to_rank``; stages that share a rank hand over locally.
     """
-    pipes = _stage_to_rank(schedule)
-    owner = _pipeline_of_rank(pipes, schedule.num_ranks)
+    around = p2p_neighbours(schedule)
     ranks: list[list[Action]] = []
     for r in range(schedule.num_ranks):
         out: list[Action] = []
+        peers: dict[tuple[Op, int], tuple] = {}  # (op, stage) -> the receive before it and the send after it
         for a in schedule.actions(r):
             if a.op is Op.FORWARD or a.op in _BACKWARDS:
-                pipe = pipes[owner[r]]
-                forward = a.op is Op.FORWARD
-                before = a.stage - 1 if forward else a.stage + 1
-                after = a.stage + 1 if forward else a.stage - 1
-                if 0 <= before < len(pipe) and pipe[before] != r:
-                    out.append(_derived(a.stage, Op.RECV_F if forward else Op.RECV_B, a.microbatch, a.chunk,
-                                        a.iteration, pipe[before]))
+                found = peers.get((a.op, a.stage))
+                if found is None:
+                    found = peers[(a.op, a.stage)] = around(r, a)
+                recv, src, send, dst = found
+                if recv is not None:
+                    out.append(Action.unchecked(a.stage, recv, a.microbatch, a.chunk, a.iteration, None, None, src))
                 out.append(a)
-                if 0 <= after < len(pipe) and pipe[after] != r:
-                    out.append(_derived(a.stage, Op.SEND_F if forward else Op.SEND_B, a.microbatch, a.chunk,
-                                        a.iteration, pipe[after]))
+                if send is not None:
+                    out.append(Action.unchecked(a.stage, send, a.microbatch, a.chunk, a.iteration, None, None, dst))
             else:
                 out.append(a)
         ranks.append(out)
@@ -129,12 +140,14 @@ def add_grad_sync(schedule: Schedule, *, delay: int = 0, num_buckets: int = 1, d
         last_of_iteration: dict[int | None, int] = {a.iteration: i for i, a in enumerate(actions)}
         stages = sorted({a.stage for a in actions if a.is_compute})
         iterations_seen.update(last_of_iteration)
+        after_backward: dict[int, list[tuple[int, int | None]]] = {}  # index -> the (stage, iteration)s it ends
+        for key, idx in last_backward.items():
+            after_backward.setdefault(idx, []).append(key)
         out: list[Action] = []
         for i, a in enumerate(actions):
             out.append(a)
-            for (stage, it), idx in last_backward.items():
-                if idx == i:
-                    out += [Action(stage, Op.ALL_REDUCE, iteration=it, bucket=b) for b in buckets]
+            for stage, it in after_backward.get(i, ()):
+                out += [Action(stage, Op.ALL_REDUCE, iteration=it, bucket=b) for b in buckets]
             if last_of_iteration.get(a.iteration) == i:
                 it = a.iteration
                 if delay == 0:

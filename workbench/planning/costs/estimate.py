@@ -232,10 +232,7 @@ def _steady_iteration_ms(sim: SimResult, iterations: int) -> float:
     """One iteration: the makespan, or (several iterations) the time between the last optimizer steps."""
     if iterations == 1:
         return sim.metrics["makespan_ms"]
-    steps: dict[tuple[int, int], float] = {}
-    for e in sim.timeline.events:
-        if e.op == "STEP":
-            steps[(e.rank, e.iteration)] = max(steps.get((e.rank, e.iteration), 0.0), e.end)
+    steps = sim.step_ends()
     done = sorted({it for _, it in steps})
     first, last = (done[1], done[-1]) if len(done) > 2 else (done[0], done[-1])
     if len(done) > 4:  # a long fill and drain: the steps in between
@@ -246,10 +243,7 @@ def _steady_iteration_ms(sim: SimResult, iterations: int) -> float:
 
 
 def _breakdown(sim: SimResult, iteration_ms: float, iterations: int) -> tuple[float, float, float]:
-    busy = [0.0] * sim.metrics["num_ranks"]
-    for e in sim.timeline.events:
-        if e.op in ("F", "B", "I", "W", "STEP"):
-            busy[e.rank] += e.end - e.start
+    busy = sim.work_ms()
     r = max(range(len(busy)), key=busy.__getitem__)
     compute = min(busy[r] / iterations, iteration_ms)
     exposed = min(sim.metrics["exposed_comm_ms"][r] / iterations, iteration_ms - compute)
@@ -370,7 +364,7 @@ def simulate_strategy(ctx: CostContext, strategy: ParallelPlan, partition: Parti
     compute, bubble, exposed = _breakdown(sim, iteration, iterations)
     memory = max(sim.metrics["peak_memory_bytes"])
     return _finish(ctx, strategy, iteration, int(memory), compute, bubble, exposed, "simulated", partition=partition,
-                   sim=sim, timeline=sim.timeline, detail=detail)
+                   sim=sim, make_timeline=lambda: sim.timeline, detail=detail)
 
 
 def project(ctx: CostContext, strategy: ParallelPlan) -> Estimate:

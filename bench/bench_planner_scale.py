@@ -1,0 +1,186 @@
+"""Planning at the scale of real clusters: the simulator on 64-device shapes, what a caller pays per call.
+
+Targets (the issue "planning at the scale of real clusters"): simulating 1F1B at 64 stages x 256
+micro-batches with memory accounting under 100 ms, generating the schedule included (a partition
+editor or a planner asks for the same kind and shape again with new stage costs, so each repeat
+draws new costs); GroPipe 8 groups x 8 stages at 64 micro-batches under 200 ms, its schedule from
+the registry as the planner's estimate asks for it (one iteration without delay; three with a
+delayed update, which the estimate reads its steady iteration from). The first call of a shape,
+which also generates, lowers and compiles the schedule, is its own row, and so is making the
+timeline (an ``Event`` per event) of the 64 x 256 result, which the metrics and memory do not need.
+Today's 16 x 64 case of ``bench_scheduling.py`` is kept for comparison.
+
+Every row is a :class:`Measurement` in :data:`MEASUREMENTS` (planner rows go there too): its
+``setup`` returns the callable that is timed (called once untimed where the row is about repeated
+calls), the median of ``repeats`` calls is reported, wall and CPU, because the machine may be
+shared. Writes ``bench/results/planner_scale.json`` (or the
+path after ``--out``). The script only uses the public API, so pointing ``PYTHONPATH`` at an
+older checkout times that one (the "before" numbers of bench/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from workbench.core.costs import ClusterSpec
+from workbench.core.plan import ParallelPlan
+from workbench.planning.costs.clusters import get_cluster
+from workbench.scheduling import generators as g
+from workbench.scheduling.registry import schedule_for
+from workbench.scheduling.simulate import simulate
+from workbench.scheduling.stagecosts import StageCosts
+
+RESULTS = Path(__file__).resolve().parent / "results" / "planner_scale.json"
+NAN = float("nan")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One row: ``setup()`` builds what the row needs (untimed) and returns the call that is timed."""
+
+    name: str
+    setup: Callable[[], Callable[[], object]]
+    target_ms: float = NAN
+    repeats: int = 7
+    note: str = ""
+
+
+def cluster_64() -> ClusterSpec:
+    """8 nodes of 8 H100s on InfiniBand: the 64 devices of the issue's shapes."""
+    c16 = get_cluster("2x8xH100-IB")
+    return ClusterSpec("8x8xH100-IB", 8, 8, c16.device, c16.intra_node, c16.inter_node)
+
+
+def stage_costs(num_stages: int, seed: int) -> StageCosts:
+    """Per-stage costs as a partition gives them: times, activations and messages differ from stage to stage."""
+    rng = random.Random(seed)
+    forward = tuple(rng.uniform(0.8, 1.2) for _ in range(num_stages))
+    return StageCosts(forward_ms=forward, backward_ms=tuple(2 * f * rng.uniform(0.9, 1.1) for f in forward),
+                      send_bytes=tuple(rng.randint(2, 6) * 10**6 for _ in range(num_stages - 1)) + (0,),
+                      param_bytes=tuple(rng.randint(5, 15) * 10**7 for _ in range(num_stages)),
+                      grad_bytes=tuple(rng.randint(5, 15) * 10**7 for _ in range(num_stages)),
+                      optimizer_bytes=tuple(rng.randint(10, 30) * 10**7 for _ in range(num_stages)),
+                      activation_bytes=tuple(rng.randint(5, 15) * 10**5 for _ in range(num_stages)))
+
+
+def _cycling(num_stages: int) -> Callable[[], StageCosts]:
+    """New costs on every call (as when a boundary moves), from a few prepared in advance."""
+    prepared = [stage_costs(num_stages, seed) for seed in range(5)]
+    calls = iter(range(10**9))
+    return lambda: prepared[next(calls) % len(prepared)]
+
+
+def forget_schedules() -> None:
+    """Drop the generators' remembered schedules (and so their compiled forms): the next call is a first call."""
+    for generator in (g.one_f_one_b, g.gropipe):
+        getattr(generator, "cache_clear", lambda: None)()
+
+
+def _warm(call: Callable[[], object]) -> Callable[[], object]:
+    """``call`` once untimed (the shape's first call has its own row), then the call the row times."""
+    call()
+    return call
+
+
+def _1f1b_64x256() -> Callable[[], object]:
+    cluster, costs = cluster_64(), _cycling(64)
+    return lambda: simulate(g.one_f_one_b(64, 256), costs(), cluster).metrics["peak_memory_bytes"]
+
+
+def simulate_1f1b_64x256() -> Callable[[], object]:
+    return _warm(_1f1b_64x256())
+
+
+def simulate_1f1b_64x256_first_call() -> Callable[[], object]:
+    call = _1f1b_64x256()
+
+    def first() -> object:
+        forget_schedules()
+        return call()
+    return first
+
+
+def timeline_1f1b_64x256() -> Callable[[], object]:
+    results = iter([simulate(g.one_f_one_b(64, 256), stage_costs(64, 0), cluster_64()) for _ in range(3)])
+    return lambda: len(next(results).timeline)
+
+
+def simulate_gropipe_8x8_m64(delay: int) -> Callable[[], Callable[[], object]]:
+    def setup() -> Callable[[], object]:
+        plan = ParallelPlan.parse(f"gropipe-8x8-1f1b-m64-d{delay}")
+        cluster, costs, iterations = cluster_64(), _cycling(8), 3 if delay else 1
+        return _warm(lambda: simulate(schedule_for(plan, num_iterations=iterations), costs(), cluster).metrics)
+    return setup
+
+
+def simulate_1f1b_16x64_comm() -> Callable[[], object]:
+    """bench_scheduling.py's row: uniform costs on two nodes, one schedule simulated again and again."""
+    costs = StageCosts.uniform(16, forward_ms=1.0, backward_ms=2.0, send_bytes=4 * 10**6, param_bytes=10**8,
+                               activation_bytes=10**6)
+    schedule, cluster = g.one_f_one_b(16, 64), get_cluster("2x8xH100-IB")
+    simulate(schedule, costs, cluster)
+    return lambda: simulate(schedule, costs, cluster).metrics
+
+
+MEASUREMENTS: list[Measurement] = [
+    Measurement("simulate_1f1b_64x256_memory_ms", simulate_1f1b_64x256, 100.0,
+                note="generation + simulation with memory, new stage costs each call"),
+    Measurement("simulate_1f1b_64x256_first_call_ms", simulate_1f1b_64x256_first_call, repeats=3,
+                note="the shape's first call: generates, lowers and compiles the schedule"),
+    Measurement("timeline_1f1b_64x256_ms", timeline_1f1b_64x256, repeats=3,
+                note="making the 64 x 256 result's timeline (82k events) when it is read"),
+    Measurement("simulate_gropipe_8x8_m64_d0_ms", simulate_gropipe_8x8_m64(0), 200.0,
+                note="schedule_for(gropipe-8x8-1f1b-m64-d0) + simulation, new stage costs each call"),
+    Measurement("simulate_gropipe_8x8_m64_d1_3_iterations_ms", simulate_gropipe_8x8_m64(1), 200.0,
+                note="the delayed update as the estimate simulates it: three iterations"),
+    Measurement("simulate_1f1b_16x64_comm_ms", simulate_1f1b_16x64_comm, 50.0, repeats=9,
+                note="bench_scheduling.py's case, for comparison"),
+]
+
+
+def timed(call: Callable[[], object], repeats: int) -> tuple[float, float, list[float]]:
+    """Median wall ms, median CPU ms, and every wall time."""
+    wall, cpu = [], []
+    for _ in range(repeats):
+        t0, c0 = time.perf_counter(), time.process_time()
+        call()
+        wall.append((time.perf_counter() - t0) * 1e3)
+        cpu.append((time.process_time() - c0) * 1e3)
+    return statistics.median(wall), statistics.median(cpu), wall
+
+
+def _verdict(value: float, target: float) -> str:
+    return "-" if target != target else "ok" if value < target else "OVER"
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else RESULTS
+    load_before = os.getloadavg()[0]
+    rows = {}
+    print(f"{'measurement':<46} {'wall ms':>9} {'cpu ms':>9} {'target ms':>10}")
+    for m in MEASUREMENTS:
+        wall, cpu, every = timed(m.setup(), m.repeats)
+        rows[m.name] = {"wall_ms": round(wall, 2), "cpu_ms": round(cpu, 2),
+                        "every_wall_ms": [round(t, 2) for t in every],
+                        "target_ms": None if m.target_ms != m.target_ms else m.target_ms, "repeats": m.repeats,
+                        "note": m.note}
+        print(f"{m.name:<46} {wall:>9.1f} {cpu:>9.1f} {m.target_ms:>10.0f}  {_verdict(wall, m.target_ms)} wall, "
+              f"{_verdict(cpu, m.target_ms)} cpu")
+    data = {"rows": rows, "load_average_1min": [load_before, os.getloadavg()[0]], "python": sys.version.split()[0]}
+    print(f"load average (1 min) {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
