@@ -106,6 +106,16 @@ def test_stage_memory_comes_from_the_schedule_walk():
     assert stage_memory(ParallelPlan.parse("torchpp2-1f1b-m4")) == stage_memory(ParallelPlan.parse("pp2-1f1b-m4"))
 
 
+def test_stage_memory_walks_one_replica_and_keeps_what_every_replica_keeps():
+    from workbench.scheduling.registry import _steady_iterations, _walk_memory
+
+    for name in ("gropipe-3x2-1f1b-m4-d1", "gropipe-2x3-gpipe-m2-d0", "gropipe-4x2-zbh1-m4-d1", "async-3x3-m2",
+                 "async-2x4-m4-2bw", "gropipe-2x2-zbh2-m4-d1"):
+        plan = ParallelPlan.parse(name)
+        full = schedule_for(plan, num_iterations=_steady_iterations(plan.pipeline, plan.pp, plan.microbatches))
+        assert stage_memory(plan) == _walk_memory(full, plan.num_virtual_stages), name
+
+
 def test_the_pipeline_is_a_tagged_union_with_its_own_fields():
     plan = ParallelPlan.from_dict({"mesh": {"dp": 2, "pp": 2}, "microbatches": 4,
                                    "pipeline": {"kind": "gropipe", "inner": "gpipe", "delay": 1}})

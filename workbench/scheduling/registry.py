@@ -100,8 +100,8 @@ def stage_memory(plan: Any, stage_costs: StageCosts | None = None) -> StageMemor
     """What ``plan``'s schedule keeps per stage, read off the schedule (a stream over enough iterations to fill)."""
     if isinstance(plan.pipeline, NoPipeline):
         return StageMemory((1,) * plan.num_virtual_stages, (0,) * plan.num_virtual_stages)
-    if stage_costs is None:
-        memory = _memory(plan.pipeline, plan.pp, plan.dp, plan.microbatches)
+    if stage_costs is None:  # every replica runs the same schedule, so one shows what each stage keeps
+        memory = _memory(plan.pipeline, plan.pp, 1, plan.microbatches)
     else:
         iterations = _steady_iterations(plan.pipeline, plan.pp, plan.microbatches)
         memory = _walk_memory(schedule_for(plan, num_iterations=iterations, stage_costs=stage_costs),
