@@ -87,8 +87,10 @@ class Pass:
     program, the messages in flight, the all-reduces launched, and what the metrics read."""
 
     def __init__(self, comp: Compiled, costs: StageCosts, cluster: ClusterSpec | None, scale: list[float] | None,
-                 message_wait: Callable[[int, float], float] | None) -> None:
+                 message_wait: Callable[[int, float], float] | None,
+                 reduce_groups: tuple[tuple[int, ...], ...] | None = None) -> None:
         n = comp.num_ranks
+        self.reduce_groups = reduce_groups  # per stage, the whole group an all-reduce spans (a block of replicas)
         if cluster is not None and cluster.world_size < n:
             raise ValueError(f"cluster {cluster.name!r} has {cluster.world_size} devices but the schedule needs "
                              f"{n} ranks")
@@ -277,7 +279,8 @@ class Pass:
             return
         buckets = self.comp.source.meta.num_buckets
         nbytes = self.costs.grad_bytes[stage] // (buckets if bucket is not None else 1)
-        start, end = self._reduce(group, nbytes, max(launched.values()))
+        whole = self.reduce_groups[stage] if self.reduce_groups else group
+        start, end = self._reduce(group, nbytes, max(launched.values()), whole)
         self.ar_done[kid] = (start, end)
         if end > start:
             for m in group:
@@ -286,19 +289,22 @@ class Pass:
             heappush(heap, (self.clock[w], w))
         self.parked_ar[kid] = []
 
-    def _reduce(self, group, nbytes: int, ready: float) -> tuple[float, float]:
-        """A ring all-reduce over ``group``: it starts when every member's collective stream (and the ports of the
-        nodes it spans) is free."""
-        if len(group) == 1:
+    def _reduce(self, group, nbytes: int, ready: float, whole) -> tuple[float, float]:
+        """A ring all-reduce over ``whole`` (``group``, or the whole group that the simulated members of a block
+        of replicas stand for): it starts when every simulated member's collective stream (and the ports of the
+        simulated nodes it spans) is free."""
+        size = len(whole)
+        if size == 1:
             return ready, ready
         cluster, coll, free = self.cluster, self.coll, self.free
-        link = cluster.allreduce_link(group) if cluster else None
-        self.bytes_by_link[link.name if link else "free"] += int(nbytes * 2 * (len(group) - 1) / len(group))
-        nodes = {self.node[m] for m in group} if self.multi_node else ()
-        ports = [self.port0 + k for k in nodes] if len(nodes) > 1 else []
+        link = cluster.allreduce_link(list(whole)) if cluster else None
+        self.bytes_by_link[link.name if link else "free"] += int(nbytes * 2 * (size - 1) / size)
+        per_node = cluster.devices_per_node if cluster else 1
+        spans_nodes = self.multi_node and len({m // per_node for m in whole}) > 1
+        ports = [self.port0 + k for k in {self.node[m] for m in group}] if spans_nodes else []
         start = max([ready] + [coll[m] for m in group] + [free[k] for k in ports])
-        call = cluster.allreduce_call_ms(len(group)) if cluster else 0.0
-        end = start + (link.allreduce_ms(nbytes, len(group)) + call if link else 0.0)
+        call = cluster.allreduce_call_ms(size) if cluster else 0.0
+        end = start + (link.allreduce_ms(nbytes, size) + call if link else 0.0)
         if self.interference is not None and end > start:
             end = self.interference.place("comm", group, start, end - start)
         for m in group:

@@ -61,7 +61,7 @@ read off what it records, and the :class:`SimResult`'s timeline, an
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..core.costs import ClusterSpec
 from ..core.ir import Schedule
@@ -155,7 +155,8 @@ SHARING_ROUNDS = 12  # fixed-point rounds at most; the stretch settles to 1% in 
 
 
 def simulate(schedule: Schedule, stage_costs: StageCosts | None = None, cluster: ClusterSpec | None = None, *,
-             microbatch_size: int | None = None, sharing: CoreSharing | None = None) -> SimResult:
+             microbatch_size: int | None = None, sharing: CoreSharing | None = None,
+             reduce_groups: Sequence[Sequence[int]] | None = None) -> SimResult:
     """Time ``schedule`` with ``stage_costs`` on ``cluster`` (see the module docstring).
 
     ``stage_costs=None`` gives every (virtual) stage forward 1 and backward
@@ -165,14 +166,23 @@ def simulate(schedule: Schedule, stage_costs: StageCosts | None = None, cluster:
     ``sharing``: the ranks time-share their node's cores (processor
     sharing replaces the overlap slowdown); the result's metrics carry the
     per-rank compute ``sharing_slowdown`` it settled on.
+    ``reduce_groups``: per stage, the whole group its all-reduce spans, where
+    ``schedule`` runs a block of replicas that stands for more (every replica
+    the same program on links the same): each all-reduce is then timed over
+    its whole group, on the links and ports that group crosses, while the
+    block's ranks are the ones simulated (see
+    :func:`workbench.planning.costs.estimate.replica_block`).
     """
     costs = stage_costs if stage_costs is not None else _default_costs(schedule)
     comp = compiled(schedule)
     n = comp.num_ranks
     if comp.max_stage >= costs.num_stages:
         raise ValueError(f"schedule uses stages up to {comp.max_stage} but stage_costs has {costs.num_stages}")
+    groups = None if reduce_groups is None else tuple(tuple(g) for g in reduce_groups)
     if sharing is None:
-        return _simulate(comp, costs, cluster, microbatch_size, None)
+        return _simulate(comp, costs, cluster, microbatch_size, None, reduce_groups=groups)
+    if groups is not None:
+        raise ValueError("reduce_groups is for ranks that do not share cores; simulate every replica with sharing")
     if cluster is not None and sharing.ranks_per_node is None:
         sharing = CoreSharing(sharing.cores, sharing.background, cluster.devices_per_node)
     scale = [1.0] * n
@@ -201,10 +211,11 @@ def simulate(schedule: Schedule, stage_costs: StageCosts | None = None, cluster:
 
 def _simulate(comp: Compiled, costs: StageCosts, cluster: ClusterSpec | None, microbatch_size: int | None,
               scale: list[float] | None,
-              message_wait: Callable[[int, float], float] | None = None) -> SimResult:
+              message_wait: Callable[[int, float], float] | None = None,
+              reduce_groups: tuple[tuple[int, ...], ...] | None = None) -> SimResult:
     """One timed pass; ``scale[r]`` stretches rank r's compute (processor sharing, interference then off) and
     ``message_wait(r, t)`` delays a message rank r receives at time t (its wait for a core)."""
-    run = Pass(comp, costs, cluster, scale, message_wait)
+    run = Pass(comp, costs, cluster, scale, message_wait, reduce_groups)
     run.run()
     memory = comp.memory.breakdown(costs)
     return SimResult(None, _metrics(comp.source, run, costs, microbatch_size, memory), comp, memory,

@@ -47,6 +47,7 @@ from ...core.costs import ClusterSpec, DeviceSpec, ModelCosts
 from ...core.partition import Partition
 from ...core.plan import GroPipe, NoPipeline, ParallelPlan
 from ...core.timeline import Timeline
+from ...core.topology import Topology
 from ...scheduling.registry import schedule_for, stage_memory
 from ...scheduling.sharing import CoreSharing
 from ...scheduling.simulate import SimResult, simulate
@@ -307,15 +308,44 @@ def estimate(ctx: CostContext, strategy: ParallelPlan) -> Estimate:
         partition = Partition.from_cuts([], ctx.costs.num_layers)
         grads = ctx.costs.total("grad_bytes")
         buckets = max(1, min(ctx.costs.num_layers, math.ceil(grads / DDP_BUCKET_BYTES)))
-        schedule, iterations = _schedule(strategy, buckets)
         return simulate_strategy(ctx, strategy, partition, _stage_costs(ctx, strategy, partition, microbatch),
-                                 schedule, iterations)
+                                 num_buckets=buckets)
     partition = ctx.partition(strategy).partition
-    costs = _stage_costs(ctx, strategy, partition, microbatch)
-    # a kind built from the stages' costs (zb-auto) is built from the ones it is simulated with
-    schedule, iterations = _schedule(strategy, stage_costs=costs if strategy.pipeline.uses_costs else None)
-    return simulate_strategy(ctx, strategy, partition, costs, schedule, iterations)
+    return simulate_strategy(ctx, strategy, partition, _stage_costs(ctx, strategy, partition, microbatch))
 
+
+def replica_block(cluster: ClusterSpec, strategy: ParallelPlan) -> int | None:
+    """How many of ``strategy``'s replicas a simulation needs to time all of them: the fewest (two at least) that
+    fill whole nodes, when the other replicas are that block again, shifted by whole nodes, on the same links;
+    None when every replica must be simulated (one replica, a block as large as the plan, or links that differ
+    from block to block, as across the pods of a pod cluster).
+
+    Every replica runs the same program on the same costs, so the block's ranks keep the times of the whole
+    plan's; its all-reduces are timed over their whole groups (``reduce_groups`` of the simulator)."""
+    stages, dp = strategy.pp, strategy.dp
+    block = max(2, math.lcm(stages, cluster.devices_per_node) // stages)
+    if strategy.tp > 1 or block >= dp or dp % block:
+        return None
+    span = block * stages
+    pairs = [(g * stages + s, g * stages + (s + 1) % stages) for g in range(block) for s in range(stages)
+             if stages > 1]
+    links = [cluster.link(a, b) for a, b in pairs]
+    for shift in range(span, dp * stages, span):
+        if any(cluster.link(a + shift, b + shift) != link for (a, b), link in zip(pairs, links)):
+            return None
+    return block
+
+
+def _whole_groups(block_schedule, strategy: ParallelPlan) -> tuple[tuple[int, ...], ...] | None:
+    """Per stage, the whole all-reduce group the block's group of ``block_schedule`` stands for; None when a
+    group is not one rank of each replica laid out replica by replica (then the block is not used)."""
+    stride, whole = strategy.pp, []
+    for group in block_schedule.meta.dp_groups:
+        first = group[0]
+        if list(group) != [first + k * stride for k in range(len(group))]:
+            return None
+        whole.append(tuple(first + k * stride for k in range(strategy.dp)))
+    return tuple(whole)
 
 
 def _placement(ctx: CostContext, strategy: ParallelPlan, sc: StageCosts):
@@ -339,19 +369,32 @@ def _placement(ctx: CostContext, strategy: ParallelPlan, sc: StageCosts):
     return found if found.rejected else None
 
 
-def simulate_strategy(ctx: CostContext, strategy: ParallelPlan, partition: Partition, sc: StageCosts, schedule=None,
-                      iterations: int | None = None, **detail: Any) -> Estimate:
-    """Simulate ``strategy`` with these stage costs (its own schedule unless given) and read off the estimate."""
-    if schedule is None:
-        schedule, iterations = _schedule(strategy)
+def simulate_strategy(ctx: CostContext, strategy: ParallelPlan, partition: Partition, sc: StageCosts,
+                      num_buckets: int = 1, **detail: Any) -> Estimate:
+    """Simulate ``strategy`` with these stage costs and read off the estimate: every replica, or a block of them
+    that stands for all (:func:`replica_block`, where the ranks do not share cores and no placement is tried)."""
+    # a kind built from the stages' costs (zb-auto) is built from the ones it is simulated with
+    uses_costs = not isinstance(strategy.pipeline, NoPipeline) and strategy.pipeline.uses_costs
     microbatch = ctx.global_batch // strategy.dp // strategy.microbatches
 
-    def run(schedule_) -> SimResult:
-        return simulate(schedule_, sc, ctx.cluster, microbatch_size=microbatch, sharing=ctx.sharing())
+    def run(schedule_, groups=None) -> SimResult:
+        return simulate(schedule_, sc, ctx.cluster, microbatch_size=microbatch, sharing=ctx.sharing(),
+                        reduce_groups=groups)
 
+    placement = _placement(ctx, strategy, sc)
+    block = replica_block(ctx.cluster, strategy) if placement is None and ctx.sharing() is None else None
+    if block is not None:
+        schedule, iterations = _schedule(strategy.replace(mesh=Topology({**dict(strategy.mesh.axes), "dp": block})), num_buckets,
+                                         stage_costs=sc if uses_costs else None)
+        groups = _whole_groups(schedule, strategy)
+        if groups is not None:
+            sim = run(schedule, groups)
+            detail = {**detail, "simulated_replicas": block}
+            return _simulated(ctx, strategy, partition, sim, _steady_iteration_ms(sim, iterations), iterations,
+                              detail)
+    schedule, iterations = _schedule(strategy, num_buckets, stage_costs=sc if uses_costs else None)
     sim = run(schedule)
     iteration = _steady_iteration_ms(sim, iterations)
-    placement = _placement(ctx, strategy, sc)
     if placement is not None:  # the links' cost model prefers another placement: keep it if the simulator agrees
         from ..partitioning.placement import placed_schedule
 
@@ -361,6 +404,11 @@ def simulate_strategy(ctx: CostContext, strategy: ParallelPlan, partition: Parti
             detail = {**detail, "placement": list(placement.device_of),
                       "placement_saves_ms": round(iteration - placed_iteration, 3)}
             sim, iteration = placed, placed_iteration
+    return _simulated(ctx, strategy, partition, sim, iteration, iterations, detail)
+
+
+def _simulated(ctx: CostContext, strategy: ParallelPlan, partition: Partition, sim: SimResult, iteration: float,
+               iterations: int, detail: dict) -> Estimate:
     compute, bubble, exposed = _breakdown(sim, iteration, iterations)
     memory = max(sim.metrics["peak_memory_bytes"])
     return _finish(ctx, strategy, iteration, int(memory), compute, bubble, exposed, "simulated", partition=partition,
