@@ -44,13 +44,8 @@ def _model_costs(model: str, cluster, profile_batch: int, model_args: list[str] 
         if model_args:
             raise ValueError("--model-arg applies to a zoo model; MODEL is a costs file, whose model is fixed")
         return ModelCosts.load(model), None, [], {}
-    from ..models.zoo import build_model, list_models
-
-    if model not in list_models():
-        raise ValueError(f"MODEL {model!r} is neither a ModelCosts JSON file nor a zoo model; zoo models: "
-                         f"{', '.join(list_models())}")
-    from ..profiling import profile
     from ..profiling.projection import project
+    from ..profiling.zoo_profiles import indexed_profile, profile_zoo
 
     overrides, seq_len, notes = parse_model_args(model_args), None, []
     run = _run_model(run_dirs, model)
@@ -62,31 +57,42 @@ def _model_costs(model: str, cluster, profile_batch: int, model_args: list[str] 
                 notes.append(f"{model} built as run {run_dir} built it: {overrides}")
         elif run_overrides != overrides:
             notes.append(f"note: run {run_dir} trained {model} with {run_overrides}, planned with {overrides}")
-    costs = profile(build_model(model, **overrides) if overrides else model, batch=profile_batch, progress=False,
-                    microbatch_passes=microbatch_passes and cluster.shared_compute)
-    if not cluster.shared_compute:
-        costs = project(costs, cluster.device)
-    return costs, _zoo_shape(model, overrides, profile_batch, seq_len), notes, overrides
+    settings = {"microbatch_passes": microbatch_passes and cluster.shared_compute}
+    found = indexed_profile(model, overrides, profile_batch, **settings)
+    if found is None:  # not profiled yet with these settings here, or only torch knows the device: build the model
+        from ..models.zoo import list_models
+
+        if model not in list_models():
+            raise ValueError(f"MODEL {model!r} is neither a ModelCosts JSON file nor a zoo model; zoo models: "
+                             f"{', '.join(list_models())}")
+        found = profile_zoo(model, overrides, profile_batch, progress=False, **settings)
+    costs = found.costs if cluster.shared_compute else project(found.costs, cluster.device)
+    return costs, _shape_of(found.family, found.config, profile_batch, seq_len), notes, overrides
+
+
+def _shape_of(family: str, config: dict, batch: int, seq_len: int | None = None):
+    """The TransformerShape of a zoo model of ``family`` with resolved ``config`` (None unless GPT-2 / BERT)."""
+    from ..planning.strategy.search import transformer_shape
+
+    if family not in ("gpt2", "bert"):
+        return None
+    return transformer_shape({**config, "seq_len": seq_len} if seq_len else config, batch)
 
 
 def _zoo_shape(model: str, overrides: dict, batch: int, seq_len: int | None = None):
     """The TransformerShape of zoo ``model`` with ``overrides`` (None unless it is a GPT-2 / BERT)."""
     from ..models.zoo import get_entry
-    from ..planning.strategy.search import transformer_shape
 
     entry = get_entry(model)
-    if entry.family not in ("gpt2", "bert"):
-        return None
-    config = entry.config(overrides)
-    return transformer_shape({**config, "seq_len": seq_len} if seq_len else config, batch)
+    return _shape_of(entry.family, entry.config(overrides), batch, seq_len)
 
 
 def _shape_of_runs(run_dirs: list[str] | None, batch: int):
     """The transformer shape of the first tensor-parallel run among ``run_dirs`` (its zoo model, overrides and
     sequence length), for planning a costs file that carries no shape; None if there is none."""
-    from ..models.zoo import list_models
-
     for _, config in _run_configs(run_dirs):
+        from ..models.zoo import list_models
+
         if config.plan.tp > 1 and config.model.name in list_models():
             shape = _zoo_shape(config.model.name, dict(config.model.overrides), batch, config.data.seq_len)
             if shape is not None:
@@ -111,7 +117,7 @@ def _plan(args: argparse.Namespace) -> Result:
     cluster = share_gpus(cluster, args.ranks_per_gpu)
     costs, shape, model_notes, overrides = _model_costs(args.model, cluster, args.profile_batch, args.model_arg,
                                                         args.calibrate, args.microbatch_passes)
-    if shape is None:  # a costs file: a tensor-parallel calibration run says what the transformer is
+    if shape is None and args.calibrate:  # a tensor-parallel calibration run says what the transformer is
         shape = _shape_of_runs(args.calibrate, args.profile_batch)
     result = plan(Workload(costs, args.batch, shape=shape), cluster if args.ranks_per_gpu > 1 else args.cluster,
                   Budget(memory_cap_gib=args.memory_cap, world_size=args.world_size), options)

@@ -5,6 +5,15 @@
 not have (:mod:`~workbench.profiling.devices` holds their specs).
 """
 
-from .profiler import count_flops, measure_step_ms, profile
-
 __all__ = ["profile", "count_flops", "measure_step_ms"]
+
+
+def __getattr__(name: str):
+    """The measuring functions, imported with torch when first asked for: the cache, the projection and the
+    zoo profiles' index (:mod:`.zoo_profiles`) import without it, so a planner with its profile cached starts
+    in a fraction of a second."""
+    if name in __all__:
+        from .profiler import count_flops, measure_step_ms, profile
+
+        return {"profile": profile, "count_flops": count_flops, "measure_step_ms": measure_step_ms}[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,8 +16,6 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Iterator
 
-import torch
-
 from ..core.costs import DeviceSpec
 from ..core.hardware import DEVICES as _PRESETS
 from ..core.hardware import LINKS, get_link, lookup
@@ -38,6 +36,7 @@ def _median_seconds(fn, repeats: int) -> float:
 def measure_local_cpu() -> DeviceSpec:
     """This CPU at torch's current thread count: matmul TFLOP/s and copy bandwidth (about 0.5 s)."""
     import psutil
+    import torch
 
     size = 512
     a, b = torch.randn(size, size), torch.randn(size, size)

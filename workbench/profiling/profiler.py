@@ -76,7 +76,7 @@ from ..core.costs import LayerCost, ModelCosts
 from ..core.fields import check_int, is_int
 from ..models import LayerSequence, build_model, sample_batch
 from ..models.boundary import stage_input
-from . import cache as profile_cache
+from .cache import CACHE_FORMAT, load as load_cached, store as store_cached
 from .flops import flop_counter
 from .identical import TimingGroups, layer_signature
 from .microbatch import microbatch_factors
@@ -402,13 +402,13 @@ def profile(model_or_sequence: LayerSequence | nn.Module | str, batch: Any = Non
            "inputs": [list(inputs.shape), str(inputs.dtype)], "targets": [list(targets.shape), str(targets.dtype)],
            "dtype": str(dtype).replace("torch.", ""), "device": _device_key(target_device), "warmup": warmup,
            "repeats": repeats, "optimizer": optimizer, "share_identical": share_identical, "torch": torch.__version__,
-           "format": profile_cache.CACHE_FORMAT}
+           "format": CACHE_FORMAT}
     if microbatch_passes:
         key["microbatch_passes"] = True
     if target_device.type == "cuda":
         key["timer"] = _timer_name(target_device)  # how a GPU profile was timed is part of its identity
     if cache:
-        cached, reason = profile_cache.load(key, cache_dir)
+        cached, reason = load_cached(key, cache_dir)
         if cached is not None:  # entries without a timer were timed by perf_counter
             return replace(cached, meta={"timer": "perf-counter", **cached.meta, "cache": "hit"})
         if reason != "miss":
@@ -431,7 +431,7 @@ def profile(model_or_sequence: LayerSequence | nn.Module | str, batch: Any = Non
     costs = ModelCosts(model=seq.model_name, batch_size=int(inputs.shape[0]), device=_device_label(target_device),
                        layers=tuple(layers), dtype=key["dtype"], input_bytes=_nbytes(inputs), meta=meta)
     if cache:
-        profile_cache.store(key, costs, cache_dir)
+        store_cached(key, costs, cache_dir)
     return costs
 
 

@@ -155,6 +155,19 @@ def place(send_bytes: Sequence[int], cluster: ClusterSpec, *, grad_bytes: Sequen
 
     best: dict[str, Any] = {"cost": float("inf"), "nodes": None}
     nodes = [0] * n
+    reduce_ms: dict[tuple[int, frozenset], float] = {}
+
+    def all_reduces_ms() -> float:
+        """The stages' all-reduces, each over the nodes its replicas hold (what ``_breakdown``'s rows sum to)."""
+        if num_replicas == 1:
+            return 0.0
+        total = 0.0
+        for s in range(S):
+            key = (s, frozenset(nodes[s::S]))
+            if key not in reduce_ms:
+                reduce_ms[key] = nodes_link(cluster, key[1]).allreduce_ms(grads[s], num_replicas)
+            total += reduce_ms[key]
+        return total
     load = [0] * N
     opened = [0] * (N // per_pod)  # nodes in use in each pod
 
@@ -162,8 +175,7 @@ def place(send_bytes: Sequence[int], cluster: ClusterSpec, *, grad_bytes: Sequen
         if partial >= best["cost"]:
             return
         if i == n:
-            total = partial + sum(r["ms"] for r in _breakdown(nodes, sends, grads, num_replicas, num_microbatches,
-                                                             cluster) if r["what"].startswith("all-reduce"))
+            total = partial + all_reduces_ms()
             if total < best["cost"]:
                 best.update(cost=total, nodes=list(nodes))
             return
