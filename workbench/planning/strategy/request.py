@@ -99,8 +99,9 @@ class Workload:
         return [kind if limit > 1 or not kind.tp_kinds else OTHER for kind, limit in zip(guessed, self.tp_limits)]
 
     def max_layer_tp(self, devices_per_node: int) -> int | None:
-        """The largest tensor-parallel degree the per-layer search may give a layer: what the runtime splits every
-        layer it may split by, and at most the node's devices (its default); None without ``tp_limits``."""
+        """The largest tensor-parallel degree the per-layer search may give a layer: the least of the runtime's
+        limits over the layers it may split, at most the node's devices (the search's default); 1 when it may split
+        none; None without ``tp_limits``."""
         kinds = self.layer_kinds()
         if kinds is None:
             return None
