@@ -79,7 +79,7 @@ def test_tensor_parallel_needs_a_shape_and_saves_memory():
     assert result["tp2d-2x2-dp2"].timeline() is not None
     assert result["tp2d-2x2-dp2"].estimate.detail["collective_calls"] > result["tp1d-4-dp2"].estimate.detail[
         "collective_calls"]
-    with pytest.raises(ValueError, match="tensor parallelism needs a transformer"):
+    with pytest.raises(ValueError, match="fits; tp2d-2x2-dp2: uniform tensor parallelism needs a GPT-2 model"):
         plan(Workload(COSTS, 64), "8xV100-PCIe", options=SearchOptions(strategies=["tp2d-2x2-dp2"]))
 
 

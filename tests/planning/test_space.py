@@ -54,7 +54,8 @@ def test_every_enumerated_strategy_is_valid(world, batch):
      ("dp3", dict(num_layers=4, global_batch=8), "does not split over 3 replicas"),
      ("gropipe-2x2-1f1b-m3-d0", dict(num_layers=4, global_batch=8), "3 micro-batches do not divide"),
      ("tp2d-2x2-dp1", dict(num_layers=4, global_batch=8, num_heads=3, hidden=96), "not divisible by 2"),
-     ("tp1d-2-dp1", dict(num_layers=4, global_batch=8), "needs a transformer"),
+     ("tp1d-2-dp1", dict(num_layers=4, global_batch=8), "needs a GPT-2 model .* no GPT-2 shape"),
+     ("tp1d-2-dp1-L[0-1=ddp;2-3=ddp.tp1d2]", dict(num_layers=4, global_batch=8), "costs tensor parallelism from a"),
      ("pp4-interleaved-v2-m12", dict(num_layers=6, global_batch=12), "8 stages for 6 layers")],
 )
 def test_check_explains(name, kw, fragment):

@@ -27,6 +27,15 @@ def test_the_second_ask_is_answered_from_the_index_without_a_build(tmp_path):
     assert indexed_profile("mlp", {"depth": 2}, 4, repeats=2, cache_dir=tmp_path) is None
 
 
+def test_extras_read_off_the_built_model_are_kept_with_the_profile(tmp_path):
+    extras = {"layers": "builtins:len"}
+    first = profile_zoo("mlp", {"depth": 2}, 4, repeats=1, progress=False, cache_dir=tmp_path, extras=extras)
+    assert first.extras == {"layers": first.costs.num_layers}
+    again = indexed_profile("mlp", {"depth": 2}, 4, repeats=1, cache_dir=tmp_path, extras=extras)
+    assert again.indexed and again.extras == first.extras
+    assert indexed_profile("mlp", {"depth": 2}, 4, repeats=1, cache_dir=tmp_path) is None  # asked without them
+
+
 def test_a_damaged_or_foreign_entry_is_measured_again(tmp_path):
     profile_zoo("mlp", {}, 4, repeats=1, progress=False, cache_dir=tmp_path)
     (entry,) = (tmp_path / "zoo-index").iterdir()

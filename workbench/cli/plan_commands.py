@@ -2,8 +2,11 @@
 
 MODEL is a ModelCosts JSON file or a zoo model name; a name is profiled on
 this machine first (cached) and, for a cluster of other devices, projected
-onto them from its FLOPs and bytes. Transformers from the zoo also get their
-shape, so tensor-parallel strategies are considered. A zoo model is built
+onto them from its FLOPs and bytes. GPT-2 models from the zoo also get their
+shape, so the uniform tensor-parallel strategies are considered (the runtime
+shards no other model whole: :mod:`workbench.core.tensor_support`); with
+``--fine-grained`` every zoo model's layers carry the degrees the runtime
+splits them by. A zoo model is built
 with ``--model-arg KEY=VALUE`` overrides, or else with those of the first
 ``--calibrate`` run of the same model, so that the profile describes the
 model the runs trained.
@@ -35,15 +38,17 @@ def _run_model(run_dirs: list[str] | None, model: str):
 
 
 def _model_costs(model: str, cluster, profile_batch: int, model_args: list[str] | None = None,
-                 run_dirs: list[str] | None = None, microbatch_passes: bool = False):
-    """(ModelCosts, TransformerShape or None, notes, the zoo model's overrides) for a costs file or a zoo model
-    name."""
+                 run_dirs: list[str] | None = None, microbatch_passes: bool = False, per_layer: bool = False):
+    """(ModelCosts, TransformerShape or None, notes, the zoo model's overrides, its layers' tensor-parallel limits
+    or None, whether the uniform tensor-parallel strategies shard it) for a costs file or a zoo model name; the
+    limits (``Workload.tp_limits``) with ``per_layer``."""
     from ..core.costs import ModelCosts
 
     if Path(model).is_file():
         if model_args:
             raise ValueError("--model-arg applies to a zoo model; MODEL is a costs file, whose model is fixed")
-        return ModelCosts.load(model), None, [], {}
+        return ModelCosts.load(model), None, [], {}, None, False
+    from ..core.tensor_support import uniform_tp_missing
     from ..profiling.projection import project
     from ..profiling.zoo_profiles import indexed_profile, profile_zoo
 
@@ -57,7 +62,7 @@ def _model_costs(model: str, cluster, profile_batch: int, model_args: list[str] 
                 notes.append(f"{model} built as run {run_dir} built it: {overrides}")
         elif run_overrides != overrides:
             notes.append(f"note: run {run_dir} trained {model} with {run_overrides}, planned with {overrides}")
-    settings = {"microbatch_passes": microbatch_passes and cluster.shared_compute}
+    settings = {"microbatch_passes": microbatch_passes and cluster.shared_compute, "extras": _EXTRAS}
     found = indexed_profile(model, overrides, profile_batch, **settings)
     if found is None:  # not profiled yet with these settings here, or only torch knows the device: build the model
         from ..models.zoo import list_models
@@ -67,7 +72,14 @@ def _model_costs(model: str, cluster, profile_batch: int, model_args: list[str] 
                              f"{', '.join(list_models())}")
         found = profile_zoo(model, overrides, profile_batch, progress=False, **settings)
     costs = found.costs if cluster.shared_compute else project(found.costs, cluster.device)
-    return costs, _shape_of(found.family, found.config, profile_batch, seq_len), notes, overrides
+    # what the layer-by-layer runtime splits each layer by, read off the model by its own rules
+    limits = tuple(found.extras["tp_limits"]) if per_layer else None
+    whole = not uniform_tp_missing(found.config)  # the runtime's rule, which its preflight refuses by
+    return costs, _shape_of(found.family, found.config, profile_batch, seq_len), notes, overrides, limits, whole
+
+
+# read off a zoo model when it is profiled, and kept in the index of zoo profiles with it
+_EXTRAS = {"tp_limits": "workbench.runtime.layer_parallel:tensor_parallel_limits"}
 
 
 def _shape_of(family: str, config: dict, batch: int, seq_len: int | None = None):
@@ -87,17 +99,28 @@ def _zoo_shape(model: str, overrides: dict, batch: int, seq_len: int | None = No
     return _shape_of(entry.family, entry.config(overrides), batch, seq_len)
 
 
+def _shards_whole(model: str, overrides: dict) -> bool:
+    """Whether the uniform tensor-parallel strategies shard zoo ``model`` built with ``overrides``: the runtime's
+    rule (:func:`workbench.core.tensor_support.uniform_tp_missing`), which its preflight refuses by."""
+    from ..core.tensor_support import uniform_tp_missing
+    from ..models.zoo import get_entry
+
+    return not uniform_tp_missing(get_entry(model).config(overrides))
+
+
 def _shape_of_runs(run_dirs: list[str] | None, batch: int):
-    """The transformer shape of the first tensor-parallel run among ``run_dirs`` (its zoo model, overrides and
-    sequence length), for planning a costs file that carries no shape; None if there is none."""
+    """(transformer shape, whether the uniform tensor-parallel strategies shard its model) of the first
+    tensor-parallel run among ``run_dirs`` (its zoo model, overrides and sequence length), for planning a costs
+    file that carries no shape; (None, False) if there is none."""
     for _, config in _run_configs(run_dirs):
         from ..models.zoo import list_models
 
         if config.plan.tp > 1 and config.model.name in list_models():
-            shape = _zoo_shape(config.model.name, dict(config.model.overrides), batch, config.data.seq_len)
+            overrides = dict(config.model.overrides)
+            shape = _zoo_shape(config.model.name, overrides, batch, config.data.seq_len)
             if shape is not None:
-                return shape
-    return None
+                return shape, _shards_whole(config.model.name, overrides)
+    return None, False
 
 
 def _plan(args: argparse.Namespace) -> Result:
@@ -115,11 +138,13 @@ def _plan(args: argparse.Namespace) -> Result:
                             pipeline_degrees=_pipeline_degrees(args.pp))
     cluster = load_cluster(args.cluster)
     cluster = share_gpus(cluster, args.ranks_per_gpu)
-    costs, shape, model_notes, overrides = _model_costs(args.model, cluster, args.profile_batch, args.model_arg,
-                                                        args.calibrate, args.microbatch_passes)
+    costs, shape, model_notes, overrides, limits, whole = _model_costs(
+        args.model, cluster, args.profile_batch, args.model_arg, args.calibrate, args.microbatch_passes,
+        args.fine_grained)
     if shape is None and args.calibrate:  # a tensor-parallel calibration run says what the transformer is
-        shape = _shape_of_runs(args.calibrate, args.profile_batch)
-    result = plan(Workload(costs, args.batch, shape=shape), cluster if args.ranks_per_gpu > 1 else args.cluster,
+        shape, whole = _shape_of_runs(args.calibrate, args.profile_batch)
+    workload = Workload(costs, args.batch, shape=shape if whole else None, tp_limits=limits)
+    result = plan(workload, cluster if args.ranks_per_gpu > 1 else args.cluster,
                   Budget(memory_cap_gib=args.memory_cap, world_size=args.world_size), options)
     lines = [f"{costs.model} on {cluster.name} ({args.world_size or cluster.world_size} devices), global batch "
              f"{args.batch}: {result.searched} strategies in {result.elapsed_s:.2f} s",
@@ -183,6 +208,7 @@ def _emit_config(best, args: argparse.Namespace, overrides: dict, shape) -> str:
             notes.append(f"Sequence length {shape.seq}, as profiled (the config this file held had {data['seq_len']}).")
         kept["data"] = {**data, "seq_len": shape.seq}
     config = best.to_config(**merge_changes(kept, planned))
+    _check_shards(config)
     e = best.estimate
     header = [f"Written by: workbench {shlex.join(getattr(args, 'argv', ['plan', '...']))}",
               f"Plan {best.name}: predicted {e.iteration_ms:.1f} ms per iteration, {e.memory_gib * 1024:.1f} MiB "
@@ -194,6 +220,15 @@ def _emit_config(best, args: argparse.Namespace, overrides: dict, shape) -> str:
     header += notes
     path.write_text("".join(f"# {line}".rstrip() + "\n" for line in header) + config.to_toml(defaults=False))
     return f"wrote the run config of {best.name} to {path}"
+
+
+def _check_shards(config) -> None:
+    """Refuse, as the runtime's preflight would, a uniform tensor-parallel plan of a zoo model it cannot shard."""
+    from ..models.zoo import get_entry, list_models
+    from ..runtime.uniform_tp import check_tensor_parallel_model
+
+    if config.model.name in list_models():
+        check_tensor_parallel_model(config, get_entry(config.model.name).config(dict(config.model.overrides)))
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

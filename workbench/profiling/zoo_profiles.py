@@ -11,11 +11,14 @@ by what decides the model and its measurement without building anything:
 * this machine's CPU as torch would use it (architecture, processor, cores
   this process may use, the thread variables);
 * the versions of torch, torchvision and transformers, and a digest of the
-  workbench's own model and profiler sources, so a change to any of them
-  makes the entry stale.
+  workbench's own sources, so a change to any of them makes the entry stale.
 
 An entry holds the profile, the zoo entry's family and resolved config (what
-a planner needs for the transformer's shape). The index only answers where
+a planner needs for the transformer's shape), and whatever else a caller
+reads off the built model through ``extras`` (the planner: each layer's
+tensor-parallel limits by the runtime's rules), keyed by the extras' names
+and the functions that compute them, named ``"module:function"`` so that
+looking an entry up imports none of them. The index only answers where
 the profile would be taken on the CPU: on a machine with an NVIDIA or AMD
 GPU driver, ``device="auto"`` may mean the GPU, and only torch can say, so
 the model is built and profiled (or found in the profile cache) as before.
@@ -24,6 +27,7 @@ the model is built and profiled (or found in the profile cache) as before.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.metadata
 import json
 import os
@@ -31,7 +35,7 @@ import platform
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from ..core.costs import ModelCosts
 from .cache import cache_dir as _cache_root
@@ -40,7 +44,6 @@ __all__ = ["ZooProfile", "profile_zoo", "indexed_profile", "index_key"]
 
 INDEX_FORMAT = 1
 _PACKAGES = ("torch", "torchvision", "transformers")
-_SOURCES = ("models", "profiling")  # workbench sub-packages whose code decides a zoo model and its profile
 _GPU_DRIVERS = ("/proc/driver/nvidia", "/dev/nvidia0", "/dev/kfd")
 
 
@@ -52,14 +55,21 @@ class ZooProfile:
     family: str
     config: dict[str, Any]
     indexed: bool  # found in the index, without building the model
+    extras: dict[str, Any]  # what each of ``extras`` read off the built model
+
+
+Extras = Mapping[str, str]  # name -> "module:function" of the built model, returning JSON values
 
 
 def profile_zoo(name: str, overrides: dict[str, Any] | None = None, batch: int = 8, *, device: str = "auto",
-                cache: bool = True, cache_dir: str | None = None, **settings: Any) -> ZooProfile:
+                cache: bool = True, cache_dir: str | None = None, extras: Extras | None = None,
+                **settings: Any) -> ZooProfile:
     """Profile zoo model ``name`` built with ``overrides`` at ``batch`` (``settings`` go to
-    :func:`~workbench.profiling.profile`), from the index when it holds it (see the module docstring)."""
-    overrides = dict(overrides or {})
-    key = index_key(name, overrides, batch, device, settings) if cache else None
+    :func:`~workbench.profiling.profile`), from the index when it holds it (see the module docstring);
+    ``extras``: name -> ``"module:function"``, a function of the built model whose value (JSON: lists, numbers,
+    strings) the result's ``extras`` carries under that name."""
+    overrides, extras = dict(overrides or {}), dict(extras or {})
+    key = index_key(name, overrides, batch, device, settings, extras) if cache else None
     path = _entry_path(key, cache_dir) if key is not None else None
     found = _read(path, key) if path is not None else None
     if found is not None:
@@ -69,30 +79,39 @@ def profile_zoo(name: str, overrides: dict[str, Any] | None = None, batch: int =
 
     entry = get_entry(name)
     config = entry.config(overrides)
-    costs = profile(build_model(name, **overrides) if overrides else name, batch=batch, device=device, cache=cache,
-                    cache_dir=cache_dir, **settings)
+    model = build_model(name, **overrides)
+    read = {extra: _function(spec)(model) for extra, spec in extras.items()}
+    costs = profile(model, batch=batch, device=device, cache=cache, cache_dir=cache_dir, **settings)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        record = {"key": key, "family": entry.family, "config": config, "costs": costs.to_dict()}
+        record = {"key": key, "family": entry.family, "config": config, "costs": costs.to_dict(), "extras": read}
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(record, default=list))
         tmp.replace(path)
-    return ZooProfile(costs, entry.family, config, indexed=False)
+    return ZooProfile(costs, entry.family, config, indexed=False, extras=read)
 
 
 def indexed_profile(name: str, overrides: dict[str, Any] | None = None, batch: int = 8, *, device: str = "auto",
-                    cache_dir: str | None = None, **settings: Any) -> ZooProfile | None:
+                    cache_dir: str | None = None, extras: Extras | None = None,
+                    **settings: Any) -> ZooProfile | None:
     """:func:`profile_zoo`'s answer if the index holds it, else None; never builds the model."""
-    key = index_key(name, dict(overrides or {}), batch, device, settings)
+    key = index_key(name, dict(overrides or {}), batch, device, settings, dict(extras or {}))
     return _read(_entry_path(key, cache_dir), key) if key is not None else None
 
 
-def index_key(name: str, overrides: dict[str, Any], batch: int, device: str, settings: dict[str, Any]) -> dict | None:
+def index_key(name: str, overrides: dict[str, Any], batch: int, device: str, settings: dict[str, Any],
+              extras: Extras | None = None) -> dict | None:
     """The index key of a zoo profile; None where only torch can say which device ``device`` is."""
     if device not in ("auto", "cpu") or (device == "auto" and any(Path(p).exists() for p in _GPU_DRIVERS)):
         return None
     return {"format": INDEX_FORMAT, "model": name, "overrides": overrides, "batch": batch,
-            "settings": {k: v for k, v in sorted(settings.items()) if k != "progress"}, "cpu": _cpu(), "environment": _environment()}
+            "settings": {k: v for k, v in sorted(settings.items()) if k != "progress"}, "cpu": _cpu(),
+            "environment": _environment(), "extras": dict(sorted((extras or {}).items()))}
+
+
+def _function(spec: str) -> Callable[[Any], Any]:
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def _cpu() -> list:
@@ -103,7 +122,7 @@ def _cpu() -> list:
 
 @lru_cache(maxsize=1)
 def _environment() -> dict[str, str]:
-    """Package versions and a digest of the workbench sources that build and measure zoo models."""
+    """Package versions and a digest of the workbench's sources (about 200 files, a few milliseconds)."""
     versions = {}
     for package in _PACKAGES:
         try:
@@ -112,9 +131,8 @@ def _environment() -> dict[str, str]:
             versions[package] = "absent"
     digest = hashlib.sha256()
     root = Path(__file__).resolve().parent.parent
-    for sub in _SOURCES:
-        for source in sorted((root / sub).glob("*.py")):
-            digest.update(source.name.encode() + source.read_bytes())
+    for source in sorted(root.rglob("*.py")):
+        digest.update(str(source.relative_to(root)).encode() + source.read_bytes())
     return {**versions, "sources": digest.hexdigest()[:24]}
 
 
@@ -133,6 +151,6 @@ def _read(path: Path, key: dict) -> ZooProfile | None:
         if json.dumps(record["key"], sort_keys=True, default=str) != json.dumps(key, sort_keys=True, default=str):
             return None
         costs = ModelCosts.from_dict(record["costs"])
-        return ZooProfile(costs, record["family"], record["config"], indexed=True)
+        return ZooProfile(costs, record["family"], record["config"], indexed=True, extras=record["extras"])
     except (OSError, ValueError, KeyError, TypeError):
         return None

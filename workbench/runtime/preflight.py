@@ -5,8 +5,11 @@ no torch). What needs torch is checked here, in the launching process, so
 that a bad run is refused with one line naming the field instead of failing
 inside every rank: the model (a zoo name with known overrides, or a factory
 that imports, accepts ``model_args`` and returns a module), an explicit
-partition against the model's layer count, the data against the model
-(two training samples run through the model and its loss), and a schedule
+partition against the model's layer count, each layer a per-layer plan
+splits against the tensor-parallel rules the ranks apply (the rule of
+:mod:`workbench.core.tensor_support`, which the planner plans by), the data
+against the model (two training samples run through the model and its loss),
+and a schedule
 built from the stages' costs (``zb-auto``) under its memory limit, which
 the ranks would otherwise find impossible only once they had started.
 """
@@ -17,6 +20,7 @@ import torch
 
 from ..core.config import RunConfig
 from ..core.partition import Partition
+from ..core.tensor_support import runs_uniform_tp
 from .uniform_tp import GPT2_SIZES, check_tensor_parallel_model
 
 __all__ = ["check_run", "GPT2_SIZES", "check_tensor_parallel_model"]
@@ -49,7 +53,8 @@ def check_run(config: RunConfig) -> None:
     from ..models.zoo import get_entry, list_models
 
     limited = config.plan.pipeline.uses_costs and getattr(config.plan.pipeline, "memory_limit_mb", 0)
-    needs_model = (config.model.from_factory or config.data.is_dataset or limited
+    splits = config.plan.tp_kind != "none" and not runs_uniform_tp(config.plan)  # layers split one by one
+    needs_model = (config.model.from_factory or config.data.is_dataset or limited or splits
                    or config.plan.num_virtual_stages > 1)  # a pipeline's stages each need a layer
     if not config.model.from_factory:
         if config.model.name not in list_models():
@@ -74,6 +79,8 @@ def check_run(config: RunConfig) -> None:
         except ValueError as exc:
             raise ValueError(f"plan field 'partition' = {text!r} does not fit model {config.model.name!r} "
                              f"with {len(model)} layers (0-{len(model) - 1}): {exc}") from None
+    if splits:
+        _check_split_layers(config, model)
     if len(model) < config.plan.num_virtual_stages:
         raise ValueError(f"config field 'plan' = {config.plan.name!r} has {config.plan.num_virtual_stages} stages, "
                          f"model {config.model.name!r} only {len(model)} layers ({', '.join(model.layer_names)}); "
@@ -102,6 +109,23 @@ def check_run(config: RunConfig) -> None:
         raise ValueError(f"config field 'data': the loss of model {config.model.name!r} on the first samples of "
                          f"{where} "
                          f"is {float(loss)}")
+
+
+def _check_split_layers(config: RunConfig, model) -> None:
+    """Every layer a layer-by-layer plan splits must be one the tensor-parallel rules split by its degree."""
+    from .layer_parallel import tensor_parallel_rules
+
+    try:
+        layers = config.plan.layers_for(len(model))
+    except ValueError:
+        return  # the plan's layer count against the model's is refused where the ranks build their stages
+    for i, layer in enumerate(layers):
+        if layer.tp_degree > 1:
+            try:
+                tensor_parallel_rules(model[i], layer.tp_degree)
+            except ValueError as exc:
+                raise ValueError(f"plan field 'layers[{i}]' = {layer.text!r} does not fit layer {i} "
+                                 f"{model.layer_names[i]!r} of model {config.model.name!r}: {exc}") from None
 
 
 def _check_schedule_fits(config: RunConfig, model) -> None:

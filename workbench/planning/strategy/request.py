@@ -27,6 +27,7 @@ from ...scheduling.stagecosts import OPTIMIZER_STATE_FACTORS
 from ..costs.compute_scaling import RuntimeCalibration
 from ..costs.estimate import GIB
 from ..costs.tensor_costs import TransformerShape
+from ..layerwise.layer_strategies import OTHER, LayerKind, layer_kinds
 from .space import STRATEGY_KINDS
 
 __all__ = ["Workload", "Budget", "SearchOptions"]
@@ -51,16 +52,24 @@ class Workload:
     """What is trained: the profiled model, the global batch, and what the cost model needs besides.
 
     ``costs``: a :class:`~workbench.core.costs.ModelCosts` or its JSON file
-    (loaded here). ``shape``: the transformer's sizes, which tensor
-    parallelism needs (GPT-2 / BERT; :func:`~workbench.planning.strategy.search.
-    transformer_shape` reads them from a config). ``optimizer``: whose state
-    the memory counts (``adam``, ``sgd-momentum``, ``sgd``).
+    (loaded here). ``shape``: the sizes of a GPT-2, which the uniform
+    tensor-parallel plans (``tp1d-*``, ``tp2d-*``) need: the runtime shards
+    nothing else whole (:mod:`workbench.core.tensor_support`), so give none
+    for another model (:func:`~workbench.planning.strategy.search.
+    transformer_shape` reads it from a config). ``tp_limits``: per layer, the
+    largest tensor-parallel degree (a power of two) the layer-by-layer runtime
+    splits it by, 1 for a layer it does not split
+    (``workbench.runtime.layer_parallel.tensor_parallel_limits`` reads them off
+    a model); None: the per-layer search judges the layers by their names.
+    ``optimizer``: whose state the memory counts (``adam``, ``sgd-momentum``,
+    ``sgd``).
     """
 
     costs: ModelCosts
     global_batch: int
     shape: TransformerShape | None = None
     optimizer: str = "adam"
+    tp_limits: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.costs, (str, Path)) and Path(self.costs).is_file():
@@ -75,6 +84,30 @@ class Workload:
         if self.optimizer not in OPTIMIZER_STATE_FACTORS:
             raise ValueError(f"Workload.optimizer must be one of {sorted(OPTIMIZER_STATE_FACTORS)}, "
                              f"got {self.optimizer!r}")
+        limits = _ints("Workload", "tp_limits", self.tp_limits)
+        if limits is not None and (len(limits) != self.costs.num_layers or any(v & (v - 1) for v in limits)):
+            raise ValueError(f"Workload.tp_limits must be one power of two per layer of the model "
+                             f"({self.costs.num_layers}), got {list(limits)}")
+        _set(self, "tp_limits", limits)
+
+    def layer_kinds(self) -> list[LayerKind] | None:
+        """Each layer's kind for the per-layer search: guessed from its name, with no tensor parallelism where
+        ``tp_limits`` says the runtime does not split it; None without ``tp_limits`` (the search guesses)."""
+        if self.tp_limits is None:
+            return None
+        guessed = layer_kinds(self.costs.layers, None)
+        return [kind if limit > 1 or not kind.tp_kinds else OTHER for kind, limit in zip(guessed, self.tp_limits)]
+
+    def max_layer_tp(self, devices_per_node: int) -> int | None:
+        """The largest tensor-parallel degree the per-layer search may give a layer: the least of the runtime's
+        limits over the layers it may split, at most the node's devices (the search's default); 1 when it may split
+        none; None without ``tp_limits``."""
+        kinds = self.layer_kinds()
+        if kinds is None:
+            return None
+        node = 1 << (devices_per_node.bit_length() - 1)
+        return min([node] + [limit for kind, limit in zip(kinds, self.tp_limits) if kind.tp_kinds]) \
+            if any(kind.tp_kinds for kind in kinds) else 1
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from ..costs.tensor_costs import TransformerShape
 from ..layerwise.layer_strategies import decision_trees, stage_strategies
 from .hybrid import TEMPLATE_TEXT, HybridEstimate, HybridResult, as_estimate, search_hybrid
 from .request import Budget, SearchOptions, Workload
-from .space import check_plan, enumerate_strategies
+from .space import TP_FAMILIES, check_plan, enumerate_strategies, runtime_refusal, tensor_parallel_note
 
 __all__ = ["plan", "RankedPlan", "PlanResult", "transformer_shape", "TABLE_COLUMNS"]
 
@@ -179,19 +179,46 @@ def _per_layer_dict(found: "HybridResult") -> dict[str, Any]:
 def _closest_miss(infeasible: list[dict[str, Any]], cap: int | None) -> str:
     needs = [(float(m.group(1)), i["name"]) for i in infeasible if (m := _NEEDS.search(i["reason"]))]
     if not needs or cap is None:
-        return ""
+        return f"; {_named(infeasible[0])}" if infeasible else ""
     need, name = min(needs)
     return (f"; closest is {name}, which needs {need:.3f} GiB per device, {need - cap / GIB:.3f} GiB over the "
             f"{cap / GIB:.3f} GiB budget")
 
 
-def _candidates(workload: Workload, world: int, options: SearchOptions, notes: list[str]) -> list[ParallelPlan]:
-    """The strategies to cost: the given ones, checked against the model and the devices, or the whole space;
-    only those of the allowed pipeline degrees (with a note saying so)."""
+def _runnable(plans: list, workload: Workload, infeasible: list[dict[str, Any]], notes: list[str]) -> list:
+    """``plans`` (ParallelPlans or Estimates) but those whose tensor parallelism the runtime refuses for this model
+    (:func:`~.space.runtime_refusal`), which go to ``infeasible`` with the reason, under one note."""
+    kept, reasons = [], []
+    for p in plans:
+        strategy = p if isinstance(p, ParallelPlan) else p.strategy
+        reason = runtime_refusal(strategy, model=workload.costs.model, shaped=workload.shape is not None,
+                                 tp_limits=workload.tp_limits)
+        if reason:
+            reasons.append(f"{strategy.name}: {reason}")
+            infeasible.append({"name": strategy.name, "reason": reason})
+        else:
+            kept.append(p)
+    note = tensor_parallel_note(workload.costs.model, reasons) if reasons else None
+    if note and note not in notes:
+        notes.append(note)
+    return kept
+
+
+def _named(refused: dict[str, Any]) -> str:
+    """An infeasible strategy's reason, headed by its name unless the reason starts with it."""
+    name, reason = refused["name"], refused["reason"]
+    return reason if reason.startswith(name) else f"{name}: {reason}"
+
+
+def _candidates(workload: Workload, world: int, options: SearchOptions, notes: list[str],
+                infeasible: list[dict[str, Any]]) -> list[ParallelPlan]:
+    """The strategies to cost: the given ones, checked against the model and the devices (those whose tensor
+    parallelism the runtime refuses go to ``infeasible``), or the whole space; only those of the allowed
+    pipeline degrees (with a note saying so)."""
     costs, shape, batch = workload.costs, workload.shape, workload.global_batch
     heads, hidden = (shape.heads, shape.hidden) if shape else (None, None)
     if options.strategies is not None:
-        chosen = list(options.strategies)
+        chosen = _runnable(list(options.strategies), workload, infeasible, notes)
         for s in chosen:
             if s.world_size != world:
                 raise ValueError(f"strategy {s.name} uses {s.world_size} devices, not the world size {world}")
@@ -200,6 +227,8 @@ def _candidates(workload: Workload, world: int, options: SearchOptions, notes: l
         chosen = enumerate_strategies(world, num_layers=costs.num_layers, global_batch=batch, num_heads=heads,
                                       hidden=hidden, kinds=options.kinds, recompute_options=options.recompute,
                                       microbatch_options=options.microbatch_options)
+        if shape is None and world > 1 and set(TP_FAMILIES) & set(options.kinds):
+            notes.append(tensor_parallel_note(costs.model))
     degrees = options.pipeline_degrees
     if degrees is not None:
         chosen = [s for s in chosen if s.pp in degrees]
@@ -260,7 +289,8 @@ def _fine_grained(ctx: CostContext, workload: Workload, world: int, options: Sea
     from ..layerwise.finegrained import selective_recompute_plans
 
     final += selective_recompute_plans(ctx, [s for s in candidates if not s.recompute], infeasible)
-    hybrid = _per_layer_search(ctx, workload.costs, world, workload.optimizer, notes, options.pipeline_degrees)
+    hybrid = _per_layer_search(ctx, workload.costs, world, workload.optimizer, notes, options.pipeline_degrees,
+                               workload.layer_kinds(), workload.max_layer_tp(ctx.cluster.devices_per_node))
     if hybrid is not None and "per-layer" in hybrid.best:
         final += [as_estimate(p) for p in _distinct_mixes(hybrid)]
         uniform = hybrid.best.get("uniform")
@@ -292,12 +322,13 @@ def plan(workload: Workload, cluster: ClusterSpec | str | Path, budget: Budget =
     ctx = cost_context(workload.costs, spec, workload.global_batch, world_size=world,
                        memory_cap_bytes=budget.memory_cap_bytes, shape=workload.shape, optimizer=workload.optimizer,
                        background_load=options.background_load, compute_models=models)
-    candidates = _candidates(workload, world, options, notes)
     infeasible: list[dict[str, Any]] = []
+    candidates = _candidates(workload, world, options, notes, infeasible)
     final, projected = _rank(ctx, candidates, options, infeasible)
     hybrid = None
     if options.fine_grained:
         hybrid = _fine_grained(ctx, workload, world, options, candidates, final, infeasible, notes)
+        final = _runnable(final, workload, infeasible, notes)
     if not final:
         raise ValueError(f"no strategy for {workload.costs.model} on {world} devices of {ctx.cluster.name} fits"
                          f"{_closest_miss(infeasible, ctx.cap)}")
@@ -315,16 +346,18 @@ def plan(workload: Workload, cluster: ClusterSpec | str | Path, budget: Budget =
 
 
 def _per_layer_search(ctx, costs: ModelCosts, world: int, optimizer: str, notes: list[str],
-                      pipeline_degrees: Sequence[int] | None = None) -> "HybridResult | None":
-    """The per-layer programme (:mod:`.hybrid`) on the context's cluster and budget, with a note of what it found
-    against the templates costed the same way; None (and a note) where its trees do not apply."""
+                      pipeline_degrees: Sequence[int] | None = None, kinds=None,
+                      max_tp: int | None = None) -> "HybridResult | None":
+    """The per-layer programme (:mod:`.hybrid`) on the context's cluster and budget (``kinds`` and ``max_tp``: what
+    the runtime splits, see ``Workload.tp_limits``), with a note of what it found against the templates costed the
+    same way; None (and a note) where its trees do not apply."""
     if world & (world - 1):
         notes.append(f"the per-layer search splits devices by powers of two; {world} devices is not one")
         return None
     scaled = scale_compute(costs, ctx.compute_scale(world)) if ctx.cluster.shared_compute else costs
     try:
         found = search_hybrid(scaled, ctx.cluster, ctx.global_batch, budget_bytes=ctx.cap, world_size=world,
-                              optimizer=optimizer, pp_options=pipeline_degrees)
+                              optimizer=optimizer, pp_options=pipeline_degrees, kinds=kinds, max_tp=max_tp)
     except ValueError as exc:
         notes.append(f"per-layer search: {exc}")
         return None

@@ -20,20 +20,57 @@ configs and the CLI::
 :func:`enumerate_strategies` lists the valid points for a world size and a
 model shape; invalid combinations are not generated (and
 :func:`check_plan` explains why a hand-made one cannot run a model).
+Tensor parallelism follows the runtime's rule
+(:mod:`workbench.core.tensor_support`): the uniform ``tp1d-*`` and ``tp2d-*``
+plans shard a GPT-2 whole, so they are offered only for a model with a
+transformer shape (the planner's ``Workload.shape``, which the CLI gives GPT-2
+models only), and :func:`runtime_refusal` says why the runtime would refuse a
+plan's tensor parallelism for a model.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from ...core.fields import check_int
 from ...core.plan import PIPELINE_KINDS, PLAN_FAMILIES, LayerPlan, NoPipeline, \
     ParallelPlan
+from ...core.tensor_support import UNIFORM_TP_NEEDS, runs_uniform_tp
 from ...core.topology import Topology
 
-__all__ = ["enumerate_strategies", "check_plan", "factorizations", "STRATEGY_KINDS"]
+__all__ = ["enumerate_strategies", "check_plan", "factorizations", "runtime_refusal", "tensor_parallel_note",
+           "STRATEGY_KINDS", "TP_FAMILIES"]
 
 STRATEGY_KINDS = tuple(f for f in PLAN_FAMILIES if f != "torch")  # the families the planner searches
+TP_FAMILIES = ("tp2d", "tp1d")  # the uniform tensor-parallel families, which shard a GPT-2 whole
+
+
+def runtime_refusal(plan: ParallelPlan, *, model: str, shaped: bool, tp_limits: Sequence[int] | None = None) -> str:
+    """Why the runtime would refuse ``plan``'s tensor parallelism for ``model`` ("" if it would not), by the rule of
+    :mod:`workbench.core.tensor_support`: a plan that runs on a uniform tensor-parallel strategy needs a GPT-2
+    (``shaped``: the model has a transformer shape); one that runs layer by layer may split no layer further
+    than its entry in ``tp_limits`` (the runtime's largest degree per layer; None: not known, not checked)."""
+    if plan.tp_kind == "none":
+        return ""
+    if runs_uniform_tp(plan):
+        return "" if shaped else f"{UNIFORM_TP_NEEDS}; {model} has no GPT-2 shape the runtime can split"
+    if tp_limits is None or len(plan.layers) not in (1, len(tp_limits)):
+        return ""
+    layers = plan.layers_for(len(tp_limits))
+    for i, (layer, limit) in enumerate(zip(layers, tp_limits)):
+        if layer.tp_degree > limit:
+            most = "does not split it" if limit == 1 else f"splits it at most {limit} ways"
+            return f"layer {i} is split {layer.tp_degree} ways; the runtime {most}"
+    return ""
+
+
+def tensor_parallel_note(model: str, reasons: Sequence[str] = ()) -> str:
+    """The planner's one note on the plans it leaves out by the runtime's rule: the uniform tensor-parallel ones
+    (no ``reasons``, or one of theirs among them), else per-layer plans (``reasons``: :func:`runtime_refusal`'s)."""
+    if not reasons or any(UNIFORM_TP_NEEDS in r for r in reasons):
+        return (f"tensor-parallel plans (tp1d-*, tp2d-*) skipped: {model} has no GPT-2 shape the runtime can split "
+                f"({UNIFORM_TP_NEEDS}; per-layer plans still split single layers the runtime has rules for)")
+    return f"per-layer plans that split a layer of {model} further than the runtime does skipped (e.g. {reasons[0]})"
 
 
 def check_plan(plan: ParallelPlan, *, num_layers: int, global_batch: int, num_heads: int | None = None,
@@ -53,7 +90,10 @@ def check_plan(plan: ParallelPlan, *, num_layers: int, global_batch: int, num_he
             raise ValueError(f"{name}: the tensor-parallel runtime does not recompute activations (recomputation "
                              f"is offered for data parallelism and pipelines)")
         if num_heads is None or hidden is None:
-            raise ValueError(f"{name}: tensor parallelism needs a transformer (heads and hidden size)")
+            refusal = runtime_refusal(plan, model="this model", shaped=False)
+            raise ValueError(f"{name}: " + (refusal or "the planner costs tensor parallelism from a transformer "
+                                            "shape (heads and hidden size), which this model lacks; the per-layer "
+                                            "search (fine_grained) splits single layers"))
         split = plan.q if plan.tp_kind == "2d" else plan.tp
         if num_heads % split or hidden % split:
             raise ValueError(f"{name}: {num_heads} heads / hidden {hidden} are not divisible by {split}")

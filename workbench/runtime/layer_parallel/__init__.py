@@ -60,8 +60,8 @@ from .meshes import Layout, StageMeshes, layout_of
 from .parallelize import ParallelLayer, check_realized, dense_parameters, parallelize_layer, realized_options
 from .recompute import Recomputed
 from .relayout import Relayout
-from .tensor_rules import tensor_parallel_rules
+from .tensor_rules import tensor_parallel_limit, tensor_parallel_limits, tensor_parallel_rules
 
 __all__ = ["Layout", "layout_of", "StageMeshes", "Relayout", "Recomputed", "ParallelLayer", "parallelize_layer",
            "realized_options", "check_realized", "dense_parameters", "tensor_parallel_rules", "SavedActivations",
-           "local_bytes", "held_unsharded_bytes"]
+           "local_bytes", "held_unsharded_bytes", "tensor_parallel_limit", "tensor_parallel_limits"]

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["tensor_parallel_rules"]
+__all__ = ["tensor_parallel_rules", "tensor_parallel_limit", "tensor_parallel_limits"]
 
 
 def _conv1d_class() -> type | None:
@@ -153,6 +153,25 @@ def tensor_parallel_rules(layer: nn.Module, degree: int) -> _TensorRules:
         return _TensorRules(plan=plan, heads=[], fused={})
     raise ValueError(f"1D tensor parallelism applies to GPT-2 blocks, embeddings and head, BERT layers and "
                      f"embeddings, linear layers and chains of linears with activations; this layer is a {kind}")
+
+
+def tensor_parallel_limit(layer: nn.Module, cap: int = 1024) -> int:
+    """The largest power-of-two degree up to ``cap`` that :func:`tensor_parallel_rules` split ``layer`` by; 1 for a
+    layer they do not split (a degree that does not divide the heads fails, and so does every multiple of it)."""
+    degree = 1
+    while degree * 2 <= cap:
+        try:
+            tensor_parallel_rules(layer, degree * 2)
+        except ValueError:
+            break
+        degree *= 2
+    return degree
+
+
+def tensor_parallel_limits(model: Any, cap: int = 1024) -> tuple[int, ...]:
+    """:func:`tensor_parallel_limit` of every layer of a layer sequence, in order: what the planner's per-layer
+    search may split each layer by (``Workload.tp_limits``; the rule is :mod:`workbench.core.tensor_support`'s)."""
+    return tuple(tensor_parallel_limit(model[i], cap) for i in range(len(model)))
 
 
 def _is_linear_chain(layer: nn.Sequential) -> bool:
