@@ -90,3 +90,26 @@ def test_static_figures_and_bad_input(costs, result, tmp_path):
         PlanExplorer(costs, "4xV100-NVLink", 0)
     with pytest.raises(ValueError, match="ModelCosts JSON file, got 'nothing.json'"):
         PlanExplorer("nothing.json")
+
+
+def test_the_progress_bar_follows_the_search_and_an_interrupt_keeps_the_best_so_far(costs):
+    explorer = PlanExplorer(costs, "4xV100-NVLink", 32, top=4, options=SearchOptions(recompute=(False,)))
+    shown: list[tuple[str, int, int]] = []
+    explorer.progress.observe(lambda c: shown.append((explorer.progress.description, c["new"],
+                                                      explorer.progress.max)), names="value")
+    explorer.plan_button.click()
+    assert explorer.progress.layout.visibility == "hidden" and explorer.error.value == ""
+    last = shown[-1]
+    assert last[0] == f"simulating {last[2]}/{last[2]}" and last[1] == last[2]
+    assert any(d.startswith("projecting") for d, _, _ in shown)
+    advance = explorer._advance
+
+    def interrupt(phase: str, done: int, total: int) -> None:
+        advance(phase, done, total)
+        if phase == "simulating" and done == 1:
+            raise KeyboardInterrupt
+
+    explorer._advance = interrupt
+    explorer.plan_button.click()
+    assert explorer.result.interrupted and "interrupted: the best plans found so far" in explorer.error.value
+    assert explorer.strategy.options  # the plans found so far are listed

@@ -15,6 +15,7 @@ model the runs trained.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from .model_args import add_model_arg, parse_model_args
@@ -126,6 +127,7 @@ def _shape_of_runs(run_dirs: list[str] | None, batch: int):
 def _plan(args: argparse.Namespace) -> Result:
     from ..planning import Budget, SearchOptions, Workload, plan
     from ..planning.costs.clusters import load_cluster, share_gpus
+    from ..planning.strategy.progress import terminal_bar
 
     if args.batch < 1:
         raise ValueError(f"--batch must be an int >= 1, got {args.batch}")
@@ -144,8 +146,9 @@ def _plan(args: argparse.Namespace) -> Result:
     if shape is None and args.calibrate:  # a tensor-parallel calibration run says what the transformer is
         shape, whole = _shape_of_runs(args.calibrate, args.profile_batch)
     workload = Workload(costs, args.batch, shape=shape if whole else None, tp_limits=limits)
+    bar = terminal_bar() if not args.json and sys.stderr.isatty() else None  # Ctrl-C: the best plans so far
     result = plan(workload, cluster if args.ranks_per_gpu > 1 else args.cluster,
-                  Budget(memory_cap_gib=args.memory_cap, world_size=args.world_size), options)
+                  Budget(memory_cap_gib=args.memory_cap, world_size=args.world_size), options, progress=bar)
     lines = [f"{costs.model} on {cluster.name} ({args.world_size or cluster.world_size} devices), global batch "
              f"{args.batch}: {result.searched} strategies in {result.elapsed_s:.2f} s",
              f"{'#':>3} {'strategy':<28} {'iter ms':>10} {'samples/s':>10} {'GiB/dev':>8} {'compute':>9} "

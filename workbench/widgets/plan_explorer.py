@@ -92,6 +92,10 @@ class PlanExplorer:
         self.top = W.IntSlider(value=top, min=1, max=50, description="show top")
         self.plan_button = W.Button(description="Plan", button_style="primary", icon="search")
         self.plan_button.add_class("wb-plan-button")
+        # how far the search has got: interrupting the kernel ends it with the best plans so far
+        self.progress = W.IntProgress(value=0, min=0, max=1, description="", bar_style="info",
+                                      layout=W.Layout(visibility="hidden"))
+        self.progress.add_class("wb-plan-progress")
         self.strategy = W.Dropdown(options=[], description="strategy")
         self.strategy.add_class("wb-strategy")
         self.table = label("wb-plan-table")
@@ -109,7 +113,7 @@ class PlanExplorer:
         self._listing = False
         self.strategy.observe(lambda change: self._listing or self._show_selected(), names="value")
         self.widget = W.VBox([
-            W.HBox([self.cluster, self.global_batch]), W.HBox([self.memory_cap, self.top, self.plan_button]),
+            W.HBox([self.cluster, self.global_batch]), W.HBox([self.memory_cap, self.top, self.plan_button, self.progress]),
             self.error, self.figure_box, self.table, self.strategy, self.detail, self.strip_box, self.timeline_box,
             self.infeasible,
         ])
@@ -124,18 +128,31 @@ class PlanExplorer:
         """Run the planner with the controls' values and show its ranking."""
         cap = self.memory_cap.value or None
         self.plan_button.disabled = True
+        self.progress.layout.visibility = "visible"
         try:
             result = plan(Workload(self.costs, self.global_batch.value, shape=self.shape, optimizer=self.optimizer),
                           self.cluster.value, Budget(memory_cap_gib=cap, world_size=self.world_size),
-                          replace(self.options, top=self.top.value))
+                          replace(self.options, top=self.top.value), progress=self._advance)
         except ValueError as error:
             self.error.value = f"<span style='color:#d62728'>{html.escape(str(error))}</span>"
             return None
         finally:
             self.plan_button.disabled = False
-        self.error.value = ""
+            self.progress.layout.visibility = "hidden"
+        self.error.value = "" if not result.interrupted else \
+            f"<span style='color:#ff7f0e'>{html.escape(result.notes[0])}</span>"
         self.show(result)
         return result
+
+    def _advance(self, phase: str, done: int, total: int) -> None:
+        """The planner's progress callback: the bar shows the phase and how many of its items are done (redrawn
+        about a hundred times a phase at most)."""
+        if done == 0:
+            self.progress.value, self.progress.max = 0, max(total, 1)
+        elif done < total and done % max(1, total // 100):
+            return
+        self.progress.description = f"{phase} {done}/{total}"
+        self.progress.value = done
 
     @property
     def memory_cap_gib(self) -> float | None:

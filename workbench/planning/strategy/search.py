@@ -45,6 +45,7 @@ from ..costs.run_calibration import calibrate_from_run
 from ..costs.tensor_costs import TransformerShape
 from ..layerwise.layer_strategies import decision_trees, stage_strategies
 from .hybrid import TEMPLATE_TEXT, HybridEstimate, HybridResult, as_estimate, search_hybrid
+from .progress import Progress, SearchProgress
 from .request import Budget, SearchOptions, Workload
 from .space import TP_FAMILIES, check_plan, enumerate_strategies, runtime_refusal, tensor_parallel_note
 
@@ -137,6 +138,7 @@ class PlanResult:
     elapsed_s: float
     notes: list[str] = field(default_factory=list)
     per_layer: "HybridResult | None" = None  # the per-layer search's own result (fine_grained)
+    interrupted: bool = False  # the search was stopped: the plans are the best found so far
 
     @property
     def best(self) -> RankedPlan:
@@ -163,7 +165,7 @@ class PlanResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"cluster": self.cluster.name, "global_batch": self.global_batch, "searched": self.searched,
-                "elapsed_s": self.elapsed_s, "notes": self.notes, "best": self.best.name,
+                "elapsed_s": self.elapsed_s, "interrupted": self.interrupted, "notes": self.notes, "best": self.best.name,
                 "strategies": [p.to_dict() for p in self.plans], "infeasible": self.infeasible,
                 **({"per_layer": _per_layer_dict(self.per_layer)} if self.per_layer is not None else {})}
 
@@ -258,26 +260,31 @@ def _compute_models(workload: Workload, spec: ClusterSpec, world: int, options: 
 
 
 def _rank(ctx: CostContext, candidates: list[ParallelPlan], options: SearchOptions,
-          infeasible: list[dict[str, Any]]) -> tuple[list[Estimate], int]:
+          infeasible: list[dict[str, Any]], progress: SearchProgress) -> tuple[list[Estimate], int]:
     """Every candidate projected (or, when the strategies are given, simulated) and the ``simulate_top`` fastest
     projections simulated; those that cannot run go to ``infeasible``. The estimates, and how many projected."""
     projected: list[Estimate] = []
-    for s in candidates:
+
+    def first(s: ParallelPlan) -> None:
         try:
             projected.append(estimate(ctx, s) if options.strategies is not None else project(ctx, s))
         except ValueError as exc:
             infeasible.append({"name": s.name, "reason": " ".join(str(exc).split())})
+
+    progress.run("projecting" if options.strategies is None else "simulating", candidates, first)
     projected.sort(key=lambda e: (e.iteration_ms, e.strategy.world_size, e.strategy.name))
-    final: list[Estimate] = []
-    for i, e in enumerate(projected):
-        if e.method == "projected" and i < options.simulate_top:
-            try:
-                e = estimate(ctx, e.strategy)
-            except ValueError as exc:
-                infeasible.append({"name": e.strategy.name, "reason": " ".join(str(exc).split())})
-                continue
-        final.append(e)
-    return final, len(projected)
+    simulated: dict[ParallelPlan, Estimate | None] = {}
+
+    def again(e: Estimate) -> None:
+        try:
+            simulated[e.strategy] = estimate(ctx, e.strategy)
+        except ValueError as exc:
+            simulated[e.strategy] = None
+            infeasible.append({"name": e.strategy.name, "reason": " ".join(str(exc).split())})
+
+    progress.run("simulating", [e for e in projected[:options.simulate_top] if e.method == "projected"], again)
+    final = [simulated.get(e.strategy, e) for e in projected]
+    return [e for e in final if e is not None], len(projected)
 
 
 def _fine_grained(ctx: CostContext, workload: Workload, world: int, options: SearchOptions,
@@ -300,7 +307,7 @@ def _fine_grained(ctx: CostContext, workload: Workload, world: int, options: Sea
 
 
 def plan(workload: Workload, cluster: ClusterSpec | str | Path, budget: Budget = Budget(),
-         options: SearchOptions = SearchOptions()) -> PlanResult:
+         options: SearchOptions = SearchOptions(), *, progress: Progress | None = None) -> PlanResult:
     """Rank the strategies for ``workload`` on ``cluster`` within ``budget`` (see the module docstring).
 
     ``cluster``: a :class:`~workbench.core.costs.ClusterSpec`, a preset name
@@ -308,7 +315,10 @@ def plan(workload: Workload, cluster: ClusterSpec | str | Path, budget: Budget =
     (all-reduces reach its ``collective_link`` where it has one). The
     :class:`~.request.Workload`, :class:`~.request.Budget` and
     :class:`~.request.SearchOptions` say what is trained, what the plan may
-    use and how to search.
+    use and how to search. ``progress(phase, done, total)`` is told how far
+    each phase has got (:mod:`.progress`); an interruption (Ctrl-C, a kernel
+    interrupt) ends the search with the best plans found so far, which the
+    result's ``interrupted`` and notes say.
     """
     started = time.perf_counter()
     for name, value, kind in (("workload", workload, Workload), ("budget", budget, Budget),
@@ -324,11 +334,18 @@ def plan(workload: Workload, cluster: ClusterSpec | str | Path, budget: Budget =
                        background_load=options.background_load, compute_models=models)
     infeasible: list[dict[str, Any]] = []
     candidates = _candidates(workload, world, options, notes, infeasible)
-    final, projected = _rank(ctx, candidates, options, infeasible)
-    hybrid = None
+    steps = SearchProgress(progress)
+    final, projected = _rank(ctx, candidates, options, infeasible, steps)
+    found: list[HybridResult | None] = [None]
     if options.fine_grained:
-        hybrid = _fine_grained(ctx, workload, world, options, candidates, final, infeasible, notes)
+        steps.run("per-layer search", [final], lambda ranked: found.__setitem__(0, _fine_grained(
+            ctx, workload, world, options, candidates, ranked, infeasible, notes)))
         final = _runnable(final, workload, infeasible, notes)
+    hybrid = found[0]
+    if steps.interrupted is not None:
+        if not final:
+            raise KeyboardInterrupt(f"the search was interrupted before any plan was estimated ({steps.interrupted})")
+        notes.insert(0, f"interrupted: the best plans found so far ({steps.interrupted})")
     if not final:
         raise ValueError(f"no strategy for {workload.costs.model} on {world} devices of {ctx.cluster.name} fits"
                          f"{_closest_miss(infeasible, ctx.cap)}")
@@ -342,7 +359,7 @@ def plan(workload: Workload, cluster: ClusterSpec | str | Path, budget: Budget =
         notes.append(f"the {min(options.simulate_top, projected)} fastest projections are simulated; the rest are "
                      f"ranked by the closed form")
     return PlanResult(plans, infeasible, ctx.cluster, workload.global_batch, len(candidates),
-                      time.perf_counter() - started, notes, hybrid)
+                      time.perf_counter() - started, notes, hybrid, interrupted=steps.interrupted is not None)
 
 
 def _per_layer_search(ctx, costs: ModelCosts, world: int, optimizer: str, notes: list[str],
