@@ -10,11 +10,18 @@ which also generates, lowers and compiles the schedule, is its own row, and so i
 timeline (an ``Event`` per event) of the 64 x 256 result, which the metrics and memory do not need.
 Today's 16 x 64 case of ``bench_scheduling.py`` is kept for comparison.
 
+The planner's own rows run ``workbench plan`` as a user does, a whole process (its start, the
+profile found in the cache without building the model, the search, the printout): GPT-2 with 48
+layers on 64 devices with ``--fine-grained`` (target 3 s) and on 1,024 devices (target 10 s), each
+run once untimed first so the profile is cached; and profiling that model on one thread with the
+cache off (target 30 s). CPU time of these rows is the child process's.
+
 Every row is a :class:`Measurement` in :data:`MEASUREMENTS` (planner rows go there too): its
 ``setup`` returns the callable that is timed (called once untimed where the row is about repeated
 calls), the median of ``repeats`` calls is reported, wall and CPU, because the machine may be
 shared. Writes ``bench/results/planner_scale.json`` (or the
-path after ``--out``). The script only uses the public API, so pointing ``PYTHONPATH`` at an
+path after ``--out``; ``--only a,b`` runs the rows whose names contain ``a`` or ``b`` and keeps the
+file's other rows). The script only uses the public API, so pointing ``PYTHONPATH`` at an
 older checkout times that one (the "before" numbers of bench/RESULTS.md).
 """
 
@@ -24,6 +31,7 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -130,7 +138,40 @@ def simulate_1f1b_16x64_comm() -> Callable[[], object]:
     return lambda: simulate(schedule, costs, cluster).metrics
 
 
+GPT2_48 = ["gpt2-small", "--model-arg", "n_layer=48"]
+
+
+def workbench_command(*args: str, warm: bool = True) -> Callable[[], Callable[[], object]]:
+    """A row timing ``workbench ARGS`` as a whole process on one thread (run once untimed first when ``warm``)."""
+    def setup() -> Callable[[], object]:
+        command = [sys.executable, "-m", "workbench.cli", *args]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+        def call() -> object:
+            return subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
+
+        if warm:
+            call()
+        return call
+    return setup
+
+
 MEASUREMENTS: list[Measurement] = [
+    Measurement("plan_cli_gpt2_48_64_devices_fine_grained_ms",
+                workbench_command("plan", *GPT2_48, "--profile-batch", "2", "--cluster", "8x8xH100-IB", "--batch",
+                                  "512", "--fine-grained"), 3000.0, repeats=3,
+                note="workbench plan, 8x8xH100-IB, batch 512, --fine-grained, profile cached: the whole process"),
+    Measurement("plan_cli_gpt2_48_1024_devices_ms",
+                workbench_command("plan", *GPT2_48, "--profile-batch", "2", "--cluster", "128x8xH100-IB", "--batch",
+                                  "1024"), 10000.0, repeats=3,
+                note="workbench plan, 128x8xH100-IB, batch 1024, profile cached: the whole process"),
+    Measurement("plan_cli_gpt2_48_1024_devices_fine_grained_ms",
+                workbench_command("plan", *GPT2_48, "--profile-batch", "2", "--cluster", "128x8xH100-IB", "--batch",
+                                  "1024", "--fine-grained"), repeats=1,
+                note="the same with the per-layer search (no target)"),
+    Measurement("profile_gpt2_48_one_thread_ms",
+                workbench_command("profile", *GPT2_48, "--batch", "2", "--no-cache", warm=False), 30000.0, repeats=1,
+                note="workbench profile on one thread, cache off (identical blocks timed once)"),
     Measurement("simulate_1f1b_64x256_memory_ms", simulate_1f1b_64x256, 100.0,
                 note="generation + simulation with memory, new stage costs each call"),
     Measurement("simulate_1f1b_64x256_first_call_ms", simulate_1f1b_64x256_first_call, repeats=3,
@@ -150,11 +191,17 @@ def timed(call: Callable[[], object], repeats: int) -> tuple[float, float, list[
     """Median wall ms, median CPU ms, and every wall time."""
     wall, cpu = [], []
     for _ in range(repeats):
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0 = time.perf_counter(), _cpu_s()
         call()
         wall.append((time.perf_counter() - t0) * 1e3)
-        cpu.append((time.process_time() - c0) * 1e3)
+        cpu.append((_cpu_s() - c0) * 1e3)
     return statistics.median(wall), statistics.median(cpu), wall
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and of its finished children (the rows that run ``workbench``)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def _verdict(value: float, target: float) -> str:
@@ -164,9 +211,12 @@ def _verdict(value: float, target: float) -> str:
 def main(argv: list[str]) -> int:
     out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else RESULTS
     load_before = os.getloadavg()[0]
-    rows = {}
+    rows = json.loads(out.read_text()).get("rows", {}) if out.is_file() else {}
+    only = argv[argv.index("--only") + 1].split(",") if "--only" in argv else None
     print(f"{'measurement':<46} {'wall ms':>9} {'cpu ms':>9} {'target ms':>10}")
     for m in MEASUREMENTS:
+        if only is not None and not any(part in m.name for part in only):
+            continue
         wall, cpu, every = timed(m.setup(), m.repeats)
         rows[m.name] = {"wall_ms": round(wall, 2), "cpu_ms": round(cpu, 2),
                         "every_wall_ms": [round(t, 2) for t in every],
