@@ -163,6 +163,45 @@ def test_transitions_follow_layouts_and_links():
 
 
 
+def _fetches_by_sets(have, need, devices, node):
+    """Per-rank fetch counts by the definition: each rank's units as a set, every node's as their union."""
+    def held(layout, r):
+        tp, t, consecutive = layout
+        d = devices // t
+        group, pos = (r // t, r % t) if consecutive else (r % d, r // d)
+        slices, pieces = range(group * t, (group + 1) * t), range(devices)
+        if tp == "2d":
+            q = math.isqrt(t)
+            row, col = divmod(pos, q)
+            slices = range(group * t + row * q, group * t + (row + 1) * q)
+            pieces = range(col * (devices // q), (col + 1) * (devices // q))
+        return {s * devices + p for s in slices for p in pieces}
+    before = [held(have, r) for r in range(devices)]
+    on_node: dict[int, set[int]] = {}
+    for r in range(devices):
+        on_node.setdefault(node[r], set()).update(before[r])
+    out = []
+    for r in range(devices):
+        missing = held(need, r) - before[r]
+        near = len(missing & on_node[node[r]])
+        out.append((near, len(missing) - near))
+    return out
+
+
+def test_fetch_counts_on_cells_match_the_units_counted_one_by_one():
+    from workbench.planning.layerwise.layer_costs import _fetch_units
+
+    for n in (2, 4, 8, 16):
+        layouts = [("none", 1, True)] + [("1d", t, c) for t in (2, 4, 8, 16) if t <= n for c in (True, False)
+                                         if c or t < n] + [("2d", t, c) for t in (4, 16) if t <= n
+                                                           for c in (True, False) if c or t < n]
+        for per_node, strided in ((1, False), (2, False), (4, True), (8, False), (n, False)):
+            node = tuple((r * 3 % n if strided else r) // per_node for r in range(n))
+            for have, need in itertools.product(layouts, repeat=2):
+                expected = tuple(dict.fromkeys(_fetches_by_sets(have, need, n, node)))
+                assert _fetch_units(have, need, n, node) == expected, (have, need, n, node)
+
+
 def test_collective_steps_on_shared_cores_wait_per_step_only_when_the_group_outnumbers_the_cores():
     from dataclasses import replace
 

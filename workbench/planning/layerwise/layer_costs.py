@@ -133,6 +133,7 @@ class StageSpec:
         object.__setattr__(self, "_kinds", tuple(layer_kinds(self.layer_costs, self.kinds)))
         object.__setattr__(self, "_nodes", tuple(self.cluster.node_of(r) for r in self.global_ranks))
         object.__setattr__(self, "_links", {})
+        object.__setattr__(self, "_moves", {})  # transition_ms per (boundary bytes, layout before, after)
         object.__setattr__(self, "_grad_bytes", sum(l.grad_bytes for l in self.layer_costs))
         object.__setattr__(self, "_cores", shared_cores(self.cluster))
 
@@ -294,41 +295,51 @@ def layer_cost(spec: StageSpec, index: int, strategy: LayerStrategy) -> LayerCho
     return LayerChoiceCost(solo, m * tp_ms, busy - solo, math.ceil(sharded), math.ceil(kept * spec.in_flight))
 
 
-@lru_cache(maxsize=4096)
-def _holdings(layout: tuple[str, int, bool], devices: int) -> tuple[frozenset[int], ...]:
-    """Which units of a boundary tensor each rank holds: the micro-batch cut into ``devices`` sample slices,
-    each cut into ``devices`` hidden pieces (unit = slice x devices + piece). Data-parallel index i (rank //
-    t when consecutive, rank mod d when strided) owns the i-th of d equal runs of samples. 1D / no TP: every
-    rank of a group holds its samples whole; 2D: grid rank (a, b) holds their row block a, hidden block b."""
+def _block(layout: tuple[str, int, bool], devices: int, rank: int) -> tuple[int, int, int, int]:
+    """The units of a boundary tensor ``rank`` holds, as a block ``(first slice, end, first piece, end)``: the
+    micro-batch is cut into ``devices`` sample slices, each cut into ``devices`` hidden pieces. Data-parallel
+    index i (rank // t when consecutive, rank mod d when strided) owns the i-th of d equal runs of samples.
+    1D / no TP: every rank of a group holds its samples whole; 2D: grid rank (a, b) holds their row block a,
+    hidden block b."""
     tp, t, consecutive = layout
-    d, n = devices // t, devices
-    out = []
-    for r in range(n):
-        group, pos = (r // t, r % t) if consecutive else (r % d, r // d)
-        slices = range(group * t, (group + 1) * t)  # a group owns n / d = t slices
-        pieces = range(n)
-        if tp == "2d":
-            q = math.isqrt(t)
-            row, col = divmod(pos, q)
-            slices = range(group * t + row * q, group * t + (row + 1) * q)
-            pieces = range(col * (n // q), (col + 1) * (n // q))
-        out.append(frozenset(s * n + p for s in slices for p in pieces))
-    return tuple(out)
+    n, d = devices, devices // t
+    group, pos = (rank // t, rank % t) if consecutive else (rank % d, rank // d)
+    if tp != "2d":
+        return group * t, (group + 1) * t, 0, n  # a group owns n / d = t slices
+    q = math.isqrt(t)
+    row, col = divmod(pos, q)
+    return group * t + row * q, group * t + (row + 1) * q, col * (n // q), (col + 1) * (n // q)
+
+
+def _cells(block: tuple[int, int, int, int], slice_unit: int, piece_unit: int) -> set[tuple[int, int]]:
+    """The block as cells of ``slice_unit`` slices x ``piece_unit`` pieces (blocks are whole cells)."""
+    s0, s1, p0, p1 = block
+    return {(s, p) for s in range(s0 // slice_unit, s1 // slice_unit) for p in range(p0 // piece_unit,
+                                                                                      p1 // piece_unit)}
 
 
 @lru_cache(maxsize=4096)
 def _fetch_units(have: tuple[str, int, bool], need: tuple[str, int, bool], devices: int,
                  node: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-    """Per rank: units it must fetch to go from layout ``have`` to ``need``, as (from its node, from others)."""
-    held, wanted = _holdings(have, devices), _holdings(need, devices)
-    on_node: dict[int, frozenset[int]] = {}
+    """The distinct ``(from its node, from others)`` counts of units a rank fetches to go from layout ``have`` to
+    ``need`` (see :func:`_block`): it lacks what it needs minus what it holds, finds on its node what any rank
+    there holds. Counted on cells both layouts' blocks are made of, so a stage of many ranks stays cheap."""
+    held = [_block(have, devices, r) for r in range(devices)]
+    wanted = [_block(need, devices, r) for r in range(devices)]
+    slice_unit = min(held[0][1] - held[0][0], wanted[0][1] - wanted[0][0])  # powers of two: the smaller divides
+    piece_unit = min(held[0][3] - held[0][2], wanted[0][3] - wanted[0][2])
+    size = slice_unit * piece_unit
+    on_node: dict[int, set[tuple[int, int]]] = {}
     for r in range(devices):
-        on_node[node[r]] = on_node.get(node[r], frozenset()) | held[r]
-    out = []
+        on_node.setdefault(node[r], set()).update(_cells(held[r], slice_unit, piece_unit))
+    out: dict[tuple[int, int], None] = {}
     for r in range(devices):
-        missing = wanted[r] - held[r]
-        near = len(missing & on_node[node[r]])
-        out.append((near, len(missing) - near))
+        want = _cells(wanted[r], slice_unit, piece_unit)
+        here = len(want & on_node[node[r]])  # the rank's own block is among its node's
+        s0, s1, p0, p1 = held[r]
+        w0, w1, q0, q1 = wanted[r]
+        own = max(0, min(s1, w1) - max(s0, w0)) * max(0, min(p1, q1) - max(p0, q0))
+        out[(here * size - own, (len(want) - here) * size)] = None
     return tuple(out)
 
 
@@ -337,17 +348,28 @@ def transition_ms(spec: StageSpec, index: int, before: LayerStrategy, after: Lay
     iteration: the slowest rank's fetches over point-to-point links (0 when the layouts match)."""
     if index == 0 or before.layout == after.layout:
         return 0.0
+    nbytes = spec.costs.layers[spec.layers[0] + index - 1].activation_bytes
+    key = (nbytes, before.layout, after.layout)
+    moves = spec._moves  # type: ignore[attr-defined]
+    if key not in moves:
+        moves[key] = _redistribution_ms(spec, nbytes, before.layout, after.layout)
+    return moves[key]
+
+
+def _redistribution_ms(spec: StageSpec, nbytes: int, before: tuple[str, int, bool],
+                       after: tuple[str, int, bool]) -> float:
+    """:func:`transition_ms` of a boundary tensor of ``nbytes`` at the profile's batch between two layouts."""
     n, cluster = spec.devices, spec.cluster
-    unit = spec.layer_costs[index - 1].activation_bytes * spec.microbatch_size / spec.costs.batch_size / (n * n)
+    unit = nbytes * spec.microbatch_size / spec.costs.batch_size / (n * n)
     far_link = level_link(cluster, span_level(cluster, spec.nodes))  # the slowest link inside the stage
     total = 0.0
-    for have, need in ((before.layout, after.layout), (after.layout, before.layout)):  # activation, then gradient
+    for have, need in ((before, after), (after, before)):  # activation, then gradient
         fetches = _fetch_units(have, need, n, spec.nodes)
         total += max(cluster.intra_node.transfer_ms(near * unit) + far_link.transfer_ms(far * unit)
                      for near, far in fetches)
     # the runtime's calls: an all-gather over the stage where the rows were split (before), an all-reduce of
     # the gradient where they are split again (after); a 1D layout of degree n holds every row on every rank
-    split = [layout[1] < n for layout in (before.layout, after.layout)]
+    split = [layout[1] < n for layout in (before, after)]
     total += split[0] * paying_steps(spec, n, n - 1) * cluster.collective_call_ms
     total += split[1] * _allreduce_call_ms(spec, n)
     return spec.num_microbatches * total
