@@ -19,31 +19,37 @@ def _split(weights: Sequence[float], parts: int) -> list[tuple[int, int]] | None
     prefix = [0.0]
     for w in weights:
         prefix.append(prefix[-1] + w)
-    return _split_by_stage(lambda _k, a, b: prefix[b + 1] - prefix[a], len(weights), parts)
+    return _split_by_stage(prefix, len(weights), parts)
 
 
-def _split_by_stage(cost: Callable[[int, int, int], float], n: int, parts: int) -> list[tuple[int, int]] | None:
-    """Contiguous split of ``n`` layers into ``parts`` stages minimising the largest ``cost(stage, first, last)``.
+def _split_by_stage(cost: Callable[[int, int, int], float] | Sequence[float], n: int,
+                    parts: int) -> list[tuple[int, int]] | None:
+    """Contiguous split of ``n`` layers into ``parts`` stages minimising the largest ``cost(stage, first, last)``,
+    or, given prefix sums as ``cost``, the largest ``cost[last + 1] - cost[first]``.
 
     ``cost`` must not decrease as a stage takes more layers (times and memory do not), so scanning the start of
-    the last stage downwards can stop once that stage alone costs as much as the best split found.
+    the last stage downwards can stop once that stage alone costs as much as the best split found. The first
+    stage starts at layer 0, and of the last only the split that ends at the last layer is wanted.
     """
     if parts > n:
         return None
-    inf = math.inf
+    inf, prefix = math.inf, None if callable(cost) else cost
     best = [[inf] * (n + 1) for _ in range(parts + 1)]
     cut = [[0] * (n + 1) for _ in range(parts + 1)]
     best[0][0] = 0.0
     for k in range(1, parts + 1):
-        before, here = best[k - 1], best[k]
-        for end in range(k, n - (parts - k) + 1):
-            for start in range(end - 1, k - 2, -1):
-                last = cost(k - 1, start, end - 1)
+        before, here, row = best[k - 1], best[k], cut[k]
+        for end in (range(k, n - (parts - k) + 1) if k < parts else (n,)):
+            for start in (range(end - 1, k - 2, -1) if k > 1 else (0,)):  # one stage: it starts at layer 0
+                if prefix is not None:
+                    last = prefix[end] - prefix[start]
+                else:
+                    last = cost(k - 1, start, end - 1)  # type: ignore[operator]
                 if last >= here[end]:
                     break
                 value = max(before[start], last)
                 if value < here[end]:
-                    here[end], cut[k][end] = value, start
+                    here[end], row[end] = value, start
     bounds, end = [], n
     for k in range(parts, 0, -1):
         start = cut[k][end]
