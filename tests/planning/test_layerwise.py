@@ -13,6 +13,7 @@ from workbench.core.plan import LayerPlan
 from workbench.planning.layerwise.layer_strategies import (CONV, LINEAR, TRANSFORMER, LayerKind, LayerStrategy,
                                                            decision_trees, for_layer, galvatron_space, guess_layer_kind,
                                                            stage_strategies)
+from workbench.planning.layerwise.layer_dp import least_time
 from workbench.planning.layerwise.stage_search import (StageSpec, assignment_cost, bucket_dp, layer_cost, pareto_dp,
                                                        search_stage, transition_ms)
 
@@ -284,7 +285,7 @@ def test_nothing_fits_names_the_shortfall():
         search_stage(spec, SMALL_POOL, least - 1000)
 
 
-@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("seed", range(40))
 def test_solvers_on_random_tables(seed):
     rng = random.Random(seed)
     layers, layouts = rng.randint(1, 6), ["a", "b", "c"]
@@ -293,15 +294,20 @@ def test_solvers_on_random_tables(seed):
     cost = {(l, a, b): (0.0 if a == b else rng.uniform(0, 5)) for l in range(layers) for a in layouts for b in layouts}
     move = lambda l, a, b: cost[(l, a, b)]  # noqa: E731
     budget = 8 * rng.randint(0, 20 * layers)
-    best = None
+    best, fastest = None, math.inf
     for pick in itertools.product(*[range(len(o)) for o in options]):
-        if sum(options[l][i][1] for l, i in enumerate(pick)) > budget:
-            continue
         t = sum(options[l][i][0] for l, i in enumerate(pick)) + sum(
             move(l, options[l - 1][pick[l - 1]][2], options[l][pick[l]][2]) for l in range(1, layers))
+        fastest = min(fastest, t)
+        if sum(options[l][i][1] for l, i in enumerate(pick)) > budget:
+            continue
         best = t if best is None else min(best, t)
+    free_time, free_memory, free_picks = least_time(options, move)  # the budget ignored
+    assert free_time == pytest.approx(fastest, rel=1e-12)
+    assert free_memory == sum(options[l][i][1] for l, i in enumerate(free_picks))
     exact = pareto_dp(options, move, budget)
     bounded = pareto_dp(options, move, budget, best * (1 + 1e-9) if best is not None else math.inf)
+    assert bounded == exact  # a bound no lower than the optimum prunes, and changes no answer
     buckets = bucket_dp(options, move, budget, resolution=max(1, budget // 8))  # memory on unit boundaries
     if best is None:
         assert exact is None and bounded is None and buckets is None

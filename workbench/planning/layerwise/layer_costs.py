@@ -130,17 +130,19 @@ class StageSpec:
         if not (whole and 0 <= layers[0] <= layers[1] <= last):
             raise _error("layers", self.layers, f"(first, last) with 0 <= first <= last <= {last}")
         object.__setattr__(self, "layers", tuple(layers))
+        object.__setattr__(self, "_layer_costs", self.costs.layers[layers[0]:layers[1] + 1])
         object.__setattr__(self, "_kinds", tuple(layer_kinds(self.layer_costs, self.kinds)))
-        object.__setattr__(self, "_nodes", tuple(self.cluster.node_of(r) for r in self.global_ranks))
+        per_node = self.cluster.devices_per_node  # the ranks are checked: node_of's arithmetic without its check
+        object.__setattr__(self, "_nodes", tuple(r // per_node for r in self.global_ranks))
         object.__setattr__(self, "_links", {})
         object.__setattr__(self, "_moves", {})  # transition_ms per (boundary bytes, layout before, after)
+        object.__setattr__(self, "_costs", {})  # layer_cost per (index, strategy)
         object.__setattr__(self, "_grad_bytes", sum(l.grad_bytes for l in self.layer_costs))
         object.__setattr__(self, "_cores", shared_cores(self.cluster))
 
     @property
     def layer_costs(self) -> tuple[LayerCost, ...]:
-        first, last = self.layers
-        return self.costs.layers[first:last + 1]
+        return self._layer_costs  # type: ignore[attr-defined]
 
     def kind(self, index: int) -> LayerKind:
         """The kind of the stage's ``index``-th layer (0 = its first)."""
@@ -246,7 +248,17 @@ def _bucketed_allreduce_ms(spec: StageSpec, link: LinkSpec, nbytes: float, n: in
 
 
 def layer_cost(spec: StageSpec, index: int, strategy: LayerStrategy) -> LayerChoiceCost:
-    """The cost model of the module docstring for the stage's ``index``-th layer (0 = its first)."""
+    """The cost model of the module docstring for the stage's ``index``-th layer (0 = its first); each stage
+    keeps what it has costed."""
+    known = spec._costs  # type: ignore[attr-defined]
+    key = (index, strategy)
+    found = known.get(key)
+    if found is None:
+        found = known[key] = _layer_cost(spec, index, strategy)
+    return found
+
+
+def _layer_cost(spec: StageSpec, index: int, strategy: LayerStrategy) -> LayerChoiceCost:
     if strategy.devices != spec.devices:
         raise _error("strategy.devices", strategy.devices, f"the stage's {spec.devices} devices")
     layer, kind = spec.layer_costs[index], spec.kind(index)

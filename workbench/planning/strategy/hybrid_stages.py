@@ -35,6 +35,7 @@ class _Search:
         # the mesh's tensor-parallel size when it decides placement (several nodes), else None (see search_hybrid)
         self.mesh_tp: int | None = None
         self.held: dict[tuple[int, int], tuple[int, ...]] = {}
+        self.specs: dict[tuple, StageSpec] = {}
 
     def pool(self, devices: int) -> tuple[LayerStrategy, ...]:
         key = (devices, self.mesh_tp)
@@ -59,6 +60,13 @@ class _Search:
         return self.held[pp, m]
 
     def spec(self, pp: int, m: int, stage: int, first: int, last: int) -> StageSpec:
+        """The stage as the search sees it (made once per stage, so it keeps the layer costs it has computed)."""
+        key = (pp, m, stage, first, last, self.mesh_tp)
+        if key not in self.specs:
+            self.specs[key] = self._spec(pp, m, stage, first, last)
+        return self.specs[key]
+
+    def _spec(self, pp: int, m: int, stage: int, first: int, last: int) -> StageSpec:
         n = self.world // pp
         return StageSpec(self.costs, self.cluster, devices=n, microbatch_size=self.global_batch // m,
                          layers=(first, last), num_microbatches=m, in_flight=self.in_flight(pp, m)[stage],
