@@ -203,6 +203,36 @@ def test_fetch_counts_on_cells_match_the_units_counted_one_by_one():
                 assert _fetch_units(have, need, n, node) == expected, (have, need, n, node)
 
 
+def test_layer_costs_shared_between_stages_and_layers_equal_those_costed_alone():
+    """Stages sharing one table of layer costs (and layers of one class within a stage) answer exactly what the
+    cost model computes for each layer afresh: the table separates what a cost depends on."""
+    from workbench.planning.layerwise.layer_costs import _layer_cost
+
+    rng = random.Random(5)
+    block = LayerCost("block_0", 2.0, 4.0, param_bytes=64 * 2**20, activation_bytes=8 * 2**20,
+                      saved_bytes=96 * 2**20)
+    odd = LayerCost("block_9", 2.0, 4.0, param_bytes=64 * 2**20, activation_bytes=4 * 2**20, saved_bytes=96 * 2**20)
+    layers = [LayerCost("embeddings", 0.5, 1.0, param_bytes=300 * 2**20, activation_bytes=8 * 2**20)]
+    layers += [LayerCost(f"block_{i}", 2.0, 4.0, param_bytes=64 * 2**20, activation_bytes=8 * 2**20,
+                         saved_bytes=96 * 2**20) for i in range(1, 5)] + [block, odd, block, block]
+    costs = ModelCosts("repeated", 4, "gpu", tuple(layers), input_bytes=2**20)
+    cluster = two_node_cluster(per_node=4)
+    pool = stage_strategies(4, dp_kinds=("replicate", "zero2", "fsdp"), recompute=(False, True))
+    tables: dict = {}
+    for _ in range(12):
+        first = rng.randrange(len(layers))
+        args = dict(devices=4, microbatch_size=rng.choice([4, 8]), layers=(first, rng.randrange(first, len(layers))),
+                    num_microbatches=rng.choice([1, 4]), in_flight=rng.choice([1, 2]),
+                    ranks=tuple(rng.sample(range(8), 4)), optimizer=rng.choice(["adam", "sgd"]))
+        shared, alone = StageSpec(costs, cluster, **args).share_costs(tables), StageSpec(costs, cluster, **args)
+        for i in range(len(alone.layer_costs)):
+            for s in for_layer(pool, alone.kind(i)):
+                assert layer_cost(shared, i, s) == _layer_cost(alone, i, s)
+                if i:
+                    assert transition_ms(shared, i, pool[0], s) == transition_ms(alone, i, pool[0], s)
+    assert len(tables) > 1
+
+
 def test_collective_steps_on_shared_cores_wait_per_step_only_when_the_group_outnumbers_the_cores():
     from dataclasses import replace
 

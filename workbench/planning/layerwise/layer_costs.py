@@ -46,8 +46,9 @@ peak of a recomputed layer, and compute time-sharing on CPU ranks.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
+from operator import attrgetter
 from typing import Callable, Sequence
 
 from ...core.costs import ClusterSpec, LayerCost, LinkSpec, ModelCosts
@@ -64,6 +65,8 @@ DDP_BUCKET_BYTES = 25 * MIB  # torch DDP's default bucket
 
 
 _error: ErrorForm = field_error("layerwise")
+# what a layer's cost may read of its profile: every value but the name
+_profile_values = attrgetter(*(f.name for f in fields(LayerCost) if f.name != "name"))
 
 
 @dataclass(frozen=True)
@@ -136,7 +139,9 @@ class StageSpec:
         object.__setattr__(self, "_nodes", tuple(r // per_node for r in self.global_ranks))
         object.__setattr__(self, "_links", {})
         object.__setattr__(self, "_moves", {})  # transition_ms per (boundary bytes, layout before, after)
-        object.__setattr__(self, "_costs", {})  # layer_cost per (index, strategy)
+        object.__setattr__(self, "_costs", {})  # layer_cost per (layer class, strategy, gradient bytes if they matter)
+        object.__setattr__(self, "_class_ids", {})  # layer class: what a layer's cost reads of it -> a number
+        object.__setattr__(self, "_classes", None)  # each of the stage's layers' class, once asked
         object.__setattr__(self, "_grad_bytes", sum(l.grad_bytes for l in self.layer_costs))
         object.__setattr__(self, "_cores", shared_cores(self.cluster))
 
@@ -152,6 +157,30 @@ class StageSpec:
         """Bytes of the stage's ``index``-th layer's input at the profile's batch (the previous layer's output)."""
         absolute = self.layers[0] + index
         return self.costs.input_bytes if absolute == 0 else self.costs.layers[absolute - 1].activation_bytes
+
+    def share_costs(self, tables: dict) -> "StageSpec":
+        """This stage, keeping its layer costs in ``tables`` (a dict, first empty), where every other stage given
+        the same dict finds them: its entries are per profile, cluster, devices, micro-batch size and count,
+        in-flight count, nodes and optimizer, so only stages that cost a layer alike share one. Returns self."""
+        env = (id(self.costs), id(self.cluster), self.devices, self.microbatch_size, self.num_microbatches,
+               self.in_flight, self._nodes, self.optimizer)  # type: ignore[attr-defined]
+        if env not in tables:  # the entry holds the profile and cluster, so their ids stay theirs
+            tables[env] = (self.costs, self.cluster, {}, {})
+        _, _, known, ids = tables[env]
+        object.__setattr__(self, "_costs", known)
+        object.__setattr__(self, "_class_ids", ids)
+        object.__setattr__(self, "_classes", None)
+        return self
+
+    def layer_classes(self) -> tuple[int, ...]:
+        """A number per layer of the stage; equal numbers: the layers cost the same under every strategy (same
+        profile values but the name, kind and input size)."""
+        if self._classes is None:  # type: ignore[attr-defined]
+            ids = self._class_ids  # type: ignore[attr-defined]
+            classes = tuple(ids.setdefault((self._kinds[i], self.input_bytes(i), _profile_values(layer)), len(ids))
+                            for i, layer in enumerate(self.layer_costs))  # type: ignore[attr-defined]
+            object.__setattr__(self, "_classes", classes)
+        return self._classes  # type: ignore[attr-defined]
 
     @property
     def global_ranks(self) -> tuple[int, ...]:
@@ -249,9 +278,10 @@ def _bucketed_allreduce_ms(spec: StageSpec, link: LinkSpec, nbytes: float, n: in
 
 def layer_cost(spec: StageSpec, index: int, strategy: LayerStrategy) -> LayerChoiceCost:
     """The cost model of the module docstring for the stage's ``index``-th layer (0 = its first); each stage
-    keeps what it has costed."""
+    keeps what it has costed, per class of layer (:meth:`StageSpec.layer_classes`)."""
     known = spec._costs  # type: ignore[attr-defined]
-    key = (index, strategy)
+    ddp = strategy.dp == "replicate" and strategy.tp_degree < spec.devices  # its buckets: the stage's gradients
+    key = (spec.layer_classes()[index], strategy, spec._grad_bytes if ddp else None)  # type: ignore[attr-defined]
     found = known.get(key)
     if found is None:
         found = known[key] = _layer_cost(spec, index, strategy)

@@ -36,6 +36,7 @@ class _Search:
         self.mesh_tp: int | None = None
         self.held: dict[tuple[int, int], tuple[int, ...]] = {}
         self.specs: dict[tuple, StageSpec] = {}
+        self.layer_costs: dict = {}  # the stages' layer costs, shared where they cost a layer alike
 
     def pool(self, devices: int) -> tuple[LayerStrategy, ...]:
         key = (devices, self.mesh_tp)
@@ -63,7 +64,7 @@ class _Search:
         """The stage as the search sees it (made once per stage, so it keeps the layer costs it has computed)."""
         key = (pp, m, stage, first, last, self.mesh_tp)
         if key not in self.specs:
-            self.specs[key] = self._spec(pp, m, stage, first, last)
+            self.specs[key] = self._spec(pp, m, stage, first, last).share_costs(self.layer_costs)
         return self.specs[key]
 
     def _spec(self, pp: int, m: int, stage: int, first: int, last: int) -> StageSpec:
