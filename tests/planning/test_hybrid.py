@@ -13,6 +13,7 @@ from workbench.core.costs import LayerCost, ModelCosts
 from workbench.core.plan import ParallelPlan
 from workbench.planning.costs.clusters import get_cluster
 from workbench.planning.strategy.hybrid import TEMPLATES, _split, search_hybrid
+from workbench.planning.strategy.hybrid_partitions import _split_by_stage
 from workbench.planning.layerwise.layer_strategies import CONV, LINEAR, OTHER, TRANSFORMER
 
 MIB, GIB = 2**20, 2**30
@@ -47,6 +48,20 @@ def test_split_minimises_the_largest_run_like_brute_force():
         assert bounds[0][0] == 0 and bounds[-1][1] == len(weights) - 1
         assert all(b[1] + 1 == c[0] for b, c in zip(bounds, bounds[1:]))
 
+
+
+def test_split_of_sums_is_the_scanned_split_ties_included():
+    """The linear-time split of prefix sums picks what the scan of every start picks, ties included (whole
+    numbers and zeros make many)."""
+    rng = random.Random(8)
+    for _ in range(3000):
+        n = rng.randint(1, 30)
+        weights = rng.choice([lambda: [float(rng.randint(0, 3)) for _ in range(n)],
+                              lambda: [rng.choice([0.0, 0.1, 0.2, 0.3]) for _ in range(n)],
+                              lambda: [rng.uniform(0, 5) for _ in range(n)]])()
+        prefix = list(itertools.accumulate(weights, initial=0.0))
+        parts = rng.randint(1, n)
+        assert _split(weights, parts) == _split_by_stage(lambda _k, a, b: prefix[b + 1] - prefix[a], n, parts)
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("cluster", ["8xA100-NVLink", "2x8xH100-IB"])

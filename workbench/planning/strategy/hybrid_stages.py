@@ -36,6 +36,7 @@ class _Search:
         self.mesh_tp: int | None = None
         self.held: dict[tuple[int, int], tuple[int, ...]] = {}
         self.specs: dict[tuple, StageSpec] = {}
+        self.splits: dict[tuple, list[tuple[int, int]] | None] = {}  # per (weights, parts): templates repeat them
         self.layer_costs: dict = {}  # the stages' layer costs, shared where they cost a layer alike
 
     def pool(self, devices: int) -> tuple[LayerStrategy, ...]:
