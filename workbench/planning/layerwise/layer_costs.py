@@ -192,6 +192,13 @@ class StageSpec:
         """The node of each of the stage's local ranks."""
         return self._nodes  # type: ignore[attr-defined]
 
+    @property
+    def node_pattern(self) -> tuple[int, ...]:
+        """:attr:`nodes` numbered in order of first appearance (which ranks share a node, not which node)."""
+        if "_pattern" not in self.__dict__:
+            object.__setattr__(self, "_pattern", _renumbered(self._nodes))  # type: ignore[attr-defined]
+        return self._pattern  # type: ignore[attr-defined]
+
     def group_link(self, groups: list[list[int]]) -> LinkSpec:
         """The link the slowest of these groups' collectives crosses (groups of the stage's local ranks)."""
         nodes, cluster = self.nodes, self.cluster
@@ -353,35 +360,74 @@ def _block(layout: tuple[str, int, bool], devices: int, rank: int) -> tuple[int,
     return group * t + row * q, group * t + (row + 1) * q, col * (n // q), (col + 1) * (n // q)
 
 
-def _cells(block: tuple[int, int, int, int], slice_unit: int, piece_unit: int) -> set[tuple[int, int]]:
+def _cells(block: tuple[int, int, int, int], slice_unit: int, piece_unit: int) -> frozenset[tuple[int, int]]:
     """The block as cells of ``slice_unit`` slices x ``piece_unit`` pieces (blocks are whole cells)."""
     s0, s1, p0, p1 = block
-    return {(s, p) for s in range(s0 // slice_unit, s1 // slice_unit) for p in range(p0 // piece_unit,
-                                                                                      p1 // piece_unit)}
+    return frozenset((s, p) for s in range(s0 // slice_unit, s1 // slice_unit)
+                     for p in range(p0 // piece_unit, p1 // piece_unit))
 
 
-@lru_cache(maxsize=4096)
 def _fetch_units(have: tuple[str, int, bool], need: tuple[str, int, bool], devices: int,
                  node: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     """The distinct ``(from its node, from others)`` counts of units a rank fetches to go from layout ``have`` to
     ``need`` (see :func:`_block`): it lacks what it needs minus what it holds, finds on its node what any rank
-    there holds. Counted on cells both layouts' blocks are made of, so a stage of many ranks stays cheap."""
+    there holds. Only which ranks share a node matters, so the nodes are renumbered in order of appearance."""
+    return _fetches(have, need, devices, _renumbered(node))
+
+
+def _renumbered(node: tuple[int, ...]) -> tuple[int, ...]:
+    """The nodes numbered in order of first appearance: equal for stages whose ranks share nodes alike."""
+    numbers: dict[int, int] = {}
+    return tuple(numbers.setdefault(x, len(numbers)) for x in node)
+
+
+@lru_cache(maxsize=4096)
+def _fetches(have: tuple[str, int, bool], need: tuple[str, int, bool], devices: int,
+             node: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """:func:`_fetch_units` counted on cells both layouts' blocks are made of, so a stage of many ranks stays
+    cheap: a node's cells once, each distinct block's once."""
+    if have[0] != "2d" and need[0] != "2d":
+        return _fetches_1d(have, need, devices, node)
     held = [_block(have, devices, r) for r in range(devices)]
     wanted = [_block(need, devices, r) for r in range(devices)]
     slice_unit = min(held[0][1] - held[0][0], wanted[0][1] - wanted[0][0])  # powers of two: the smaller divides
     piece_unit = min(held[0][3] - held[0][2], wanted[0][3] - wanted[0][2])
     size = slice_unit * piece_unit
     on_node: dict[int, set[tuple[int, int]]] = {}
-    for r in range(devices):
-        on_node.setdefault(node[r], set()).update(_cells(held[r], slice_unit, piece_unit))
+    for x, block in dict.fromkeys(zip(node, held)):
+        on_node.setdefault(x, set()).update(_cells(block, slice_unit, piece_unit))
+    found: dict[tuple, int] = {}  # cells of a wanted block on a node
     out: dict[tuple[int, int], None] = {}
     for r in range(devices):
-        want = _cells(wanted[r], slice_unit, piece_unit)
-        here = len(want & on_node[node[r]])  # the rank's own block is among its node's
+        w0, w1, q0, q1 = want = wanted[r]
+        if (want, node[r]) not in found:
+            found[want, node[r]] = len(_cells(want, slice_unit, piece_unit) & on_node[node[r]])
+        here = found[want, node[r]]  # the rank's own block is among its node's
         s0, s1, p0, p1 = held[r]
-        w0, w1, q0, q1 = wanted[r]
         own = max(0, min(s1, w1) - max(s0, w0)) * max(0, min(p1, q1) - max(p0, q0))
-        out[(here * size - own, (len(want) - here) * size)] = None
+        out[(here * size - own, (w1 - w0) * (q1 - q0) - here * size)] = None
+    return tuple(out)
+
+
+def _fetches_1d(have: tuple[str, int, bool], need: tuple[str, int, bool], devices: int,
+                node: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """:func:`_fetches` where every block holds whole slices (no 2D layout): runs of slices, counted in units
+    of the smaller group's run."""
+    n, (_, th, ch), (_, tn, cn) = devices, have, need
+    dh, dn, unit = n // th, n // tn, min(th, tn)
+    on_node: dict[int, set[int]] = {}
+    for x, g in dict.fromkeys(zip(node, (r // th if ch else r % dh for r in range(n)))):
+        on_node.setdefault(x, set()).update(range(g * th // unit, (g + 1) * th // unit))
+    found: dict[tuple[int, int], int] = {}  # units of a wanted run on a node
+    out: dict[tuple[int, int], None] = {}
+    for r in range(n):
+        h0, w0, x = (r // th if ch else r % dh) * th, (r // tn if cn else r % dn) * tn, node[r]
+        here = found.get((w0, x))
+        if here is None:
+            units = on_node[x]
+            here = found[w0, x] = sum(u in units for u in range(w0 // unit, (w0 + tn) // unit)) * unit
+        own = max(0, min(h0 + th, w0 + tn) - max(h0, w0))  # the rank's own run is among its node's
+        out[((here - own) * n, (tn - here) * n)] = None
     return tuple(out)
 
 
@@ -406,7 +452,7 @@ def _redistribution_ms(spec: StageSpec, nbytes: int, before: tuple[str, int, boo
     far_link = level_link(cluster, span_level(cluster, spec.nodes))  # the slowest link inside the stage
     total = 0.0
     for have, need in ((before, after), (after, before)):  # activation, then gradient
-        fetches = _fetch_units(have, need, n, spec.nodes)
+        fetches = _fetches(have, need, n, spec.node_pattern)
         total += max(cluster.intra_node.transfer_ms(near * unit) + far_link.transfer_ms(far * unit)
                      for near, far in fetches)
     # the runtime's calls: an all-gather over the stage where the rows were split (before), an all-reduce of

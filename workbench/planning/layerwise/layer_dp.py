@@ -72,15 +72,18 @@ def pareto_dp(options: Sequence[Sequence[Option]], transition: Callable[[int, Ha
 def least_time(options: Sequence[Sequence[Option]],
                transition: Callable[[int, Hashable, Hashable], float]) -> tuple[float, float, list[int]]:
     """Least-time choice of one option per layer, memory ignored (of equally fast choices, one of the least
-    memory); ``(time, memory, picks)`` as :func:`pareto_dp` answers. Per layout the state is one point."""
+    memory); ``(time, memory, picks)`` as :func:`pareto_dp` answers. Per layout the state is one point.
+    ``transition`` must be >= 0, and 0 between equal layouts."""
     if not options or any(not layer for layer in options):
         raise _error("options", options, "every layer needs at least one (time, memory, layout) option")
     best: dict[Hashable, tuple[float, float, tuple | None]] = {None: (0.0, 0.0, None)}
     for l, layer in enumerate(options):
         arrive = {}
         for key in dict.fromkeys(o[2] for o in layer):
-            chosen = None
+            chosen = best.get(key) if l else None  # staying in the layout costs nothing
             for prev, point in best.items():
+                if chosen is not None and (point[0] > chosen[0] or point[0] == chosen[0] and point[1] >= chosen[1]):
+                    continue  # a move costs >= 0: it cannot beat the point in hand
                 if l and (r := transition(l, prev, key)):
                     point = (point[0] + r, point[1], point[2])
                 if chosen is None or point[0] < chosen[0] or (point[0] == chosen[0] and point[1] < chosen[1]):

@@ -36,6 +36,7 @@ class _Search:
         self.mesh_tp: int | None = None
         self.held: dict[tuple[int, int], tuple[int, ...]] = {}
         self.specs: dict[tuple, StageSpec] = {}
+        self.placed: dict[tuple[int, int, int], tuple[int, ...]] = {}  # ranks() per (pp, stage, mesh_tp)
         self.splits: dict[tuple, list[tuple[int, int]] | None] = {}  # per (weights, parts): templates repeat them
         self.layer_costs: dict = {}  # the stages' layer costs, shared where they cost a layer alike
 
@@ -52,8 +53,10 @@ class _Search:
         t = self.mesh_tp
         if t is None:
             return None
-        n = self.world // pp
-        return tuple(d * pp * t + stage * t + j for d in range(n // t) for j in range(t))
+        if (pp, stage, t) not in self.placed:
+            n = self.world // pp
+            self.placed[pp, stage, t] = tuple(d * pp * t + stage * t + j for d in range(n // t) for j in range(t))
+        return self.placed[pp, stage, t]
 
     def in_flight(self, pp: int, m: int) -> tuple[int, ...]:
         """Micro-batches each stage holds at once: what 1F1B's schedule keeps on it (one stage: one)."""
