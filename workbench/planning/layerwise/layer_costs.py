@@ -288,7 +288,8 @@ def layer_cost(spec: StageSpec, index: int, strategy: LayerStrategy) -> LayerCho
     keeps what it has costed, per class of layer (:meth:`StageSpec.layer_classes`)."""
     known = spec._costs  # type: ignore[attr-defined]
     ddp = strategy.dp == "replicate" and strategy.tp_degree < spec.devices  # its buckets: the stage's gradients
-    key = (spec.layer_classes()[index], strategy, spec._grad_bytes if ddp else None)  # type: ignore[attr-defined]
+    classes = spec._classes or spec.layer_classes()  # type: ignore[attr-defined]
+    key = (classes[index], strategy, spec._grad_bytes if ddp else None)  # type: ignore[attr-defined]
     found = known.get(key)
     if found is None:
         found = known[key] = _layer_cost(spec, index, strategy)

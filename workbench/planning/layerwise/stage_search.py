@@ -79,8 +79,10 @@ def assignment_cost(spec: StageSpec, strategies: Sequence[LayerStrategy]) -> Sta
     if len(strategies) != len(spec.layer_costs):
         raise _error("strategies", f"{len(strategies)} strategies", f"one per layer of the stage "
                      f"({len(spec.layer_costs)})")
-    costs = tuple(layer_cost(spec, i, s) for i, s in enumerate(strategies))
-    moves = sum(transition_ms(spec, i, strategies[i - 1], s) for i, s in enumerate(strategies) if i)
+    costs = tuple([layer_cost(spec, i, s) for i, s in enumerate(strategies)])
+    layouts = [s.layout for s in strategies]  # equal layouts move nothing (0.0, as transition_ms says)
+    moves = sum((transition_ms(spec, i, strategies[i - 1], strategies[i]) for i in range(1, len(layouts))
+                 if layouts[i] != layouts[i - 1]), 0.0 if len(layouts) > 1 else 0)
     return StageAssignment(tuple(strategies), sum(c.time_ms for c in costs) + moves,
                            sum(c.memory_bytes for c in costs), costs, moves)
 
@@ -103,14 +105,17 @@ def search_stage(spec: StageSpec, strategies: Sequence[LayerStrategy] | None = N
         if not isinstance(s, LayerStrategy) or s.devices != spec.devices:
             raise _error("strategies", s, f"LayerStrategy values for a stage of {spec.devices} devices")
     per_layer, options = [], []
-    for i, layer in enumerate(spec.layer_costs):
-        allowed = for_layer(pool, spec.kind(i))
-        if not allowed:
-            raise _error("strategies", f"{len(pool)} strategies", f"none runs layer {layer.name!r} "
-                         f"({spec.kind(i).name}, no {'/'.join(sorted({s.tp for s in pool}))} tensor parallelism)")
-        costs = [layer_cost(spec, i, s) for s in allowed]
-        per_layer.append(allowed)
-        options.append([(c.time_ms, c.memory_bytes, s.layout) for c, s in zip(costs, allowed)])
+    made: dict[int, tuple[tuple[LayerStrategy, ...], list[Option]]] = {}  # per class of layers: they cost alike
+    for i, group in enumerate(spec.layer_classes()):
+        if group not in made:
+            allowed = for_layer(pool, spec.kind(i))
+            if not allowed:
+                raise _error("strategies", f"{len(pool)} strategies", f"none runs layer {spec.layer_costs[i].name!r} "
+                             f"({spec.kind(i).name}, no {'/'.join(sorted({s.tp for s in pool}))} tensor parallelism)")
+            costs = [layer_cost(spec, i, s) for s in allowed]
+            made[group] = allowed, [(c.time_ms, c.memory_bytes, s.layout) for c, s in zip(costs, allowed)]
+        per_layer.append(made[group][0])
+        options.append(made[group][1])
     layouts = {s.layout: s for s in pool}
     move = lambda l, a, b: transition_ms(spec, l, layouts[a], layouts[b])  # noqa: E731
     if method == "buckets":
