@@ -79,10 +79,15 @@ def assignment_cost(spec: StageSpec, strategies: Sequence[LayerStrategy]) -> Sta
     if len(strategies) != len(spec.layer_costs):
         raise _error("strategies", f"{len(strategies)} strategies", f"one per layer of the stage "
                      f"({len(spec.layer_costs)})")
-    costs = tuple([layer_cost(spec, i, s) for i, s in enumerate(strategies)])
-    layouts = [s.layout for s in strategies]  # equal layouts move nothing (0.0, as transition_ms says)
-    moves = sum((transition_ms(spec, i, strategies[i - 1], strategies[i]) for i in range(1, len(layouts))
-                 if layouts[i] != layouts[i - 1]), 0.0 if len(layouts) > 1 else 0)
+    classes, found, moves = spec.layer_classes(), [], 0.0 if len(strategies) > 1 else 0
+    for i, s in enumerate(strategies):
+        if i and s is strategies[i - 1]:  # the same strategy again: no move, and a layer of the same class
+            found.append(found[-1] if classes[i] == classes[i - 1] else layer_cost(spec, i, s))
+            continue  # equal layouts move nothing (0.0, as transition_ms says)
+        found.append(layer_cost(spec, i, s))
+        if i and s.layout != strategies[i - 1].layout:
+            moves += transition_ms(spec, i, strategies[i - 1], s)
+    costs = tuple(found)
     return StageAssignment(tuple(strategies), sum(c.time_ms for c in costs) + moves,
                            sum(c.memory_bytes for c in costs), costs, moves)
 

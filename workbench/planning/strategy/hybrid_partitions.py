@@ -54,19 +54,18 @@ def _split_by_sums(prefix: Sequence[float], n: int, parts: int) -> list[list[int
             for end in ends:
                 here[end] = max(before[0], prefix[end] - prefix[0])
             continue
-        top = ends[-1] - 1
-        same = list(range(top + 1))  # same[s]: the last start from s on with before equal to before[s]
-        for s in range(top - 1, k - 2, -1):
-            if before[s] == before[s + 1]:
-                same[s] = same[s + 1]
         s0 = k - 2
         for end in ends:
             total = prefix[end]
             while s0 + 1 < end and before[s0 + 1] <= total - prefix[s0 + 1]:
                 s0 += 1
             last = max(before[s0], total - prefix[s0]) if s0 >= k - 1 else inf
-            if s0 + 1 < end and before[s0 + 1] <= last:
-                here[end], row[end] = before[s0 + 1], min(same[s0 + 1], end - 1)
+            s = s0 + 1
+            if s < end and before[s] <= last:
+                value = before[s]
+                while s + 1 < end and before[s + 1] == value:  # the last start of before's run of this value
+                    s += 1
+                here[end], row[end] = value, s
             else:
                 here[end], row[end] = last, s0
     return cut

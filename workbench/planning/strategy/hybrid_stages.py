@@ -11,6 +11,7 @@ stage, fill and drain, boundary transfers). Pure Python.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Any, Sequence
 
 from ...core.costs import ClusterSpec, ModelCosts
@@ -37,6 +38,7 @@ class _Search:
         self.held: dict[tuple[int, int], tuple[int, ...]] = {}
         self.specs: dict[tuple, StageSpec] = {}
         self.placed: dict[tuple[int, int, int], tuple[int, ...]] = {}  # ranks() per (pp, stage, mesh_tp)
+        self.boundaries: dict[tuple, float] = {}  # a boundary's transfers, forward and backward (_p2p_ms)
         self.splits: dict[tuple, list[tuple[int, int]] | None] = {}  # per (weights, parts): templates repeat them
         self.layer_costs: dict = {}  # the stages' layer costs, shared where they cost a layer alike
 
@@ -110,6 +112,7 @@ class _Search:
             self.misses[template] = (need, f"pipeline degree {pp}, {m} micro-batches: {reason}")
 
 
+@lru_cache(maxsize=4096)
 def _as_template(strategy: LayerStrategy, kind: LayerKind) -> LayerStrategy:
     """The template's strategy for a layer of ``kind``: without tensor parallelism where the kind has none."""
     if strategy.tp == "none" or strategy.tp in kind.tp_kinds:
@@ -163,12 +166,15 @@ def _p2p_ms(search: _Search, bounds: list[tuple[int, int]], pp: int, m: int) -> 
     if pp == 1:
         return 0.0
     n = search.world // pp
-    costs, total = search.costs, 0.0
+    costs, total, known = search.costs, 0.0, search.boundaries
     for k, (_, last) in enumerate(bounds[:-1]):
-        nbytes = costs.layers[last].activation_bytes * (search.global_batch / m) / costs.batch_size / n
-        here, there = search.ranks(pp, k), search.ranks(pp, k + 1)
-        link = search.cluster.link(here[0] if here else k * n, there[0] if there else (k + 1) * n)
-        total += 2 * link.transfer_ms(nbytes)
+        key = (pp, m, k, costs.layers[last].activation_bytes, search.mesh_tp)
+        if key not in known:
+            nbytes = key[3] * (search.global_batch / m) / costs.batch_size / n
+            here, there = search.ranks(pp, k), search.ranks(pp, k + 1)
+            link = search.cluster.link(here[0] if here else k * n, there[0] if there else (k + 1) * n)
+            known[key] = 2 * link.transfer_ms(nbytes)
+        total += known[key]
     return total
 
 
