@@ -95,8 +95,7 @@ class _Search:
             except NoFit as exc:
                 found, need = str(exc), exc.needed_bytes
         else:
-            fixed = [_as_template(strategy, spec.kind(i)) for i in range(last - first + 1)]
-            found = assignment_cost(spec, fixed)
+            found = assignment_cost(spec, _template_layers(strategy, [spec.kind(i) for i in range(last - first + 1)]))
             if found.memory_bytes > self.budget:
                 need = found.memory_bytes
                 found = f"stage {stage} (layers {first}-{last}) needs {need / 2**30:.3f} GiB per device"
@@ -110,6 +109,14 @@ class _Search:
         """Keep, per template, the failure that needs the least memory."""
         if template not in self.misses or need < self.misses[template][0]:
             self.misses[template] = (need, f"pipeline degree {pp}, {m} micro-batches: {reason}")
+
+
+def _template_layers(strategy: LayerStrategy, kinds: list[LayerKind]) -> list[LayerStrategy]:
+    """The template's strategy of each layer of these kinds (:func:`_as_template`; a run of one kind asks once)."""
+    out: list[LayerStrategy] = []
+    for i, kind in enumerate(kinds):
+        out.append(out[-1] if i and kind is kinds[i - 1] else _as_template(strategy, kind))
+    return out
 
 
 @lru_cache(maxsize=4096)
@@ -136,13 +143,14 @@ def _to_plan(assignments: list[StageAssignment], bounds: list[tuple[int, int]], 
     decided placement); a pipeline is 1F1B over stages of one tensor-parallel unit each."""
     strategies = [s for a in assignments for s in a.strategies]
     layers = tuple(s.to_layer_plan() for s in strategies)
-    tp_kinds = {l.tp for l in layers if l.tp != "none"}
+    distinct = set({id(l): l for l in layers}.values())  # a strategy's LayerPlan is one object
+    tp_kinds = {l.tp for l in distinct if l.tp != "none"}
     if len(tp_kinds) > 1:
         raise ValueError("a plan's layers use one tensor-parallel kind (1D or 2D), not both")
     n = world // pp
     # a pipeline's stage is one tensor-parallel unit of n ranks when placement is free (one node): layers use
     # part of it for TP and the rest as their data-parallel group, and the pipeline is a plain 1F1B one
-    t = mesh_tp or (n if pp > 1 and not tp_kinds else max(l.tp_degree for l in layers))
+    t = mesh_tp or (n if pp > 1 and not tp_kinds else max(l.tp_degree for l in distinct))
     if tp_kinds == {"2d"}:
         q = math.isqrt(t)
         if q * q != t:
@@ -155,7 +163,7 @@ def _to_plan(assignments: list[StageAssignment], bounds: list[tuple[int, int]], 
     else:
         pipeline = OneFOneB()  # n == t: the stage is one tensor-parallel unit (search_hybrid places it so)
     partition = "uniform" if pp == 1 else "|".join(f"{a}-{b}" for a, b in bounds)
-    if len(set(layers)) == 1:
+    if len(distinct) == 1:
         layers = layers[:1]
     return ParallelPlan(mesh=mesh, pipeline=pipeline, microbatches=m, partition=partition, layers=layers)
 
