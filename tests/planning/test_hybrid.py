@@ -81,6 +81,28 @@ def test_per_layer_plan_is_never_slower_than_a_template(seed, cluster):
             assert theirs.memory_bytes <= budget
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_bounded_stage_searches_find_what_the_plain_frontier_finds(seed, monkeypatch):
+    """The bound on each stage's frontier (the fastest assignment's time when it fits, else a bucket answer's)
+    only prunes: random models, clusters and memory caps give the same plans with and without it."""
+    from workbench.planning.layerwise import stage_search
+
+    def searched(costs, spec, budget):
+        result = search_hybrid(costs, spec, 64, budget_bytes=budget)
+        return ([(p.name, p.iteration_ms, p.memory_bytes, p.strategies) for p in result.plans],
+                {k: p.name for k, p in result.best.items()}, result.misses, result.searched)
+
+    rng = random.Random(100 + seed)
+    costs = random_model(rng, rng.randint(4, 9))
+    for cluster in ("8xA100-NVLink", "2x8xH100-IB"):
+        spec = get_cluster(cluster)
+        for budget in (spec.device.memory_bytes, rng.uniform(1.5, 6) * GIB, rng.uniform(0.3, 1.5) * GIB):
+            bounded = searched(costs, spec, budget)
+            monkeypatch.setattr(stage_search, "BOUNDED", False)
+            plain = searched(costs, spec, budget)
+            monkeypatch.setattr(stage_search, "BOUNDED", True)
+            assert bounded == plain, (cluster, budget)
+
 def test_tight_memory_makes_the_mix_win_and_it_mixes():
     spec = get_cluster("2x8xH100-IB")
     result = search_hybrid(mixed_model(), spec, 64, budget_bytes=2 * GIB)

@@ -49,6 +49,7 @@ __all__ = ["StageSpec", "LayerChoiceCost", "StageAssignment", "NoFit", "layer_co
            "paying_steps", "assignment_cost", "search_stage", "pareto_dp", "bucket_dp"]
 
 BOUND_BUCKETS = 128  # the coarse table whose answer bounds the exact search (fastest in bench_layerwise_dp)
+BOUNDED = True  # bound the exact search by a feasible answer's time; False: the plain frontier (tests compare)
 
 
 class NoFit(ValueError):
@@ -125,6 +126,8 @@ def search_stage(spec: StageSpec, strategies: Sequence[LayerStrategy] | None = N
     move = lambda l, a, b: transition_ms(spec, l, layouts[a], layouts[b])  # noqa: E731
     if method == "buckets":
         found = bucket_dp(options, move, budget)
+    elif not BOUNDED:
+        found = pareto_dp(options, move, budget)
     else:  # a feasible answer's time bounds the exact search: the fastest one if it fits, else a coarse bucket one
         free = least_time(options, move)
         if free[1] <= budget:
