@@ -69,6 +69,11 @@ _error: ErrorForm = field_error("layerwise")
 _profile_values = attrgetter(*(f.name for f in fields(LayerCost) if f.name != "name"))
 
 
+def _kind_values(kind: LayerKind) -> tuple:
+    """What a layer's cost may read of its kind, hashable whatever sequence holds its TP kinds."""
+    return kind.name, tuple(kind.tp_kinds), kind.linears
+
+
 @dataclass(frozen=True)
 class StageSpec:
     """One pipeline stage as the search sees it.
@@ -176,10 +181,10 @@ class StageSpec:
         """A number per layer of the stage; equal numbers: the layers cost the same under every strategy (same
         profile values but the name, kind and input size)."""
         if self._classes is None:  # type: ignore[attr-defined]
-            ids = self._class_ids  # type: ignore[attr-defined]
-            classes = tuple(ids.setdefault((self._kinds[i], self.input_bytes(i), _profile_values(layer)), len(ids))
-                            for i, layer in enumerate(self.layer_costs))  # type: ignore[attr-defined]
-            object.__setattr__(self, "_classes", classes)
+            ids, kinds = self._class_ids, self._kinds  # type: ignore[attr-defined]
+            keys = [(_kind_values(kinds[i]), self.input_bytes(i), _profile_values(layer))
+                    for i, layer in enumerate(self.layer_costs)]
+            object.__setattr__(self, "_classes", tuple(ids.setdefault(key, len(ids)) for key in keys))
         return self._classes  # type: ignore[attr-defined]
 
     @property

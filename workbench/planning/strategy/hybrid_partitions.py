@@ -37,11 +37,11 @@ def _split_by_sums(prefix: Sequence[float], n: int, parts: int) -> list[list[int
     """:func:`_split_by_stage`'s table of cuts for a stage cost ``prefix[last + 1] - prefix[first]`` of
     non-negative weights, in time linear in the layers per stage count.
 
-    The least largest run over the first ``s`` layers (``before[s]``) never falls as ``s`` grows, and the last
-    run's sum falls as its start ``s`` grows; the largest split of the scan is the largest start of least
-    ``max(before[s], last run)``: the last ``s0`` where ``before[s0]`` is at most the last run, or past it the
-    end of the run of starts with ``before`` equal to ``before[s0 + 1]``, whichever is less. ``s0`` only moves
-    up as the end does.
+    For k runs ending at ``end``, the scan keeps the largest start ``s`` of least ``max(before[s], last run)``,
+    where ``before[s]`` (the best of the first ``s`` layers in k - 1 runs) never falls as ``s`` grows and the
+    last run's sum never rises. The least sits where the two cross: at ``s0``, the last start whose ``before``
+    is at most its last run, or at ``s0 + 1`` and the starts after it with the same ``before``, whichever is
+    less (the later on a tie). ``s0`` only moves up as ``end`` does.
     """
     inf = math.inf
     best = [[inf] * (n + 1) for _ in range(parts + 1)]
@@ -169,7 +169,7 @@ def _partitions(search: _Search, template: str, strategy: LayerStrategy | None, 
     held = search.in_flight(pp, m)
     memory = lambda k, a, b: (prefix_state[b + 1] - prefix_state[a]) \
         + held[k] * (prefix_act[b + 1] - prefix_act[a])  # noqa: E731
-    # some stage of the time-balanced split does not fit even at its leanest
+    # no plan on the time-balanced split: some stage of it does not fit even at its leanest
     times = _fastest_times(search, pp, m, strategy)
     prefix_time = [0.0]
     for t in times:

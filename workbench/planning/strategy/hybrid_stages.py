@@ -23,7 +23,9 @@ from ..layerwise.layer_strategies import LayerKind, LayerStrategy, stage_strateg
 from ..layerwise.stage_search import NoFit, StageAssignment, StageSpec, assignment_cost, search_stage
 
 class _Search:
-    """The state of one :func:`search_hybrid` call: the stage searches are cached across partitions."""
+    """The state of one :func:`search_hybrid` call: the stage searches are cached across partitions, each stage's
+    :class:`StageSpec` is made once and its layer costs are shared with the stages that cost a layer alike
+    (:meth:`StageSpec.share_costs`), and a split of equal weights is found once."""
 
     def __init__(self, costs: ModelCosts, cluster: ClusterSpec, global_batch: int, world: int, budget: float,
                  pool_options: dict[str, Any], optimizer: str, kinds: list[LayerKind]):
@@ -40,7 +42,7 @@ class _Search:
         self.placed: dict[tuple[int, int, int], tuple[int, ...]] = {}  # ranks() per (pp, stage, mesh_tp)
         self.boundaries: dict[tuple, float] = {}  # a boundary's transfers, forward and backward (_p2p_ms)
         self.splits: dict[tuple, list[tuple[int, int]] | None] = {}  # per (weights, parts): templates repeat them
-        self.layer_costs: dict = {}  # the stages' layer costs, shared where they cost a layer alike
+        self.cost_tables: dict = {}  # the stages' layer costs, shared where they cost a layer alike
 
     def pool(self, devices: int) -> tuple[LayerStrategy, ...]:
         key = (devices, self.mesh_tp)
@@ -70,7 +72,7 @@ class _Search:
         """The stage as the search sees it (made once per stage, so it keeps the layer costs it has computed)."""
         key = (pp, m, stage, first, last, self.mesh_tp)
         if key not in self.specs:
-            self.specs[key] = self._spec(pp, m, stage, first, last).share_costs(self.layer_costs)
+            self.specs[key] = self._spec(pp, m, stage, first, last).share_costs(self.cost_tables)
         return self.specs[key]
 
     def _spec(self, pp: int, m: int, stage: int, first: int, last: int) -> StageSpec:
@@ -119,11 +121,15 @@ def _template_layers(strategy: LayerStrategy, kinds: list[LayerKind]) -> list[La
     return out
 
 
-@lru_cache(maxsize=4096)
 def _as_template(strategy: LayerStrategy, kind: LayerKind) -> LayerStrategy:
     """The template's strategy for a layer of ``kind``: without tensor parallelism where the kind has none."""
     if strategy.tp == "none" or strategy.tp in kind.tp_kinds:
         return strategy
+    return _without_tp(strategy)
+
+
+@lru_cache(maxsize=4096)
+def _without_tp(strategy: LayerStrategy) -> LayerStrategy:
     return LayerStrategy(1, strategy.dp, "none", True, strategy.recompute, strategy.devices)
 
 
