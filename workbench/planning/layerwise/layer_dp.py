@@ -11,6 +11,7 @@ without the budget (a lower bound on the time, and the answer when it fits).
 from __future__ import annotations
 
 import math
+from operator import itemgetter
 from typing import Callable, Hashable, Sequence
 
 from ...core.fields import integer, optional
@@ -61,7 +62,7 @@ def pareto_dp(options: Sequence[Sequence[Option]], transition: Callable[[int, Ha
         fronts = {key: _frontier(points) for key, points in grown.items() if points}
         if not fronts:
             return None
-    mem, time, node = min((p for front in fronts.values() for p in front), key=lambda p: (p[1], p[0]))
+    mem, time, node = min((p for front in fronts.values() for p in front), key=itemgetter(1, 0))
     picks = []
     while node is not None:
         index, node = node
@@ -97,7 +98,7 @@ def least_time(options: Sequence[Sequence[Option]],
             if here is None or time < here[0] or (time == here[0] and mem < here[1]):
                 grown[key] = (time, mem, (index, node))
         best = grown
-    time, mem, node = min(best.values(), key=lambda p: (p[0], p[1]))
+    time, mem, node = min(best.values(), key=itemgetter(0, 1))
     picks = []
     while node is not None:
         index, node = node
@@ -107,7 +108,7 @@ def least_time(options: Sequence[Sequence[Option]],
 
 def _frontier(points: list) -> list:
     """The points no other point beats in both memory and time, by memory ascending."""
-    points.sort(key=lambda p: (p[0], p[1]))
+    points.sort(key=itemgetter(0, 1))
     out, best = [], math.inf
     for p in points:
         if p[1] < best:
