@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from workbench.core.costs import ClusterSpec
+from workbench.core.costs import ClusterSpec, LayerCost, ModelCosts
 from workbench.core.plan import ParallelPlan
 from workbench.planning.costs.clusters import get_cluster
 from workbench.scheduling import generators as g
@@ -156,6 +156,49 @@ def workbench_command(*args: str, warm: bool = True) -> Callable[[], Callable[[]
     return setup
 
 
+def gpt2_48_costs() -> ModelCosts:
+    """GPT-2 small with 48 blocks as ``workbench plan gpt2-small --model-arg n_layer=48 --profile-batch 2`` profiles
+    it and projects it onto an H100 (the embeddings, 48 equal blocks, the head), written out so that the row needs
+    neither torch nor a profile."""
+    embeddings = LayerCost("embeddings", 0.05726080955223881, 0.10452192477611941, param_bytes=157535232,
+                           activation_bytes=786432, saved_bytes=789504, grad_bytes=157535232,
+                           optimizer_bytes=315070464, peak_bytes=316648448, num_params=39383808, input_grad_ms=0.0,
+                           weight_grad_ms=0.14827687933999195)
+    blocks = [LayerCost(f"block_{i}", 0.1213465456502242, 0.2326930913004484, flops=3724541952,
+                        param_bytes=28351488, activation_bytes=786432, saved_bytes=28315648, grad_bytes=28351488,
+                        optimizer_bytes=56702976, peak_bytes=86591488, num_params=7087872,
+                        input_grad_ms=0.1640734110533154, weight_grad_ms=0.11087830356529742) for i in range(48)]
+    head = LayerCost("head", 0.6007879375784754, 1.1915758751569507, flops=19761856512, param_bytes=154395648,
+                     activation_bytes=51463168, saved_bytes=53040132, grad_bytes=154395648, optimizer_bytes=308791296,
+                     peak_bytes=414081028, num_params=38598912, input_grad_ms=0.40516444324764184,
+                     weight_grad_ms=0.5024943779936194)
+    return ModelCosts("gpt2-small", 2, "H100", (embeddings, *blocks, head), input_bytes=2048)
+
+
+def forget_per_layer_search() -> None:
+    """Drop what the per-layer search remembers between calls (1F1B's in-flight counts among the schedules, the
+    fetch counts of layout changes): the next call is a first call, as the command line's."""
+    forget_schedules()
+    from workbench.planning.layerwise import layer_costs
+    from workbench.scheduling import registry
+    for cached in (getattr(registry, "_memory", None), getattr(layer_costs, "_fetches", None),
+                   getattr(layer_costs, "_fetch_units", None)):
+        getattr(cached, "cache_clear", lambda: None)()
+
+
+def per_layer_search_gpt2_48_64() -> Callable[[], object]:
+    """``search_hybrid`` as ``workbench plan gpt2-small --model-arg n_layer=48 --profile-batch 2 --cluster
+    8x8xH100-IB --batch 512 --fine-grained`` runs it: every pipeline degree, micro-batch count, split and template."""
+    from workbench.planning.strategy.hybrid import search_hybrid
+
+    costs, cluster = gpt2_48_costs(), get_cluster("8x8xH100-IB")
+
+    def first() -> object:
+        forget_per_layer_search()
+        return search_hybrid(costs, cluster, 512, budget_bytes=cluster.device.memory_bytes).searched
+    return first
+
+
 MEASUREMENTS: list[Measurement] = [
     Measurement("plan_cli_gpt2_48_64_devices_fine_grained_ms",
                 workbench_command("plan", *GPT2_48, "--profile-batch", "2", "--cluster", "8x8xH100-IB", "--batch",
@@ -184,6 +227,9 @@ MEASUREMENTS: list[Measurement] = [
                 note="the delayed update as the estimate simulates it: three iterations"),
     Measurement("simulate_1f1b_16x64_comm_ms", simulate_1f1b_16x64_comm, 50.0, repeats=9,
                 note="bench_scheduling.py's case, for comparison"),
+    Measurement("per_layer_search_gpt2_48_layers_64_devices_ms", per_layer_search_gpt2_48_64, 700.0, repeats=3,
+                note="per-layer search, GPT-2 48 layers, 64 devices: search_hybrid's 3706 stage searches, each call "
+                     "a first call"),
 ]
 
 

@@ -13,6 +13,7 @@ from workbench.core.costs import LayerCost, ModelCosts
 from workbench.core.plan import ParallelPlan
 from workbench.planning.costs.clusters import get_cluster
 from workbench.planning.strategy.hybrid import TEMPLATES, _split, search_hybrid
+from workbench.planning.strategy.hybrid_partitions import _split_by_stage
 from workbench.planning.layerwise.layer_strategies import CONV, LINEAR, OTHER, TRANSFORMER
 
 MIB, GIB = 2**20, 2**30
@@ -48,6 +49,20 @@ def test_split_minimises_the_largest_run_like_brute_force():
         assert all(b[1] + 1 == c[0] for b, c in zip(bounds, bounds[1:]))
 
 
+
+def test_split_of_sums_is_the_scanned_split_ties_included():
+    """The linear-time split of prefix sums picks what the scan of every start picks, ties included (whole
+    numbers and zeros make many)."""
+    rng = random.Random(8)
+    for _ in range(3000):
+        n = rng.randint(1, 30)
+        weights = rng.choice([lambda: [float(rng.randint(0, 3)) for _ in range(n)],
+                              lambda: [rng.choice([0.0, 0.1, 0.2, 0.3]) for _ in range(n)],
+                              lambda: [rng.uniform(0, 5) for _ in range(n)]])()
+        prefix = list(itertools.accumulate(weights, initial=0.0))
+        parts = rng.randint(1, n)
+        assert _split(weights, parts) == _split_by_stage(lambda _k, a, b: prefix[b + 1] - prefix[a], n, parts)
+
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("cluster", ["8xA100-NVLink", "2x8xH100-IB"])
 def test_per_layer_plan_is_never_slower_than_a_template(seed, cluster):
@@ -65,6 +80,28 @@ def test_per_layer_plan_is_never_slower_than_a_template(seed, cluster):
             assert mine.iteration_ms <= theirs.iteration_ms + 1e-9, name
             assert theirs.memory_bytes <= budget
 
+
+@pytest.mark.parametrize("seed", range(3))
+def test_bounded_stage_searches_find_what_the_plain_frontier_finds(seed, monkeypatch):
+    """The bound on each stage's frontier (the fastest assignment's time when it fits, else a bucket answer's)
+    only prunes: random models, clusters and memory caps give the same plans with and without it."""
+    from workbench.planning.layerwise import stage_search
+
+    def searched(costs, spec, budget):
+        result = search_hybrid(costs, spec, 64, budget_bytes=budget)
+        return ([(p.name, p.iteration_ms, p.memory_bytes, p.strategies) for p in result.plans],
+                {k: p.name for k, p in result.best.items()}, result.misses, result.searched)
+
+    rng = random.Random(100 + seed)
+    costs = random_model(rng, rng.randint(4, 9))
+    for cluster in ("8xA100-NVLink", "2x8xH100-IB"):
+        spec = get_cluster(cluster)
+        for budget in (spec.device.memory_bytes, rng.uniform(1.5, 6) * GIB, rng.uniform(0.3, 1.5) * GIB):
+            bounded = searched(costs, spec, budget)
+            monkeypatch.setattr(stage_search, "BOUNDED", False)
+            plain = searched(costs, spec, budget)
+            monkeypatch.setattr(stage_search, "BOUNDED", True)
+            assert bounded == plain, (cluster, budget)
 
 def test_tight_memory_makes_the_mix_win_and_it_mixes():
     spec = get_cluster("2x8xH100-IB")

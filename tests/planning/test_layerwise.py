@@ -13,6 +13,7 @@ from workbench.core.plan import LayerPlan
 from workbench.planning.layerwise.layer_strategies import (CONV, LINEAR, TRANSFORMER, LayerKind, LayerStrategy,
                                                            decision_trees, for_layer, galvatron_space, guess_layer_kind,
                                                            stage_strategies)
+from workbench.planning.layerwise.layer_dp import least_time
 from workbench.planning.layerwise.stage_search import (StageSpec, assignment_cost, bucket_dp, layer_cost, pareto_dp,
                                                        search_stage, transition_ms)
 
@@ -163,6 +164,75 @@ def test_transitions_follow_layouts_and_links():
 
 
 
+def _fetches_by_sets(have, need, devices, node):
+    """Per-rank fetch counts by the definition: each rank's units as a set, every node's as their union."""
+    def held(layout, r):
+        tp, t, consecutive = layout
+        d = devices // t
+        group, pos = (r // t, r % t) if consecutive else (r % d, r // d)
+        slices, pieces = range(group * t, (group + 1) * t), range(devices)
+        if tp == "2d":
+            q = math.isqrt(t)
+            row, col = divmod(pos, q)
+            slices = range(group * t + row * q, group * t + (row + 1) * q)
+            pieces = range(col * (devices // q), (col + 1) * (devices // q))
+        return {s * devices + p for s in slices for p in pieces}
+    before = [held(have, r) for r in range(devices)]
+    on_node: dict[int, set[int]] = {}
+    for r in range(devices):
+        on_node.setdefault(node[r], set()).update(before[r])
+    out = []
+    for r in range(devices):
+        missing = held(need, r) - before[r]
+        near = len(missing & on_node[node[r]])
+        out.append((near, len(missing) - near))
+    return out
+
+
+def test_fetch_counts_on_cells_match_the_units_counted_one_by_one():
+    from workbench.planning.layerwise.layer_costs import _fetch_units
+
+    for n in (2, 4, 8, 16):
+        layouts = [("none", 1, True)] + [("1d", t, c) for t in (2, 4, 8, 16) if t <= n for c in (True, False)
+                                         if c or t < n] + [("2d", t, c) for t in (4, 16) if t <= n
+                                                           for c in (True, False) if c or t < n]
+        for per_node, strided in ((1, False), (2, False), (4, True), (8, False), (n, False)):
+            node = tuple((r * 3 % n if strided else r) // per_node for r in range(n))
+            for have, need in itertools.product(layouts, repeat=2):
+                expected = tuple(dict.fromkeys(_fetches_by_sets(have, need, n, node)))
+                assert _fetch_units(have, need, n, node) == expected, (have, need, n, node)
+
+
+def test_layer_costs_shared_between_stages_and_layers_equal_those_costed_alone():
+    """Stages sharing one table of layer costs (and layers of one class within a stage) answer exactly what the
+    cost model computes for each layer afresh: the table separates what a cost depends on."""
+    from workbench.planning.layerwise.layer_costs import _layer_cost
+
+    rng = random.Random(5)
+    block = LayerCost("block_0", 2.0, 4.0, param_bytes=64 * 2**20, activation_bytes=8 * 2**20,
+                      saved_bytes=96 * 2**20)
+    odd = LayerCost("block_9", 2.0, 4.0, param_bytes=64 * 2**20, activation_bytes=4 * 2**20, saved_bytes=96 * 2**20)
+    layers = [LayerCost("embeddings", 0.5, 1.0, param_bytes=300 * 2**20, activation_bytes=8 * 2**20)]
+    layers += [LayerCost(f"block_{i}", 2.0, 4.0, param_bytes=64 * 2**20, activation_bytes=8 * 2**20,
+                         saved_bytes=96 * 2**20) for i in range(1, 5)] + [block, odd, block, block]
+    costs = ModelCosts("repeated", 4, "gpu", tuple(layers), input_bytes=2**20)
+    cluster = two_node_cluster(per_node=4)
+    pool = stage_strategies(4, dp_kinds=("replicate", "zero2", "fsdp"), recompute=(False, True))
+    tables: dict = {}
+    for _ in range(12):
+        first = rng.randrange(len(layers))
+        args = dict(devices=4, microbatch_size=rng.choice([4, 8]), layers=(first, rng.randrange(first, len(layers))),
+                    num_microbatches=rng.choice([1, 4]), in_flight=rng.choice([1, 2]),
+                    ranks=tuple(rng.sample(range(8), 4)), optimizer=rng.choice(["adam", "sgd"]))
+        shared, alone = StageSpec(costs, cluster, **args).share_costs(tables), StageSpec(costs, cluster, **args)
+        for i in range(len(alone.layer_costs)):
+            for s in for_layer(pool, alone.kind(i)):
+                assert layer_cost(shared, i, s) == _layer_cost(alone, i, s)
+                if i:
+                    assert transition_ms(shared, i, pool[0], s) == transition_ms(alone, i, pool[0], s)
+    assert len(tables) > 1
+
+
 def test_collective_steps_on_shared_cores_wait_per_step_only_when_the_group_outnumbers_the_cores():
     from dataclasses import replace
 
@@ -245,7 +315,7 @@ def test_nothing_fits_names_the_shortfall():
         search_stage(spec, SMALL_POOL, least - 1000)
 
 
-@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("seed", range(40))
 def test_solvers_on_random_tables(seed):
     rng = random.Random(seed)
     layers, layouts = rng.randint(1, 6), ["a", "b", "c"]
@@ -254,15 +324,20 @@ def test_solvers_on_random_tables(seed):
     cost = {(l, a, b): (0.0 if a == b else rng.uniform(0, 5)) for l in range(layers) for a in layouts for b in layouts}
     move = lambda l, a, b: cost[(l, a, b)]  # noqa: E731
     budget = 8 * rng.randint(0, 20 * layers)
-    best = None
+    best, fastest = None, math.inf
     for pick in itertools.product(*[range(len(o)) for o in options]):
-        if sum(options[l][i][1] for l, i in enumerate(pick)) > budget:
-            continue
         t = sum(options[l][i][0] for l, i in enumerate(pick)) + sum(
             move(l, options[l - 1][pick[l - 1]][2], options[l][pick[l]][2]) for l in range(1, layers))
+        fastest = min(fastest, t)
+        if sum(options[l][i][1] for l, i in enumerate(pick)) > budget:
+            continue
         best = t if best is None else min(best, t)
+    free_time, free_memory, free_picks = least_time(options, move)  # the budget ignored
+    assert free_time == pytest.approx(fastest, rel=1e-12)
+    assert free_memory == sum(options[l][i][1] for l, i in enumerate(free_picks))
     exact = pareto_dp(options, move, budget)
     bounded = pareto_dp(options, move, budget, best * (1 + 1e-9) if best is not None else math.inf)
+    assert bounded == exact  # a bound no lower than the optimum prunes, and changes no answer
     buckets = bucket_dp(options, move, budget, resolution=max(1, budget // 8))  # memory on unit boundaries
     if best is None:
         assert exact is None and bounded is None and buckets is None

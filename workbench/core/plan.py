@@ -119,29 +119,30 @@ class ParallelPlan:
             raise plan_error("layers", self.layers, "expected one or more LayerPlan values (one: every layer)")
         # canonical: one entry when every layer has the same options (what the plan's name says), so a table that
         # lists equal options range by range is the plan its name parses back to
-        object.__setattr__(self, "layers", tuple(layers) if len(set(layers)) > 1 else (layers[0],))
+        distinct = set({id(l): l for l in layers}.values())  # equal layers are often one object: hash each once
+        object.__setattr__(self, "layers", tuple(layers) if len(distinct) > 1 else (layers[0],))
         check_int("microbatches", self.microbatches, 1, error=plan_error)
         if not isinstance(self.partition, str) or not self.partition.strip():
             raise plan_error("partition", self.partition, "expected 'uniform', 'ampa' or ranges like '0-3|4-9'")
         if self.partition not in ("uniform", "ampa"):
             try:
-                Partition.parse(self.partition)
+                ranges = Partition.parse(self.partition)
             except ValueError as exc:
                 raise plan_error("partition", self.partition, f"expected 'uniform', 'ampa' or ranges like "
                                  f"'0-3|4-9' ({exc})") from None
-            if Partition.parse(self.partition).num_stages != self.num_virtual_stages:
-                raise plan_error("partition", self.partition, f"it has {Partition.parse(self.partition).num_stages} "
+            if ranges.num_stages != self.num_virtual_stages:
+                raise plan_error("partition", self.partition, f"it has {ranges.num_stages} "
                                  f"stages; this plan has {self.num_virtual_stages} (pp x chunks)")
         self._check_shape()
 
     def _check_shape(self) -> None:
         self.pipeline.check(self)
-        tp_kind = self.tp_kind
+        tp_kind, tp = self.tp_kind, self.tp
         for i, layer in enumerate(self.layers):
             if layer.tp != "none" and layer.tp != tp_kind:
                 raise plan_error(f"layers[{i}].tp", layer.tp, f"the mesh has {tp_kind.upper()} tensor parallelism "
                                  f"({str(self.mesh)})")
-            if layer.tp != "none" and self.tp % layer.tp_degree:
+            if layer.tp != "none" and tp % layer.tp_degree:
                 raise plan_error(f"layers[{i}].tp_degree", layer.tp_degree,
                                  f"must divide the mesh's {self.tp} tensor-parallel ranks")
 

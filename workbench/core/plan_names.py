@@ -49,11 +49,11 @@ def _layers_suffix(plan: Any) -> str:
             words = ([] if layer.dp == "replicate" else [_DP_TEXT[layer.dp]]) + (["rc"] if layer.recompute else [])
             return "".join(f"-{w}" for w in words)
         return f"-L[all={layer.text}]"
-    runs, start = [], 0
-    for i in range(1, len(plan.layers) + 1):
-        if i == len(plan.layers) or plan.layers[i] != plan.layers[start]:
+    runs, start, layers = [], 0, plan.layers
+    for i in range(1, len(layers) + 1):
+        if i == len(layers) or (layers[i] is not layers[start] and layers[i] != layers[start]):
             span = f"{start}" if i - 1 == start else f"{start}-{i - 1}"
-            runs.append(f"{span}={plan.layers[start].text}")
+            runs.append(f"{span}={layers[start].text}")
             start = i
     return f"-L[{';'.join(runs)}]"
 

@@ -46,8 +46,9 @@ peak of a recomputed layer, and compute time-sharing on CPU ranks.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
+from operator import attrgetter
 from typing import Callable, Sequence
 
 from ...core.costs import ClusterSpec, LayerCost, LinkSpec, ModelCosts
@@ -64,6 +65,13 @@ DDP_BUCKET_BYTES = 25 * MIB  # torch DDP's default bucket
 
 
 _error: ErrorForm = field_error("layerwise")
+# what a layer's cost may read of its profile: every value but the name
+_profile_values = attrgetter(*(f.name for f in fields(LayerCost) if f.name != "name"))
+
+
+def _kind_values(kind: LayerKind) -> tuple:
+    """What a layer's cost may read of its kind, hashable whatever sequence holds its TP kinds."""
+    return kind.name, tuple(kind.tp_kinds), kind.linears
 
 
 @dataclass(frozen=True)
@@ -130,16 +138,21 @@ class StageSpec:
         if not (whole and 0 <= layers[0] <= layers[1] <= last):
             raise _error("layers", self.layers, f"(first, last) with 0 <= first <= last <= {last}")
         object.__setattr__(self, "layers", tuple(layers))
+        object.__setattr__(self, "_layer_costs", self.costs.layers[layers[0]:layers[1] + 1])
         object.__setattr__(self, "_kinds", tuple(layer_kinds(self.layer_costs, self.kinds)))
-        object.__setattr__(self, "_nodes", tuple(self.cluster.node_of(r) for r in self.global_ranks))
+        per_node = self.cluster.devices_per_node  # the ranks are checked: node_of's arithmetic without its check
+        object.__setattr__(self, "_nodes", tuple(r // per_node for r in self.global_ranks))
         object.__setattr__(self, "_links", {})
+        object.__setattr__(self, "_moves", {})  # transition_ms per (boundary bytes, layout before, after)
+        object.__setattr__(self, "_costs", {})  # layer_cost per (layer class, strategy, gradient bytes if they matter)
+        object.__setattr__(self, "_class_ids", {})  # layer class: what a layer's cost reads of it -> a number
+        object.__setattr__(self, "_classes", None)  # each of the stage's layers' class, once asked
         object.__setattr__(self, "_grad_bytes", sum(l.grad_bytes for l in self.layer_costs))
         object.__setattr__(self, "_cores", shared_cores(self.cluster))
 
     @property
     def layer_costs(self) -> tuple[LayerCost, ...]:
-        first, last = self.layers
-        return self.costs.layers[first:last + 1]
+        return self._layer_costs  # type: ignore[attr-defined]
 
     def kind(self, index: int) -> LayerKind:
         """The kind of the stage's ``index``-th layer (0 = its first)."""
@@ -150,6 +163,30 @@ class StageSpec:
         absolute = self.layers[0] + index
         return self.costs.input_bytes if absolute == 0 else self.costs.layers[absolute - 1].activation_bytes
 
+    def share_costs(self, tables: dict) -> "StageSpec":
+        """This stage, keeping its layer costs in ``tables`` (a dict, first empty), where every other stage given
+        the same dict finds them: its entries are per profile, cluster, devices, micro-batch size and count,
+        in-flight count, nodes and optimizer, so only stages that cost a layer alike share one. Returns self."""
+        env = (id(self.costs), id(self.cluster), self.devices, self.microbatch_size, self.num_microbatches,
+               self.in_flight, self._nodes, self.optimizer)  # type: ignore[attr-defined]
+        if env not in tables:  # the entry holds the profile and cluster, so their ids stay theirs
+            tables[env] = (self.costs, self.cluster, {}, {})
+        _, _, known, ids = tables[env]
+        object.__setattr__(self, "_costs", known)
+        object.__setattr__(self, "_class_ids", ids)
+        object.__setattr__(self, "_classes", None)
+        return self
+
+    def layer_classes(self) -> tuple[int, ...]:
+        """A number per layer of the stage; equal numbers: the layers cost the same under every strategy (same
+        profile values but the name, kind and input size)."""
+        if self._classes is None:  # type: ignore[attr-defined]
+            ids, kinds = self._class_ids, self._kinds  # type: ignore[attr-defined]
+            keys = [(_kind_values(kinds[i]), self.input_bytes(i), _profile_values(layer))
+                    for i, layer in enumerate(self.layer_costs)]
+            object.__setattr__(self, "_classes", tuple(ids.setdefault(key, len(ids)) for key in keys))
+        return self._classes  # type: ignore[attr-defined]
+
     @property
     def global_ranks(self) -> tuple[int, ...]:
         """The cluster rank of each of the stage's local ranks."""
@@ -159,6 +196,13 @@ class StageSpec:
     def nodes(self) -> tuple[int, ...]:
         """The node of each of the stage's local ranks."""
         return self._nodes  # type: ignore[attr-defined]
+
+    @property
+    def node_pattern(self) -> tuple[int, ...]:
+        """:attr:`nodes` numbered in order of first appearance (which ranks share a node, not which node)."""
+        if "_pattern" not in self.__dict__:
+            object.__setattr__(self, "_pattern", _renumbered(self._nodes))  # type: ignore[attr-defined]
+        return self._pattern  # type: ignore[attr-defined]
 
     def group_link(self, groups: list[list[int]]) -> LinkSpec:
         """The link the slowest of these groups' collectives crosses (groups of the stage's local ranks)."""
@@ -245,7 +289,19 @@ def _bucketed_allreduce_ms(spec: StageSpec, link: LinkSpec, nbytes: float, n: in
 
 
 def layer_cost(spec: StageSpec, index: int, strategy: LayerStrategy) -> LayerChoiceCost:
-    """The cost model of the module docstring for the stage's ``index``-th layer (0 = its first)."""
+    """The cost model of the module docstring for the stage's ``index``-th layer (0 = its first); each stage
+    keeps what it has costed, per class of layer (:meth:`StageSpec.layer_classes`)."""
+    known = spec._costs  # type: ignore[attr-defined]
+    ddp = strategy.dp == "replicate" and strategy.tp_degree < spec.devices  # its buckets: the stage's gradients
+    classes = spec._classes or spec.layer_classes()  # type: ignore[attr-defined]
+    key = (classes[index], strategy, spec._grad_bytes if ddp else None)  # type: ignore[attr-defined]
+    found = known.get(key)
+    if found is None:
+        found = known[key] = _layer_cost(spec, index, strategy)
+    return found
+
+
+def _layer_cost(spec: StageSpec, index: int, strategy: LayerStrategy) -> LayerChoiceCost:
     if strategy.devices != spec.devices:
         raise _error("strategy.devices", strategy.devices, f"the stage's {spec.devices} devices")
     layer, kind = spec.layer_costs[index], spec.kind(index)
@@ -294,41 +350,90 @@ def layer_cost(spec: StageSpec, index: int, strategy: LayerStrategy) -> LayerCho
     return LayerChoiceCost(solo, m * tp_ms, busy - solo, math.ceil(sharded), math.ceil(kept * spec.in_flight))
 
 
-@lru_cache(maxsize=4096)
-def _holdings(layout: tuple[str, int, bool], devices: int) -> tuple[frozenset[int], ...]:
-    """Which units of a boundary tensor each rank holds: the micro-batch cut into ``devices`` sample slices,
-    each cut into ``devices`` hidden pieces (unit = slice x devices + piece). Data-parallel index i (rank //
-    t when consecutive, rank mod d when strided) owns the i-th of d equal runs of samples. 1D / no TP: every
-    rank of a group holds its samples whole; 2D: grid rank (a, b) holds their row block a, hidden block b."""
+def _block(layout: tuple[str, int, bool], devices: int, rank: int) -> tuple[int, int, int, int]:
+    """The units of a boundary tensor ``rank`` holds, as a block ``(first slice, end, first piece, end)``: the
+    micro-batch is cut into ``devices`` sample slices, each cut into ``devices`` hidden pieces. Data-parallel
+    index i (rank // t when consecutive, rank mod d when strided) owns the i-th of d equal runs of samples.
+    1D / no TP: every rank of a group holds its samples whole; 2D: grid rank (a, b) holds their row block a,
+    hidden block b."""
     tp, t, consecutive = layout
-    d, n = devices // t, devices
-    out = []
-    for r in range(n):
-        group, pos = (r // t, r % t) if consecutive else (r % d, r // d)
-        slices = range(group * t, (group + 1) * t)  # a group owns n / d = t slices
-        pieces = range(n)
-        if tp == "2d":
-            q = math.isqrt(t)
-            row, col = divmod(pos, q)
-            slices = range(group * t + row * q, group * t + (row + 1) * q)
-            pieces = range(col * (n // q), (col + 1) * (n // q))
-        out.append(frozenset(s * n + p for s in slices for p in pieces))
+    n, d = devices, devices // t
+    group, pos = (rank // t, rank % t) if consecutive else (rank % d, rank // d)
+    if tp != "2d":
+        return group * t, (group + 1) * t, 0, n  # a group owns n / d = t slices
+    q = math.isqrt(t)
+    row, col = divmod(pos, q)
+    return group * t + row * q, group * t + (row + 1) * q, col * (n // q), (col + 1) * (n // q)
+
+
+def _cells(block: tuple[int, int, int, int], slice_unit: int, piece_unit: int) -> frozenset[tuple[int, int]]:
+    """The block as cells of ``slice_unit`` slices x ``piece_unit`` pieces (blocks are whole cells)."""
+    s0, s1, p0, p1 = block
+    return frozenset((s, p) for s in range(s0 // slice_unit, s1 // slice_unit)
+                     for p in range(p0 // piece_unit, p1 // piece_unit))
+
+
+def _fetch_units(have: tuple[str, int, bool], need: tuple[str, int, bool], devices: int,
+                 node: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """The distinct ``(from its node, from others)`` counts of units a rank fetches to go from layout ``have`` to
+    ``need`` (see :func:`_block`): it lacks what it needs minus what it holds, finds on its node what any rank
+    there holds. Only which ranks share a node matters, so the nodes are renumbered in order of appearance."""
+    return _fetches(have, need, devices, _renumbered(node))
+
+
+def _renumbered(node: tuple[int, ...]) -> tuple[int, ...]:
+    """The nodes numbered in order of first appearance: equal for stages whose ranks share nodes alike."""
+    numbers: dict[int, int] = {}
+    return tuple(numbers.setdefault(x, len(numbers)) for x in node)
+
+
+@lru_cache(maxsize=4096)
+def _fetches(have: tuple[str, int, bool], need: tuple[str, int, bool], devices: int,
+             node: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """:func:`_fetch_units` counted on cells both layouts' blocks are made of, so a stage of many ranks stays
+    cheap: a node's cells once, each distinct block's once."""
+    if have[0] != "2d" and need[0] != "2d":
+        return _fetches_1d(have, need, devices, node)
+    held = [_block(have, devices, r) for r in range(devices)]
+    wanted = [_block(need, devices, r) for r in range(devices)]
+    slice_unit = min(held[0][1] - held[0][0], wanted[0][1] - wanted[0][0])  # powers of two: the smaller divides
+    piece_unit = min(held[0][3] - held[0][2], wanted[0][3] - wanted[0][2])
+    size = slice_unit * piece_unit
+    on_node: dict[int, set[tuple[int, int]]] = {}
+    for x, block in dict.fromkeys(zip(node, held)):
+        on_node.setdefault(x, set()).update(_cells(block, slice_unit, piece_unit))
+    found: dict[tuple, int] = {}  # cells of a wanted block on a node
+    out: dict[tuple[int, int], None] = {}
+    for r in range(devices):
+        w0, w1, q0, q1 = want = wanted[r]
+        if (want, node[r]) not in found:
+            found[want, node[r]] = len(_cells(want, slice_unit, piece_unit) & on_node[node[r]])
+        here = found[want, node[r]]  # the rank's own block is among its node's
+        s0, s1, p0, p1 = held[r]
+        own = max(0, min(s1, w1) - max(s0, w0)) * max(0, min(p1, q1) - max(p0, q0))
+        out[(here * size - own, (w1 - w0) * (q1 - q0) - here * size)] = None
     return tuple(out)
 
 
-@lru_cache(maxsize=4096)
-def _fetch_units(have: tuple[str, int, bool], need: tuple[str, int, bool], devices: int,
-                 node: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-    """Per rank: units it must fetch to go from layout ``have`` to ``need``, as (from its node, from others)."""
-    held, wanted = _holdings(have, devices), _holdings(need, devices)
-    on_node: dict[int, frozenset[int]] = {}
-    for r in range(devices):
-        on_node[node[r]] = on_node.get(node[r], frozenset()) | held[r]
-    out = []
-    for r in range(devices):
-        missing = wanted[r] - held[r]
-        near = len(missing & on_node[node[r]])
-        out.append((near, len(missing) - near))
+def _fetches_1d(have: tuple[str, int, bool], need: tuple[str, int, bool], devices: int,
+                node: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """:func:`_fetches` where every block holds whole slices (no 2D layout): runs of slices, counted in units
+    of the smaller group's run."""
+    n, (_, th, ch), (_, tn, cn) = devices, have, need
+    dh, dn, unit = n // th, n // tn, min(th, tn)
+    on_node: dict[int, set[int]] = {}
+    for x, g in dict.fromkeys(zip(node, (r // th if ch else r % dh for r in range(n)))):
+        on_node.setdefault(x, set()).update(range(g * th // unit, (g + 1) * th // unit))
+    found: dict[tuple[int, int], int] = {}  # units of a wanted run on a node
+    out: dict[tuple[int, int], None] = {}
+    for r in range(n):
+        h0, w0, x = (r // th if ch else r % dh) * th, (r // tn if cn else r % dn) * tn, node[r]
+        here = found.get((w0, x))
+        if here is None:
+            units = on_node[x]
+            here = found[w0, x] = sum(u in units for u in range(w0 // unit, (w0 + tn) // unit)) * unit
+        own = max(0, min(h0 + th, w0 + tn) - max(h0, w0))  # the rank's own run is among its node's
+        out[((here - own) * n, (tn - here) * n)] = None
     return tuple(out)
 
 
@@ -337,17 +442,28 @@ def transition_ms(spec: StageSpec, index: int, before: LayerStrategy, after: Lay
     iteration: the slowest rank's fetches over point-to-point links (0 when the layouts match)."""
     if index == 0 or before.layout == after.layout:
         return 0.0
+    nbytes = spec.costs.layers[spec.layers[0] + index - 1].activation_bytes
+    key = (nbytes, before.layout, after.layout)
+    moves = spec._moves  # type: ignore[attr-defined]
+    if key not in moves:
+        moves[key] = _redistribution_ms(spec, nbytes, before.layout, after.layout)
+    return moves[key]
+
+
+def _redistribution_ms(spec: StageSpec, nbytes: int, before: tuple[str, int, bool],
+                       after: tuple[str, int, bool]) -> float:
+    """:func:`transition_ms` of a boundary tensor of ``nbytes`` at the profile's batch between two layouts."""
     n, cluster = spec.devices, spec.cluster
-    unit = spec.layer_costs[index - 1].activation_bytes * spec.microbatch_size / spec.costs.batch_size / (n * n)
+    unit = nbytes * spec.microbatch_size / spec.costs.batch_size / (n * n)
     far_link = level_link(cluster, span_level(cluster, spec.nodes))  # the slowest link inside the stage
     total = 0.0
-    for have, need in ((before.layout, after.layout), (after.layout, before.layout)):  # activation, then gradient
-        fetches = _fetch_units(have, need, n, spec.nodes)
+    for have, need in ((before, after), (after, before)):  # activation, then gradient
+        fetches = _fetches(have, need, n, spec.node_pattern)
         total += max(cluster.intra_node.transfer_ms(near * unit) + far_link.transfer_ms(far * unit)
                      for near, far in fetches)
     # the runtime's calls: an all-gather over the stage where the rows were split (before), an all-reduce of
     # the gradient where they are split again (after); a 1D layout of degree n holds every row on every rank
-    split = [layout[1] < n for layout in (before.layout, after.layout)]
+    split = [layout[1] < n for layout in (before, after)]
     total += split[0] * paying_steps(spec, n, n - 1) * cluster.collective_call_ms
     total += split[1] * _allreduce_call_ms(spec, n)
     return spec.num_microbatches * total

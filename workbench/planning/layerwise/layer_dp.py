@@ -4,18 +4,20 @@ Each layer offers options ``(time_ms, memory_bytes, layout)``; entering a
 layer in another layout than the previous layer's costs a transition. The
 exact Pareto frontier of (memory, time) per layout (:func:`pareto_dp`) and
 Galvatron's table over memory buckets (:func:`bucket_dp`) both answer with
-the chosen option of every layer.
+the chosen option of every layer; :func:`least_time` is the programme
+without the budget (a lower bound on the time, and the answer when it fits).
 """
 
 from __future__ import annotations
 
 import math
+from operator import itemgetter
 from typing import Callable, Hashable, Sequence
 
 from ...core.fields import integer, optional
 from .layer_costs import MIB, _error
 
-__all__ = ["Option", "pareto_dp", "bucket_dp"]
+__all__ = ["Option", "pareto_dp", "bucket_dp", "least_time"]
 
 Option = tuple[float, float, Hashable]  # (time_ms, memory_bytes, layout) of one strategy for one layer
 
@@ -60,7 +62,43 @@ def pareto_dp(options: Sequence[Sequence[Option]], transition: Callable[[int, Ha
         fronts = {key: _frontier(points) for key, points in grown.items() if points}
         if not fronts:
             return None
-    mem, time, node = min((p for front in fronts.values() for p in front), key=lambda p: (p[1], p[0]))
+    mem, time, node = min((p for front in fronts.values() for p in front), key=itemgetter(1, 0))
+    picks = []
+    while node is not None:
+        index, node = node
+        picks.append(index)
+    return time, mem, picks[::-1]
+
+
+def least_time(options: Sequence[Sequence[Option]],
+               transition: Callable[[int, Hashable, Hashable], float]) -> tuple[float, float, list[int]]:
+    """Least-time choice of one option per layer, memory ignored (of equally fast choices, one of the least
+    memory); ``(time, memory, picks)`` as :func:`pareto_dp` answers. Per layout the state is one point.
+    ``transition`` must be >= 0, and 0 between equal layouts."""
+    if not options or any(not layer for layer in options):
+        raise _error("options", options, "every layer needs at least one (time, memory, layout) option")
+    best: dict[Hashable, tuple[float, float, tuple | None]] = {None: (0.0, 0.0, None)}
+    for l, layer in enumerate(options):
+        arrive = {}
+        for key in dict.fromkeys(o[2] for o in layer):
+            chosen = best.get(key) if l else None  # staying in the layout costs nothing
+            for prev, point in best.items():
+                if chosen is not None and (point[0] > chosen[0] or point[0] == chosen[0] and point[1] >= chosen[1]):
+                    continue  # a move costs >= 0: it cannot beat the point in hand
+                if l and (r := transition(l, prev, key)):
+                    point = (point[0] + r, point[1], point[2])
+                if chosen is None or point[0] < chosen[0] or (point[0] == chosen[0] and point[1] < chosen[1]):
+                    chosen = point
+            arrive[key] = chosen
+        grown: dict[Hashable, tuple[float, float, tuple | None]] = {}
+        for index, (time_ms, mem_bytes, key) in enumerate(layer):
+            time, mem, node = arrive[key]
+            time, mem = time + time_ms, mem + mem_bytes
+            here = grown.get(key)
+            if here is None or time < here[0] or (time == here[0] and mem < here[1]):
+                grown[key] = (time, mem, (index, node))
+        best = grown
+    time, mem, node = min(best.values(), key=itemgetter(0, 1))
     picks = []
     while node is not None:
         index, node = node
@@ -70,7 +108,7 @@ def pareto_dp(options: Sequence[Sequence[Option]], transition: Callable[[int, Ha
 
 def _frontier(points: list) -> list:
     """The points no other point beats in both memory and time, by memory ascending."""
-    points.sort(key=lambda p: (p[0], p[1]))
+    points.sort(key=itemgetter(0, 1))
     out, best = [], math.inf
     for p in points:
         if p[1] < best:

@@ -108,8 +108,12 @@ class LayerStrategy:
         return self.to_layer_plan().text
 
     def to_layer_plan(self) -> LayerPlan:
-        return LayerPlan(dp=self.dp, tp=self.tp, tp_degree=self.tp_degree, recompute=self.recompute,
-                         consecutive=self.consecutive)
+        plan = self.__dict__.get("_plan")  # made once: a search turns the same strategies into plans many times
+        if plan is None:
+            plan = LayerPlan(dp=self.dp, tp=self.tp, tp_degree=self.tp_degree, recompute=self.recompute,
+                             consecutive=self.consecutive)
+            object.__setattr__(self, "_plan", plan)
+        return plan
 
     def tp_ranks(self, first_rank: int = 0) -> list[list[int]]:
         """The stage's tensor-parallel groups, as absolute ranks (the stage's ranks start at ``first_rank``)."""

@@ -25,7 +25,11 @@ above the optimum), 512 buckets 0.07 s (0.9 % above), the plain frontier
 0.6-0.75 s (exact), and the frontier bounded by the time of a 128-bucket answer
 (feasible, so an upper bound) 0.14 s including that answer, exact. The last
 is what :func:`search_stage` runs: exact, and faster than any table that is
-nearly as good.
+nearly as good. It first asks the programme without the budget
+(:func:`~.layer_dp.least_time`, one point per layout): when that fastest
+assignment fits, its time is the optimum's and bounds the frontier in place
+of the bucket answer. A bound only prunes points that cannot reach it, so the
+answer is the same whichever bound is used.
 """
 
 from __future__ import annotations
@@ -39,12 +43,13 @@ from ...core.plan import LayerPlan
 from .layer_strategies import LayerStrategy, for_layer, stage_strategies
 from .layer_costs import (DDP_BUCKET_BYTES, MIB, LayerChoiceCost, StageSpec, _error, layer_cost, paying_steps,
                           transition_ms)
-from .layer_dp import Option, bucket_dp, pareto_dp
+from .layer_dp import Option, bucket_dp, least_time, pareto_dp
 
 __all__ = ["StageSpec", "LayerChoiceCost", "StageAssignment", "NoFit", "layer_cost", "transition_ms",
            "paying_steps", "assignment_cost", "search_stage", "pareto_dp", "bucket_dp"]
 
 BOUND_BUCKETS = 128  # the coarse table whose answer bounds the exact search (fastest in bench_layerwise_dp)
+BOUNDED = True  # bound the exact search by a feasible answer's time; False: the plain frontier (tests compare)
 
 
 class NoFit(ValueError):
@@ -75,8 +80,15 @@ def assignment_cost(spec: StageSpec, strategies: Sequence[LayerStrategy]) -> Sta
     if len(strategies) != len(spec.layer_costs):
         raise _error("strategies", f"{len(strategies)} strategies", f"one per layer of the stage "
                      f"({len(spec.layer_costs)})")
-    costs = tuple(layer_cost(spec, i, s) for i, s in enumerate(strategies))
-    moves = sum(transition_ms(spec, i, strategies[i - 1], s) for i, s in enumerate(strategies) if i)
+    classes, found, moves = spec.layer_classes(), [], 0.0 if len(strategies) > 1 else 0
+    for i, s in enumerate(strategies):
+        if i and s is strategies[i - 1]:  # the same strategy again: no move, and a layer of the same class
+            found.append(found[-1] if classes[i] == classes[i - 1] else layer_cost(spec, i, s))
+            continue  # equal layouts move nothing (0.0, as transition_ms says)
+        found.append(layer_cost(spec, i, s))
+        if i and s.layout != strategies[i - 1].layout:
+            moves += transition_ms(spec, i, strategies[i - 1], s)
+    costs = tuple(found)
     return StageAssignment(tuple(strategies), sum(c.time_ms for c in costs) + moves,
                            sum(c.memory_bytes for c in costs), costs, moves)
 
@@ -99,21 +111,30 @@ def search_stage(spec: StageSpec, strategies: Sequence[LayerStrategy] | None = N
         if not isinstance(s, LayerStrategy) or s.devices != spec.devices:
             raise _error("strategies", s, f"LayerStrategy values for a stage of {spec.devices} devices")
     per_layer, options = [], []
-    for i, layer in enumerate(spec.layer_costs):
-        allowed = for_layer(pool, spec.kind(i))
-        if not allowed:
-            raise _error("strategies", f"{len(pool)} strategies", f"none runs layer {layer.name!r} "
-                         f"({spec.kind(i).name}, no {'/'.join(sorted({s.tp for s in pool}))} tensor parallelism)")
-        costs = [layer_cost(spec, i, s) for s in allowed]
-        per_layer.append(allowed)
-        options.append([(c.time_ms, c.memory_bytes, s.layout) for c, s in zip(costs, allowed)])
+    made: dict[int, tuple[tuple[LayerStrategy, ...], list[Option]]] = {}  # per class of layers: they cost alike
+    for i, group in enumerate(spec.layer_classes()):
+        if group not in made:
+            allowed = for_layer(pool, spec.kind(i))
+            if not allowed:
+                raise _error("strategies", f"{len(pool)} strategies", f"none runs layer {spec.layer_costs[i].name!r} "
+                             f"({spec.kind(i).name}, no {'/'.join(sorted({s.tp for s in pool}))} tensor parallelism)")
+            costs = [layer_cost(spec, i, s) for s in allowed]
+            made[group] = allowed, [(c.time_ms, c.memory_bytes, s.layout) for c, s in zip(costs, allowed)]
+        per_layer.append(made[group][0])
+        options.append(made[group][1])
     layouts = {s.layout: s for s in pool}
     move = lambda l, a, b: transition_ms(spec, l, layouts[a], layouts[b])  # noqa: E731
     if method == "buckets":
         found = bucket_dp(options, move, budget)
-    else:  # a coarse bucket answer is feasible, so its time bounds the exact search (bench_layerwise_dp)
-        coarse = bucket_dp(options, move, budget, resolution=BOUND_BUCKETS)
-        bound = coarse[0] * (1 + 1e-9) if coarse and coarse[1] <= budget else math.inf
+    elif not BOUNDED:
+        found = pareto_dp(options, move, budget)
+    else:  # a feasible answer's time bounds the exact search: the fastest one if it fits, else a coarse bucket one
+        free = least_time(options, move)
+        if free[1] <= budget:
+            bound = free[0] * (1 + 1e-9)  # the optimum's time, give or take the order of the additions
+        else:
+            coarse = bucket_dp(options, move, budget, resolution=BOUND_BUCKETS)
+            bound = coarse[0] * (1 + 1e-9) if coarse and coarse[1] <= budget else math.inf
         found = pareto_dp(options, move, budget, bound)
     if found is None:
         least = sum(min(o[1] for o in layer) for layer in options)

@@ -11,6 +11,7 @@ stage, fill and drain, boundary transfers). Pure Python.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Any, Sequence
 
 from ...core.costs import ClusterSpec, ModelCosts
@@ -22,7 +23,9 @@ from ..layerwise.layer_strategies import LayerKind, LayerStrategy, stage_strateg
 from ..layerwise.stage_search import NoFit, StageAssignment, StageSpec, assignment_cost, search_stage
 
 class _Search:
-    """The state of one :func:`search_hybrid` call: the stage searches are cached across partitions."""
+    """The state of one :func:`search_hybrid` call: the stage searches are cached across partitions, each stage's
+    :class:`StageSpec` is made once and its layer costs are shared with the stages that cost a layer alike
+    (:meth:`StageSpec.share_costs`), and a split of equal weights is found once."""
 
     def __init__(self, costs: ModelCosts, cluster: ClusterSpec, global_batch: int, world: int, budget: float,
                  pool_options: dict[str, Any], optimizer: str, kinds: list[LayerKind]):
@@ -35,6 +38,11 @@ class _Search:
         # the mesh's tensor-parallel size when it decides placement (several nodes), else None (see search_hybrid)
         self.mesh_tp: int | None = None
         self.held: dict[tuple[int, int], tuple[int, ...]] = {}
+        self.specs: dict[tuple, StageSpec] = {}
+        self.placed: dict[tuple[int, int, int], tuple[int, ...]] = {}  # ranks() per (pp, stage, mesh_tp)
+        self.boundaries: dict[tuple, float] = {}  # a boundary's transfers, forward and backward (_p2p_ms)
+        self.splits: dict[tuple, list[tuple[int, int]] | None] = {}  # per (weights, parts): templates repeat them
+        self.cost_tables: dict = {}  # the stages' layer costs, shared where they cost a layer alike
 
     def pool(self, devices: int) -> tuple[LayerStrategy, ...]:
         key = (devices, self.mesh_tp)
@@ -49,8 +57,10 @@ class _Search:
         t = self.mesh_tp
         if t is None:
             return None
-        n = self.world // pp
-        return tuple(d * pp * t + stage * t + j for d in range(n // t) for j in range(t))
+        if (pp, stage, t) not in self.placed:
+            n = self.world // pp
+            self.placed[pp, stage, t] = tuple(d * pp * t + stage * t + j for d in range(n // t) for j in range(t))
+        return self.placed[pp, stage, t]
 
     def in_flight(self, pp: int, m: int) -> tuple[int, ...]:
         """Micro-batches each stage holds at once: what 1F1B's schedule keeps on it (one stage: one)."""
@@ -59,6 +69,13 @@ class _Search:
         return self.held[pp, m]
 
     def spec(self, pp: int, m: int, stage: int, first: int, last: int) -> StageSpec:
+        """The stage as the search sees it (made once per stage, so it keeps the layer costs it has computed)."""
+        key = (pp, m, stage, first, last, self.mesh_tp)
+        if key not in self.specs:
+            self.specs[key] = self._spec(pp, m, stage, first, last).share_costs(self.cost_tables)
+        return self.specs[key]
+
+    def _spec(self, pp: int, m: int, stage: int, first: int, last: int) -> StageSpec:
         n = self.world // pp
         return StageSpec(self.costs, self.cluster, devices=n, microbatch_size=self.global_batch // m,
                          layers=(first, last), num_microbatches=m, in_flight=self.in_flight(pp, m)[stage],
@@ -80,8 +97,7 @@ class _Search:
             except NoFit as exc:
                 found, need = str(exc), exc.needed_bytes
         else:
-            fixed = [_as_template(strategy, spec.kind(i)) for i in range(last - first + 1)]
-            found = assignment_cost(spec, fixed)
+            found = assignment_cost(spec, _template_layers(strategy, [spec.kind(i) for i in range(last - first + 1)]))
             if found.memory_bytes > self.budget:
                 need = found.memory_bytes
                 found = f"stage {stage} (layers {first}-{last}) needs {need / 2**30:.3f} GiB per device"
@@ -97,10 +113,23 @@ class _Search:
             self.misses[template] = (need, f"pipeline degree {pp}, {m} micro-batches: {reason}")
 
 
+def _template_layers(strategy: LayerStrategy, kinds: list[LayerKind]) -> list[LayerStrategy]:
+    """The template's strategy of each layer of these kinds (:func:`_as_template`; a run of one kind asks once)."""
+    out: list[LayerStrategy] = []
+    for i, kind in enumerate(kinds):
+        out.append(out[-1] if i and kind is kinds[i - 1] else _as_template(strategy, kind))
+    return out
+
+
 def _as_template(strategy: LayerStrategy, kind: LayerKind) -> LayerStrategy:
     """The template's strategy for a layer of ``kind``: without tensor parallelism where the kind has none."""
     if strategy.tp == "none" or strategy.tp in kind.tp_kinds:
         return strategy
+    return _without_tp(strategy)
+
+
+@lru_cache(maxsize=4096)
+def _without_tp(strategy: LayerStrategy) -> LayerStrategy:
     return LayerStrategy(1, strategy.dp, "none", True, strategy.recompute, strategy.devices)
 
 
@@ -120,13 +149,14 @@ def _to_plan(assignments: list[StageAssignment], bounds: list[tuple[int, int]], 
     decided placement); a pipeline is 1F1B over stages of one tensor-parallel unit each."""
     strategies = [s for a in assignments for s in a.strategies]
     layers = tuple(s.to_layer_plan() for s in strategies)
-    tp_kinds = {l.tp for l in layers if l.tp != "none"}
+    distinct = set({id(l): l for l in layers}.values())  # a strategy's LayerPlan is one object
+    tp_kinds = {l.tp for l in distinct if l.tp != "none"}
     if len(tp_kinds) > 1:
         raise ValueError("a plan's layers use one tensor-parallel kind (1D or 2D), not both")
     n = world // pp
     # a pipeline's stage is one tensor-parallel unit of n ranks when placement is free (one node): layers use
     # part of it for TP and the rest as their data-parallel group, and the pipeline is a plain 1F1B one
-    t = mesh_tp or (n if pp > 1 and not tp_kinds else max(l.tp_degree for l in layers))
+    t = mesh_tp or (n if pp > 1 and not tp_kinds else max(l.tp_degree for l in distinct))
     if tp_kinds == {"2d"}:
         q = math.isqrt(t)
         if q * q != t:
@@ -139,7 +169,7 @@ def _to_plan(assignments: list[StageAssignment], bounds: list[tuple[int, int]], 
     else:
         pipeline = OneFOneB()  # n == t: the stage is one tensor-parallel unit (search_hybrid places it so)
     partition = "uniform" if pp == 1 else "|".join(f"{a}-{b}" for a, b in bounds)
-    if len(set(layers)) == 1:
+    if len(distinct) == 1:
         layers = layers[:1]
     return ParallelPlan(mesh=mesh, pipeline=pipeline, microbatches=m, partition=partition, layers=layers)
 
@@ -150,12 +180,15 @@ def _p2p_ms(search: _Search, bounds: list[tuple[int, int]], pp: int, m: int) -> 
     if pp == 1:
         return 0.0
     n = search.world // pp
-    costs, total = search.costs, 0.0
+    costs, total, known = search.costs, 0.0, search.boundaries
     for k, (_, last) in enumerate(bounds[:-1]):
-        nbytes = costs.layers[last].activation_bytes * (search.global_batch / m) / costs.batch_size / n
-        here, there = search.ranks(pp, k), search.ranks(pp, k + 1)
-        link = search.cluster.link(here[0] if here else k * n, there[0] if there else (k + 1) * n)
-        total += 2 * link.transfer_ms(nbytes)
+        key = (pp, m, k, costs.layers[last].activation_bytes, search.mesh_tp)
+        if key not in known:
+            nbytes = key[3] * (search.global_batch / m) / costs.batch_size / n
+            here, there = search.ranks(pp, k), search.ranks(pp, k + 1)
+            link = search.cluster.link(here[0] if here else k * n, there[0] if there else (k + 1) * n)
+            known[key] = 2 * link.transfer_ms(nbytes)
+        total += known[key]
     return total
 
 
