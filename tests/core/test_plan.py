@@ -116,6 +116,20 @@ def test_stage_memory_walks_one_replica_and_keeps_what_every_replica_keeps():
         assert stage_memory(plan) == _walk_memory(full, plan.num_virtual_stages), name
 
 
+def test_closed_forms_and_groups_keep_what_the_schedule_walk_keeps():
+    from workbench.scheduling.registry import _steady_iterations, _walk_memory
+
+    for stages in range(1, 7):
+        for m in range(1, 11):
+            names = [f"pp{stages}-1f1b-m{m}", f"pp{stages}-gpipe-m{m}"] if stages > 1 else []
+            names += [f"gropipe-2x{stages}-{inner}-m{m}-d{d}" for inner in ("1f1b", "gpipe", "zbh1", "zbh2")
+                      for d in (0, 1) if stages > 1 or inner in ("1f1b", "gpipe")]
+            for name in names:
+                plan = ParallelPlan.parse(name)
+                walked = schedule_for(plan, num_iterations=_steady_iterations(plan.pipeline, plan.pp, m))
+                assert stage_memory(plan) == _walk_memory(walked, plan.num_virtual_stages), name
+
+
 def test_the_pipeline_is_a_tagged_union_with_its_own_fields():
     plan = ParallelPlan.from_dict({"mesh": {"dp": 2, "pp": 2}, "microbatches": 4,
                                    "pipeline": {"kind": "gropipe", "inner": "gpipe", "delay": 1}})

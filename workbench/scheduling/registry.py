@@ -26,7 +26,7 @@ from functools import lru_cache
 from typing import Any, Callable
 
 from ..core.ir import Schedule
-from ..core.pipelines import PIPELINE_KINDS, NoPipeline, PipelineSpec, register_kind
+from ..core.pipelines import PIPELINE_KINDS, GroPipe, NoPipeline, PipelineSpec, register_kind
 from . import generators, zero_bubble
 from .memory import in_flight_by_stage, versions_by_stage
 from .stagecosts import StageCosts
@@ -116,9 +116,22 @@ def _steady_iterations(spec: PipelineSpec, stages: int, microbatches: int) -> in
 
 @lru_cache(maxsize=4096)
 def _memory(spec: PipelineSpec, stages: int, replicas: int, microbatches: int) -> StageMemory:
+    if isinstance(spec, GroPipe):  # a group keeps what its inner schedule keeps: all-reduces and steps hold nothing
+        return _memory(spec.inner_spec, stages, 1, microbatches)
+    closed = _CLOSED_FORMS.get(spec.kind)
+    if closed is not None:
+        return StageMemory(tuple(closed(stages, s, microbatches) for s in range(stages)), (0,) * stages)
     iterations = _steady_iterations(spec, stages, microbatches)
     request = ScheduleRequest(stages, microbatches, replicas, num_iterations=iterations)
     return _walk_memory(GENERATORS[spec.kind](spec, request), stages * spec.chunks)
+
+
+# what a flushed schedule's stage s of S holds at most with m micro-batches (tested against the walk): GPipe every
+# micro-batch, 1F1B its warm-up forwards and one more; neither keeps a second weight version
+_CLOSED_FORMS: dict[str, Callable[[int, int, int], int]] = {
+    "gpipe": lambda stages, s, m: m,
+    "1f1b": lambda stages, s, m: min(stages - s, m),
+}
 
 
 def _walk_memory(schedule: Schedule, stages: int) -> StageMemory:
