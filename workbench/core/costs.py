@@ -35,10 +35,10 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from .fields import (ErrorForm, at_least, check, check_bool, check_int, check_number, check_str, field_error, integer,
-                     number, optional, reject_unknown, spec, validate)
+                     is_int, number, optional, reject_unknown, spec, validate)
 from .fields import from_dict as _from_dict
 from .fields import to_dict as _to_dict
 
@@ -449,9 +449,20 @@ class ClusterSpec:
         for each of its 2(n - 1) steps."""
         return 2 * (group_size - 1) * self.collective_call_ms if group_size > 1 else 0.0
 
+    def nodes_of(self, ranks: Sequence[int]) -> set[int]:
+        """The nodes ``ranks`` are on (each rank checked as :meth:`node_of` checks it, the bounds once)."""
+        ranks = list(ranks)
+        if ranks:
+            self.node_of(min(ranks))
+            self.node_of(max(ranks))
+            if not all(is_int(r) for r in ranks):
+                raise ValueError(f"ranks must be ints, got {ranks!r}")
+        per_node = self.devices_per_node
+        return {r // per_node for r in ranks}
+
     def group_link(self, ranks: list[int]) -> LinkSpec:
         """The slowest link a collective over ``ranks`` crosses."""
-        nodes = {self.node_of(r) for r in ranks}
+        nodes = self.nodes_of(ranks)
         return self.intra_node if len(nodes) <= 1 else self.inter_node  # type: ignore[return-value]
 
     def allreduce_link(self, ranks: list[int]) -> LinkSpec:

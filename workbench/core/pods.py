@@ -64,7 +64,7 @@ class PodClusterSpec(ClusterSpec):
 
     def group_link(self, ranks: list[int]) -> LinkSpec:
         """The slowest link a collective over ``ranks`` crosses."""
-        return nodes_link(self, {self.node_of(r) for r in ranks})
+        return nodes_link(self, self.nodes_of(ranks))
 
 
 def span_level(cluster: ClusterSpec, nodes: Iterable[int]) -> int:

@@ -116,6 +116,7 @@ class Pass:
         self.ar_done: list[tuple[float, float] | None] = [None] * len(comp.ar_keys)
         self.parked_ar: list[list[int]] = [[] for _ in comp.ar_keys]
         self.coll: dict[int, float] = defaultdict(float)  # each rank's collective stream: free from
+        self._links: dict[tuple[int, ...], tuple] = {}  # an all-reduce group's link, and whether it spans nodes
 
     def _send_tables(self, comp: Compiled, costs: StageCosts, cluster: ClusterSpec | None) -> None:
         """Per send descriptor: its bytes, link time, link name, receiver, and the resources it takes (the channel
@@ -279,7 +280,7 @@ class Pass:
             return
         buckets = self.comp.source.meta.num_buckets
         nbytes = self.costs.grad_bytes[stage] // (buckets if bucket is not None else 1)
-        whole = self.reduce_groups[stage] if self.reduce_groups else group
+        whole = self.reduce_groups[stage] if self.reduce_groups else tuple(group)
         start, end = self._reduce(group, nbytes, max(launched.values()), whole)
         self.ar_done[kid] = (start, end)
         if end > start:
@@ -297,11 +298,13 @@ class Pass:
         if size == 1:
             return ready, ready
         cluster, coll, free = self.cluster, self.coll, self.free
-        link = cluster.allreduce_link(list(whole)) if cluster else None
+        known = self._links.get(whole)
+        if known is None:
+            spans = len({m // (cluster.devices_per_node if cluster else 1) for m in whole}) > 1
+            known = self._links[whole] = (cluster.allreduce_link(list(whole)) if cluster else None, spans)
+        link, spans = known
         self.bytes_by_link[link.name if link else "free"] += int(nbytes * 2 * (size - 1) / size)
-        per_node = cluster.devices_per_node if cluster else 1
-        spans_nodes = self.multi_node and len({m // per_node for m in whole}) > 1
-        ports = [self.port0 + k for k in {self.node[m] for m in group}] if spans_nodes else []
+        ports = [self.port0 + k for k in {self.node[m] for m in group}] if self.multi_node and spans else []
         start = max([ready] + [coll[m] for m in group] + [free[k] for k in ports])
         call = cluster.allreduce_call_ms(size) if cluster else 0.0
         end = start + (link.allreduce_ms(nbytes, size) + call if link else 0.0)

@@ -43,7 +43,6 @@ from ...core.costs import ClusterSpec, LinkSpec, ModelCosts
 from ...core.fields import check_int
 from ...core.partition import Partition
 from ...core.plan import PIPELINE_KINDS, ParallelPlan
-from ...core.topology import Topology
 from ...scheduling.registry import StageMemory, stage_memory
 from ...scheduling.stagecosts import layer_times_ms, optimizer_bytes
 
@@ -401,10 +400,9 @@ def _allreduce_exposed(proj: Projection, result: PartitionResult, cluster: Clust
         return 0.0
     S = proj.num_stages
     grad = [proj.pre_param[b + 1] - proj.pre_param[a] for a, b in result.partition.bounds]
-    layout = Topology(dp=groups, pp=S)  # stage k of every group: the ranks that all-reduce its gradients
     times = []
-    for k in range(S):
-        link = cluster.allreduce_link(layout.group_of(layout.rank(dp=0, pp=k), "dp"))
+    for k in range(S):  # stage k of every group (rank g * S + k, as Topology(dp=groups, pp=S) numbers them)
+        link = cluster.allreduce_link(list(range(k, groups * S, S)))
         times.append(link.allreduce_ms(grad[k], groups) + cluster.allreduce_call_ms(groups))
     if delay == 1:
         return max(0.0, max(times) - result.projected_iteration_ms)
