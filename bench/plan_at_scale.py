@@ -77,7 +77,7 @@ def megatron(costs, batch: int) -> dict:
         parts = e.breakdown()
         worst = max(parts["stage_memory_gib"])
         out[label] = {"plan": name, "iteration_ms": round(e.iteration_ms, 1), "max_stage_memory_gib": round(worst, 2),
-                      **{k: round(v, 1) for k, v in parts.items() if k.endswith("_ms")}}
+                      **{k: round(v, 1) for k, v in parts.items() if k.endswith("_ms") and k != "stage_ms"}}
         print(f"  {label}: {e.iteration_ms:.1f} ms/iteration, {worst:.1f} GiB on its fullest stage; "
               + ", ".join(f"{k} {v:.1f}" for k, v in parts.items() if k.endswith("_ms") and k != "stage_ms"))
     return out
