@@ -44,9 +44,7 @@ def _split_by_sums(prefix: Sequence[float], n: int, parts: int) -> list[list[int
     less (the later on a tie). ``s0`` only moves up as ``end`` does.
     """
     inf = math.inf
-    best = [[inf] * (n + 1) for _ in range(parts + 1)]
-    cut = [[0] * (n + 1) for _ in range(parts + 1)]
-    best[0][0] = 0.0
+    best, cut = _tables(n, parts)
     for k in range(1, parts + 1):
         before, here, row = best[k - 1], best[k], cut[k]
         ends = range(k, n - (parts - k) + 1) if k < parts else range(n, n + 1)
@@ -71,6 +69,14 @@ def _split_by_sums(prefix: Sequence[float], n: int, parts: int) -> list[list[int
     return cut
 
 
+def _tables(n: int, parts: int) -> tuple[list[list[float]], list[list[int]]]:
+    """The split's tables, empty: the best largest cost of the first ``end`` layers in k stages (0 for none in
+    none) and where the k-th stage starts."""
+    best = [[math.inf] * (n + 1) for _ in range(parts + 1)]
+    best[0][0] = 0.0
+    return best, [[0] * (n + 1) for _ in range(parts + 1)]
+
+
 def _cuts(cut: list[list[int]], n: int, parts: int) -> list[tuple[int, int]]:
     """The split read back from a table of cuts: ``cut[k][end]`` starts the k-th stage of the first ``end``."""
     bounds, end = [], n
@@ -91,9 +97,7 @@ def _split_by_stage(cost: Callable[[int, int, int], float], n: int, parts: int) 
     if parts > n:
         return None
     inf = math.inf
-    best = [[inf] * (n + 1) for _ in range(parts + 1)]
-    cut = [[0] * (n + 1) for _ in range(parts + 1)]
-    best[0][0] = 0.0
+    best, cut = _tables(n, parts)
     for k in range(1, parts + 1):
         before, here, row = best[k - 1], best[k], cut[k]
         for end in (range(k, n - (parts - k) + 1) if k < parts else (n,)):
