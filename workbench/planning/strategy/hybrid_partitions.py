@@ -96,7 +96,6 @@ def _split_by_stage(cost: Callable[[int, int, int], float], n: int, parts: int) 
     """
     if parts > n:
         return None
-    inf = math.inf
     best, cut = _tables(n, parts)
     for k in range(1, parts + 1):
         before, here, row = best[k - 1], best[k], cut[k]
