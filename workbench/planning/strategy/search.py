@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -47,6 +47,7 @@ from ..layerwise.layer_strategies import decision_trees, stage_strategies
 from .hybrid import TEMPLATE_TEXT, HybridEstimate, HybridResult, as_estimate, search_hybrid
 from .request import Budget, SearchOptions, Workload
 from .space import check_plan, enumerate_strategies
+from .world_sizes import add_fewer_ranks
 
 __all__ = ["plan", "RankedPlan", "PlanResult", "transformer_shape", "TABLE_COLUMNS"]
 
@@ -137,6 +138,7 @@ class PlanResult:
     elapsed_s: float
     notes: list[str] = field(default_factory=list)
     per_layer: "HybridResult | None" = None  # the per-layer search's own result (fine_grained)
+    fewer_ranks: dict[str, Any] | None = None  # where ranks share cores: the smaller worlds planned too (world_sizes)
 
     @property
     def best(self) -> RankedPlan:
@@ -165,7 +167,8 @@ class PlanResult:
         return {"cluster": self.cluster.name, "global_batch": self.global_batch, "searched": self.searched,
                 "elapsed_s": self.elapsed_s, "notes": self.notes, "best": self.best.name,
                 "strategies": [p.to_dict() for p in self.plans], "infeasible": self.infeasible,
-                **({"per_layer": _per_layer_dict(self.per_layer)} if self.per_layer is not None else {})}
+                **({"per_layer": _per_layer_dict(self.per_layer)} if self.per_layer is not None else {}),
+                **({"fewer_ranks": self.fewer_ranks} if self.fewer_ranks is not None else {})}
 
 
 def _per_layer_dict(found: "HybridResult") -> dict[str, Any]:
@@ -298,6 +301,11 @@ def plan(workload: Workload, cluster: ClusterSpec | str | Path, budget: Budget =
     hybrid = None
     if options.fine_grained:
         hybrid = _fine_grained(ctx, workload, world, options, candidates, final, infeasible, notes)
+    fewer = None
+    if options.fewer_ranks and spec.shared_compute and options.strategies is None and world > 1:
+        smaller = replace(options, fewer_ranks=False, fine_grained=False, top=None)
+        fewer = add_fewer_ranks(world, final, lambda w: plan(workload, spec, replace(budget, world_size=w), smaller),
+                                notes, shared_cores(spec))
     if not final:
         raise ValueError(f"no strategy for {workload.costs.model} on {world} devices of {ctx.cluster.name} fits"
                          f"{_closest_miss(infeasible, ctx.cap)}")
@@ -310,8 +318,9 @@ def plan(workload: Workload, cluster: ClusterSpec | str | Path, budget: Budget =
     if options.strategies is None:
         notes.append(f"the {min(options.simulate_top, projected)} fastest projections are simulated; the rest are "
                      f"ranked by the closed form")
-    return PlanResult(plans, infeasible, ctx.cluster, workload.global_batch, len(candidates),
-                      time.perf_counter() - started, notes, hybrid)
+    return PlanResult(plans, infeasible, ctx.cluster, workload.global_batch,
+                      len(candidates) + (fewer["searched"] if fewer else 0), time.perf_counter() - started, notes,
+                      hybrid, fewer)
 
 
 def _per_layer_search(ctx, costs: ModelCosts, world: int, optimizer: str, notes: list[str],
