@@ -34,10 +34,12 @@ def _run_model(run_dirs: list[str] | None, model: str):
                  for run_dir, config in _run_configs(run_dirs) if config.model.name == model), None)
 
 
-def _model_costs(model: str, cluster, profile_batch: int, model_args: list[str] | None = None,
-                 run_dirs: list[str] | None = None, microbatch_passes: bool = False):
+def _model_costs(model: str, cluster, profile_batch: int | None, model_args: list[str] | None = None,
+                 run_dirs: list[str] | None = None, microbatch_passes: bool = False, *,
+                 global_batch: int | None = None, world_size: int | None = None):
     """(ModelCosts, TransformerShape or None, notes, the zoo model's overrides) for a costs file or a zoo model
-    name."""
+    name. A zoo model is profiled at ``profile_batch`` samples or, None, over the micro-batch sizes the plans of
+    ``global_batch`` on ``world_size`` (or fewer) ranks run (:func:`_profile_zoo`)."""
     from ..core.costs import ModelCosts
 
     if Path(model).is_file():
@@ -49,9 +51,6 @@ def _model_costs(model: str, cluster, profile_batch: int, model_args: list[str] 
     if model not in list_models():
         raise ValueError(f"MODEL {model!r} is neither a ModelCosts JSON file nor a zoo model; zoo models: "
                          f"{', '.join(list_models())}")
-    from ..profiling import profile
-    from ..profiling.projection import project
-
     overrides, seq_len, notes = parse_model_args(model_args), None, []
     run = _run_model(run_dirs, model)
     if run is not None:
@@ -62,11 +61,36 @@ def _model_costs(model: str, cluster, profile_batch: int, model_args: list[str] 
                 notes.append(f"{model} built as run {run_dir} built it: {overrides}")
         elif run_overrides != overrides:
             notes.append(f"note: run {run_dir} trained {model} with {run_overrides}, planned with {overrides}")
-    costs = profile(build_model(model, **overrides) if overrides else model, batch=profile_batch, progress=False,
-                    microbatch_passes=microbatch_passes and cluster.shared_compute)
-    if not cluster.shared_compute:
-        costs = project(costs, cluster.device)
-    return costs, _zoo_shape(model, overrides, profile_batch, seq_len), notes, overrides
+    sizes = None
+    if profile_batch is None:
+        from ..core.batch_fit import fit_sizes
+        from ..planning.strategy.world_sizes import microbatch_range
+
+        sizes = fit_sizes(*microbatch_range(global_batch or DEFAULT_PROFILE_BATCH, world_size or cluster.world_size))
+    costs = _profile_zoo(build_model(model, **overrides) if overrides else model, cluster, sizes,
+                         profile_batch or DEFAULT_PROFILE_BATCH, microbatch_passes)
+    if costs.batch_fit is not None:
+        notes.append(f"profiled at micro-batches of {', '.join(map(str, costs.profiled_sizes))} samples: "
+                     f"{costs.batch_fit.describe()}")
+    return costs, _zoo_shape(model, overrides, costs.batch_size, seq_len), notes, overrides
+
+
+DEFAULT_PROFILE_BATCH = 8
+
+
+def _profile_zoo(model, cluster, sizes: list[int] | None, batch: int, microbatch_passes: bool):
+    """The model's profile for ``cluster``: on ranks that share this machine's cores, measured here at each of
+    ``sizes`` and fitted (or at ``batch`` alone, scaled linearly); for other devices, measured here at ``batch``
+    and projected onto the cluster's device at each of ``sizes`` by the roofline
+    (:func:`workbench.profiling.projection.project`)."""
+    from ..profiling import profile, profile_sizes
+    from ..profiling.projection import project
+
+    passes = microbatch_passes and cluster.shared_compute
+    if cluster.shared_compute and sizes:
+        return profile_sizes(model, sizes, progress=False, microbatch_passes=passes)
+    costs = profile(model, batch=batch, progress=False, microbatch_passes=passes)
+    return costs if cluster.shared_compute else project(costs, cluster.device, sizes=sizes)
 
 
 def _zoo_shape(model: str, overrides: dict, batch: int, seq_len: int | None = None):
@@ -106,13 +130,14 @@ def _plan(args: argparse.Namespace) -> Result:
         raise ValueError(f"--top must be >= 1, got {args.top}")
     options = SearchOptions(strategies=args.strategies.split(",") if args.strategies else None,
                             fine_grained=args.fine_grained, top=args.top, calibration=args.calibrate,
-                            pipeline_degrees=_pipeline_degrees(args.pp))
+                            pipeline_degrees=_pipeline_degrees(args.pp), fewer_ranks=not args.exact_world_size)
     cluster = load_cluster(args.cluster)
     cluster = share_gpus(cluster, args.ranks_per_gpu)
     costs, shape, model_notes, overrides = _model_costs(args.model, cluster, args.profile_batch, args.model_arg,
-                                                        args.calibrate, args.microbatch_passes)
+                                                        args.calibrate, args.microbatch_passes,
+                                                        global_batch=args.batch, world_size=args.world_size)
     if shape is None:  # a costs file: a tensor-parallel calibration run says what the transformer is
-        shape = _shape_of_runs(args.calibrate, args.profile_batch)
+        shape = _shape_of_runs(args.calibrate, costs.batch_size)
     result = plan(Workload(costs, args.batch, shape=shape), cluster if args.ranks_per_gpu > 1 else args.cluster,
                   Budget(memory_cap_gib=args.memory_cap, world_size=args.world_size), options)
     lines = [f"{costs.model} on {cluster.name} ({args.world_size or cluster.world_size} devices), global batch "
@@ -199,12 +224,22 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--batch", type=int, required=True, help="global batch (samples per optimizer step)")
     p.add_argument("--memory-cap", type=float, help="per-device memory budget in GiB (default: the device's memory)")
     p.add_argument("--top", type=int, help="show the K fastest feasible strategies")
-    p.add_argument("--world-size", type=int, help="devices to use (default: the whole cluster)")
+    p.add_argument("--world-size", type=int, help="devices to use (default: the whole cluster); on a cluster whose "
+                   "ranks share cores (local) an upper bound: plans on fewer ranks (1, 2, 4, ...) are ranked too, and "
+                   "a note says when one of them trains faster")
+    p.add_argument("--exact-world-size", action="store_true",
+                   help="plan exactly --world-size ranks, also where the ranks share cores (no plans on fewer)")
     p.add_argument("--ranks-per-gpu", type=int, default=1, metavar="K",
                    help="run K ranks on each GPU, as the runtime does with more ranks than GPUs: each rank gets 1/K "
                         "of a GPU's memory and throughput and talks to the others through host memory (default 1)")
     p.add_argument("--strategies", help="evaluate only these comma-separated names, e.g. dp4,gropipe-2x2-1f1b-m4-d1")
-    p.add_argument("--profile-batch", type=int, default=8, help="batch a zoo model is profiled at (default 8)")
+    p.add_argument("--profile-batch", type=int, default=None,
+                   help="profile a zoo model at this one batch and scale its times linearly to every micro-batch "
+                        "(the behaviour before per-size profiles). Default: on a cluster of CPU ranks (local), "
+                        "profile at the smallest and largest micro-batch the plans run and sizes 4x apart between "
+                        "them (at most 64; e.g. 1, 4, 16, 64), and charge every plan each layer's time at its own "
+                        "micro-batch, piecewise-linear between the sizes; on other devices, profile at 8 and "
+                        "project each of those sizes onto the device by the roofline")
     add_model_arg(p, "the overrides of the first --calibrate run of the same model")
     p.add_argument("--pp", metavar="DEGREES",
                    help="consider only these comma-separated pipeline degrees, e.g. 2 (1 is no pipeline; default: "
@@ -222,11 +257,16 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--microbatch-passes", action="store_true",
                    help="on a cluster of CPU ranks (local), also profile what splitting the batch costs (micro-batch "
                         "passes with the cache hot, flushed and with bound weight copies, about 20 s): the planner "
-                        "then models the runtime's compute from the profile alone, where --calibrate is not given")
+                        "then models the runtime's compute from the profile alone, where --calibrate is not given. "
+                        "With the default per-size profile the passes run on its size nearest 8 and scale what "
+                        "the fit charges at each micro-batch by what a pipeline rank adds beyond it (the cache "
+                        "left cold, fresh buffers), not by what small micro-batches cost, which the fit holds")
     p.add_argument("--calibrate", metavar="RUN_DIR", action="append",
                    help="scale the profile's compute to what this finished run of the model measured (a pipeline "
                         "run is best). Repeat it: scheduled-pipeline runs at two micro-batch sizes fit a "
                         "per-micro-batch cost, an async pipeline's run calibrates the async runtime, and a "
                         "tensor-parallel run (tp2d, tp1d; of a GPT-2/BERT model) its own runtime "
-                        "(workbench.planning.costs.run_calibration)")
+                        "(workbench.planning.costs.run_calibration). A run is set against the profile at its own "
+                        "micro-batch (the per-size fit by default), so the fitted k + c / b is what the runtime "
+                        "adds beyond that; it replaces --microbatch-passes")
     p.set_defaults(handler=_plan)
