@@ -63,10 +63,10 @@ def _best(estimates: list) -> Any:
 def add_fewer_ranks(world_size: int, final: list, plan_at: Callable[[int], Any], notes: list[str],
                     cores: int | None) -> dict[str, Any]:
     """Add the plans for every smaller world size to ``final`` (the estimates for ``world_size``), each
-    planned by ``plan_at(w)`` (a ``PlanResult``), and note whether one of them is the fastest; the record
-    for the result's JSON (``fewer_ranks``)."""
+    planned by ``plan_at(w)`` (a ``PlanResult``), and note whether one of them is faster than the best on
+    ``world_size`` ranks; the record for the result's JSON (``fewer_ranks``)."""
     own = _best(final)
-    searched, considered = 0, []
+    searched, considered, fewer = 0, [], []
     for w in smaller_world_sizes(world_size):
         try:
             found = plan_at(w)
@@ -74,23 +74,26 @@ def add_fewer_ranks(world_size: int, final: list, plan_at: Callable[[int], Any],
             continue
         considered.append(w)
         searched += found.searched
-        final.extend(p.estimate for p in found.plans)
-    best = _best(final)
+        fewer.extend(p.estimate for p in found.plans)
+    final.extend(fewer)
+    theirs = _best(fewer)
+    faster = theirs is not None and (own is None or theirs.iteration_ms < own.iteration_ms)
+    best = theirs if faster else own
     record: dict[str, Any] = {"world_size": world_size, "considered": considered, "searched": searched,
                               "best": best.strategy.name if best else None,
                               "best_world_size": best.strategy.world_size if best else None,
                               "best_iteration_ms": best.iteration_ms if best else None,
                               "best_at_world_size": own.strategy.name if own else None,
-                              "best_at_world_size_ms": own.iteration_ms if own else None}
-    record["fewer_ranks_faster"] = bool(best and best.strategy.world_size < world_size)
+                              "best_at_world_size_ms": own.iteration_ms if own else None,
+                              "fewer_ranks_faster": faster}
     shared = f"the ranks share {cores} core{'s' if cores != 1 else ''}" if cores else "the ranks share cores"
     upper = (f"{shared}, so --world-size {world_size} is an upper bound: plans on "
              f"{', '.join(map(str, considered)) or 'no'} fewer ranks were ranked too")
-    if record["fewer_ranks_faster"]:
-        ranks = best.strategy.world_size
+    if faster:
+        ranks = theirs.strategy.world_size
         mine = f" against {own.iteration_ms:.1f} ms for the best on {world_size}, {own.strategy.name}" if own else ""
-        notes.append(f"fewer ranks train faster: {best.strategy.name} on {ranks} rank{'s' if ranks > 1 else ''}, "
-                     f"{best.iteration_ms:.1f} ms an iteration{mine} ({upper})")
+        notes.append(f"fewer ranks train faster: {theirs.strategy.name} on {ranks} rank{'s' if ranks > 1 else ''}, "
+                     f"{theirs.iteration_ms:.1f} ms an iteration{mine} ({upper})")
     else:
         notes.append(f"{upper}; none is faster than {world_size} ranks")
     return record
