@@ -9,9 +9,11 @@ from workbench.profiling.projection import project
 def test_profile_sizes_fits_the_profiles_at_each_size(tmp_path):
     costs = profile_sizes("mlp", [1, 4], repeats=1, progress=False, cache_dir=tmp_path)
     assert costs.batch_size == 4 and costs.profiled_sizes == (1, 4) and costs.batch_fit.source == "measured"
-    one = profile("mlp", 1, repeats=1, progress=False, cache_dir=tmp_path)  # each size is an ordinary, cached profile
-    assert one.meta["cache"] == "hit"
-    assert set(costs.meta["batch_profiles"]) == {"1", "4"}
+    assert costs.meta["cache"] == "miss" and set(costs.meta["batch_profiles"]) == {"1", "4"}
+    assert len(costs.meta["round_totals_ms"]) == 2  # two rounds, each layer its fastest
+    again = profile_sizes("mlp", [1, 4], repeats=1, progress=False, cache_dir=tmp_path)  # one cache entry
+    assert again.meta["cache"] == "hit" and again.batch_fit == costs.batch_fit
+    assert len(list(tmp_path.glob("mlp-*.json"))) == 1
     for i, layer in enumerate(costs.layers):
         forward = costs.batch_fit.forward_ms[i]
         assert forward[0] <= forward[1] and layer.forward_ms == forward[1]  # non-decreasing, the layer at its size

@@ -17,9 +17,10 @@ linear scaling of a single profile. Piecewise-linear was chosen over one
 ``a + b * batch`` line per layer by measurement (``bench/RESULTS.md``,
 "Predictions that follow the micro-batch size"): a layer's time is flat
 while it is bound by its weights and grows with the batch once its
-arithmetic dominates, a bend one line through sizes 1 and 64 misses by
-11-21% in between, while the segments between sizes a factor of 4 apart
-came within the measurement's own noise.
+arithmetic dominates, a bend one line through sizes 1 and 64 missed by
+11-21% at 2-16 samples, while the segments between sizes 1, 4, 16 and 64
+missed the sizes between them by 8-13%, less than one size's own spread
+between rounds (up to 17%).
 
 JSON (``ModelCosts``'s ``batch_fit``, file version 3)::
 
