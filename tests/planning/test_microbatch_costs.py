@@ -97,3 +97,22 @@ def test_exact_world_size_and_own_devices_plan_only_the_world_asked_for():
     assert {p.plan.world_size for p in gpus.plans} == {4} and "fewer_ranks" not in gpus.to_dict()
     given = plan(Workload(_chatty(), 16), "local", Budget(world_size=4), SearchOptions(strategies=["dp4"]))
     assert [p.name for p in given.plans] == ["dp4"] and given.fewer_ranks is None
+
+
+def test_a_run_calibrates_against_the_fit_at_its_micro_batch():
+    from workbench.core.partition import Partition
+    from workbench.core.timeline import Event, Timeline
+    from workbench.planning.costs.run_calibration import calibrate_from_timeline
+
+    costs = _fitted()
+    partition = Partition.from_cuts([], costs.num_layers)
+    forward, backward = (sum(t) for t in costs.batch_fit.times_ms(4))  # one micro-batch of 4 samples
+    events, t = [], 0.0
+    for it in range(3):  # a one-stage run at micro-batches of 4 that computed 1.5x the fit there
+        for mb in range(2):
+            events += [Event(0, 0, "F", t, t + 1.5 * forward, mb, iteration=it, source="measured"),
+                       Event(0, 0, "B", t + 1.5 * forward, t + 1.5 * (forward + backward), mb, iteration=it,
+                             source="measured")]
+            t += 1.5 * (forward + backward)
+    cal = calibrate_from_timeline(costs, Timeline(tuple(events)), partition, 4, cluster=FAST, warmup=1)
+    assert cal.compute_scale == pytest.approx(1.5)  # against the 32-sample profile scaled linearly: 7.3

@@ -10,7 +10,7 @@ def test_profile_sizes_fits_the_profiles_at_each_size(tmp_path):
     costs = profile_sizes("mlp", [1, 4], repeats=1, progress=False, cache_dir=tmp_path)
     assert costs.batch_size == 4 and costs.profiled_sizes == (1, 4) and costs.batch_fit.source == "measured"
     assert costs.meta["cache"] == "miss" and set(costs.meta["batch_profiles"]) == {"1", "4"}
-    assert len(costs.meta["round_totals_ms"]) == 2  # two rounds, each layer its fastest
+    assert len(costs.meta["round_totals_ms"]) == 2  # two rounds, each layer the mean of its rounds
     again = profile_sizes("mlp", [1, 4], repeats=1, progress=False, cache_dir=tmp_path)  # one cache entry
     assert again.meta["cache"] == "hit" and again.batch_fit == costs.batch_fit
     assert len(list(tmp_path.glob("mlp-*.json"))) == 1

@@ -16,9 +16,10 @@ fit beside it (``ModelCosts.batch_fit``), cached on disk as one entry.
 Drift. A fit is a shape across sizes, so a burst of other work during one
 size's profile bends it (on this shared machine one size's total moved by
 up to 17% between rounds). So the sizes are profiled in ``rounds`` rounds,
-ascending then descending, and each layer keeps its fastest round's times
-at each size (other work only ever slows a measurement down; the planner
-models the work it knows of, ``background_load``, on top).
+ascending then descending, and each layer's times at each size are the mean
+of its rounds: drift is spread over all sizes rather than baked into one.
+(Keeping each layer's fastest round instead predicted a round of the
+benchmark 28-130% faster than it ran on the loaded machine.)
 
 With ``microbatch_passes`` the passes (:mod:`.microbatch`) run on the
 profile at the size nearest 8 (their cost as before); their record
@@ -46,19 +47,24 @@ from .profiler import _device_key, _fingerprint, as_sequence, profile, resolve_d
 __all__ = ["profile_sizes", "PASSES_BATCH", "ROUNDS"]
 
 PASSES_BATCH = 8  # the micro-batch passes run on the profile nearest this size
-ROUNDS = 2  # rounds over the sizes (ascending, then descending); each layer keeps its fastest
+ROUNDS = 2  # rounds over the sizes (ascending, then descending); a layer's times: the mean of its rounds'
+_TIMES = ("forward_ms", "backward_ms", "input_grad_ms", "weight_grad_ms")
 
 
-def _fastest_layer(layers: Sequence[LayerCost]) -> LayerCost:
-    """One layer's measurement from several rounds: the fastest round's forward, and backward with its split."""
-    forward = min(layers, key=lambda l: l.forward_ms)
-    backward = min(layers, key=lambda l: l.backward_ms)
-    return replace(backward, forward_ms=forward.forward_ms, forward_ms_spread=forward.forward_ms_spread)
+def _mean_layer(layers: Sequence[LayerCost]) -> LayerCost:
+    """One layer's measurement from several rounds: the mean of each time, the widest spread."""
+    out = {}
+    for name in _TIMES:
+        values = [getattr(l, name) for l in layers]
+        if all(v is not None for v in values):
+            out[name] = sum(values) / len(values)
+            out[f"{name}_spread"] = max(getattr(l, f"{name}_spread") for l in layers)
+    return replace(layers[0], **out)
 
 
-def _fastest(rounds: Sequence[ModelCosts]) -> ModelCosts:
-    """One size's profile from its rounds: each layer its fastest round's times, the first round's counts."""
-    layers = tuple(_fastest_layer(group) for group in zip(*(p.layers for p in rounds)))
+def _pooled(rounds: Sequence[ModelCosts]) -> ModelCosts:
+    """One size's profile from its rounds: each layer's times the mean of the rounds', the first round's counts."""
+    layers = tuple(_mean_layer(group) for group in zip(*(p.layers for p in rounds)))
     totals = [round(sum(l.compute_ms for l in p.layers), 3) for p in rounds]
     return replace(rounds[0], layers=layers, meta={**rounds[0].meta, "round_totals_ms": totals})
 
@@ -100,7 +106,7 @@ def profile_sizes(model_or_sequence: LayerSequence | nn.Module | str, sizes: Seq
             passes = microbatch_passes and size == passes_at and r == 0
             measured[size].append(profile(seq, batch=size, microbatch_passes=passes, cache=False, device=device,
                                           **kwargs))
-    costs = _fitted([_fastest(measured[size]) for size in sizes], measured[passes_at][0], microbatch_passes)
+    costs = _fitted([_pooled(measured[size]) for size in sizes], measured[passes_at][0], microbatch_passes)
     if cache:
         profile_cache.store(key, costs, cache_dir)
     return replace(costs, meta={**costs.meta, "cache": "miss" if cache else None})
