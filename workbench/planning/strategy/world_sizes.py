@@ -2,12 +2,14 @@
 
 Problem. On GPUs each rank has its own device, so a plan over ``W`` devices
 is the question asked. Where a node's ranks time-share its cores (CPU
-processes: the ``local`` cluster, ``ClusterSpec.shared_compute``), more
-ranks add no arithmetic, only splitting: smaller micro-batches, which cost
-more per sample, communication, and ranks evicting each other's caches. On
-this machine one rank alone trained ``vgg-tiny`` (4096-wide layers, batch
-64) at 260 samples/s, every 4-rank plan at 91-151 (``bench/RESULTS.md``,
-"Predictions that follow the micro-batch size").
+processes: the ``local`` cluster, ``ClusterSpec.shared_compute``), ranks
+beyond the cores add no arithmetic, only splitting: smaller micro-batches,
+which cost more per sample, communication, and ranks evicting each other's
+caches. On this machine one rank alone trained ``vgg-tiny`` (4096-wide
+layers, batch 64) at 260 samples/s and the 4-rank plans of the issue that
+asked for this at 91-151, while a 2-rank asynchronous pipeline, one rank a
+core, reached 305-407 (``bench/RESULTS.md``, "Predictions that follow the
+micro-batch size").
 
 Approach. On such a cluster ``--world-size`` (``Budget.world_size``) is an
 upper bound: :func:`add_fewer_ranks` plans the same search for every power of
