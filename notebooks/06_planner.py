@@ -109,6 +109,9 @@ print(f"{costs.model}: {costs.num_layers} layers, "
 # batch and the transformer's shape), the cluster, a `Budget` (memory per
 # device, how many devices) and, where the defaults do not suit,
 # `SearchOptions` (which strategies, how many to simulate, calibration).
+# Because the ranks here share the cores, the budget's world size is an upper
+# bound: plans on fewer ranks are ranked too, and a note says when one of them
+# trains faster (`SearchOptions(fewer_ranks=False)` plans exactly that many).
 
 # %%
 local = plan(Workload(costs, local_batch, shape=shape), "local", Budget(world_size=local_world))

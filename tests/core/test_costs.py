@@ -51,16 +51,16 @@ def test_uniform_split_backward_builds_f_equal_i_equal_w():
         ModelCosts.uniform(2, input_grad_ms=1.0)
 
 
-def test_version_2_round_trip_keeps_the_split(tmp_path):
+def test_version_2_file_round_trip_keeps_the_split(tmp_path):
     data = json.loads(json.dumps(MINIMAL))
     data["layers"][0].update(input_grad_ms=0.75, weight_grad_ms=1.5, input_grad_ms_spread=0.05, weight_grad_ms_spread=0.1)
     costs = ModelCosts.from_dict(data)
     assert costs[0].split_backward_ms == (0.75, 1.5)  # measured: returned as is, not forced to sum to backward_ms
     assert costs[0].backward_ms == 2.0 and costs[0].input_grad_ms_spread == 0.05
     again = ModelCosts.load(costs.save(tmp_path / "c.json"))
-    assert again == costs and again.version == 2
+    assert again == costs and again.version == 3 and again.batch_fit is None  # written as version 3, no fit
     written = json.loads((tmp_path / "c.json").read_text())
-    assert written["version"] == 2
+    assert written["version"] == 3 and "batch_fit" not in written
     assert {k: written["layers"][0][k] for k in ("input_grad_ms", "weight_grad_ms", "input_grad_ms_spread",
                                                  "weight_grad_ms_spread")} == {
         "input_grad_ms": 0.75, "weight_grad_ms": 1.5, "input_grad_ms_spread": 0.05, "weight_grad_ms_spread": 0.1}
@@ -79,10 +79,10 @@ def test_version_1_file_loads_unchanged_with_the_fallback_split(tmp_path):
     assert fc.input_grad_ms is None and fc.weight_grad_ms is None and not fc.has_split_backward
     assert fc.split_backward_ms == (1.5, 1.5)  # trainable parameters: backward_ms in half
     assert relu.grad_bytes == 0 and relu.split_backward_ms == (0.5, 0.0)  # no parameters: all input gradient
-    # upgraded in memory and written as version 2, with nothing added to the layers
-    assert costs.version == 2
+    # upgraded in memory and written as version 3, with nothing added to the layers and no batch fit
+    assert costs.version == 3 and costs.batch_fit is None
     written = json.loads(costs.save(tmp_path / "new.json").read_text())
-    assert written["version"] == 2
+    assert written["version"] == 3 and "batch_fit" not in written
     old = json.loads(VERSION_1_FILE)
     for before, after in zip(old["layers"], written["layers"]):
         assert {k: after[k] for k in before} == before and not any("grad_ms" in k for k in after)
@@ -91,8 +91,10 @@ def test_version_1_file_loads_unchanged_with_the_fallback_split(tmp_path):
 
 @pytest.mark.parametrize(
     "mutate, fragment",
-    [(lambda d: d.update(version=3), "'version' must be 1 or 2, got 3"),
-     (lambda d: d.update(version=True), "'version' must be 1 or 2, got True"),
+    [(lambda d: d.update(version=4), "'version' must be 1, 2 or 3, got 4"),
+     (lambda d: d.update(version=True), "'version' must be 1, 2 or 3, got True"),
+     (lambda d: d.update(batch_fit={"sizes": [8], "forward_ms": [[1.0], [0.5]], "backward_ms": [[2.0], [1.0]]}),
+      "version 2 ModelCosts file has the version 3 field 'batch_fit'"),
      (lambda d: d.pop("layers"), "missing required fields \\['layers'\\]"),
      (lambda d: d.update(layers=[]), "at least one layer"),
      (lambda d: d.update(batch_size=0), "batch_size must be > 0"),

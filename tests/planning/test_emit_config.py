@@ -40,8 +40,8 @@ def test_cli_pp_is_checked(tmp_path, capsys):
 
 def test_emit_config_is_compact_records_the_command_and_reads_back(tmp_path, capsys):
     out = tmp_path / "run.toml"
-    args = ["plan", "gpt2-tiny", "--model-arg", "n_layer=2", "--cluster", "local", "--world-size", "4", "--pp", "2",
-            "--batch", "16", "--fine-grained", "--emit-config", str(out)]
+    args = ["plan", "gpt2-tiny", "--model-arg", "n_layer=2", "--cluster", "local", "--world-size", "4",
+            "--exact-world-size", "--pp", "2", "--batch", "16", "--fine-grained", "--emit-config", str(out)]
     assert main(args) == 0
     printed = capsys.readouterr().out
     best = re.search(r"wrote the run config of (\S+) to", printed).group(1)

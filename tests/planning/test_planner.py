@@ -320,7 +320,7 @@ def test_cli_builds_a_zoo_model_with_model_args(tmp_path, monkeypatch, capsys):
         out = json.loads(capsys.readouterr().out)
         assert {s["name"] for s in out["strategies"]} == {"dp2", "tp1d-2-dp1"}
         layers[n_layer] = len(list(tmp_path.glob("gpt2-tiny-*.json")))
-    assert layers == {2: 1, 3: 2}  # two different models were profiled
+    assert layers == {2: 1, 3: 2}  # two different models were profiled (each at micro-batches of 1, 4 and 8)
     for args, message in [(["--model-arg", "n_layers=3"], "unknown config keys ['n_layers'] for model 'gpt2-tiny'"),
                           (["--model-arg", "n_layer"], "--model-arg takes KEY=VALUE")]:
         assert main(["plan", "gpt2-tiny", "--cluster", "local-cpu", "--batch", "8", *args]) == 2

@@ -38,11 +38,16 @@ def _run_model(run_dirs: list[str] | None, model: str):
                  for run_dir, config in _run_configs(run_dirs) if config.model.name == model), None)
 
 
-def _model_costs(model: str, cluster, profile_batch: int, model_args: list[str] | None = None,
-                 run_dirs: list[str] | None = None, microbatch_passes: bool = False, per_layer: bool = False):
+def _model_costs(model: str, cluster, profile_batch: int | None, model_args: list[str] | None = None,
+                 run_dirs: list[str] | None = None, microbatch_passes: bool = False, per_layer: bool = False, *,
+                 global_batch: int | None = None, world_size: int | None = None):
     """(ModelCosts, TransformerShape or None, notes, the zoo model's overrides, its layers' tensor-parallel limits
     or None, whether the uniform tensor-parallel strategies shard it) for a costs file or a zoo model name; the
-    limits (``Workload.tp_limits``) with ``per_layer``."""
+    limits (``Workload.tp_limits``) with ``per_layer``. A zoo model is profiled at ``profile_batch`` samples or,
+    None, over the micro-batch sizes the plans of ``global_batch`` on ``world_size`` (or fewer) ranks run: on
+    ranks that share this machine's cores measured at each size and fitted, for other devices measured at the
+    default batch and projected onto the cluster's device at each size by the roofline; found again in the index
+    of zoo profiles without building the model (:mod:`workbench.profiling.zoo_profiles`)."""
     from ..core.costs import ModelCosts
 
     if Path(model).is_file():
@@ -63,22 +68,34 @@ def _model_costs(model: str, cluster, profile_batch: int, model_args: list[str] 
                 notes.append(f"{model} built as run {run_dir} built it: {overrides}")
         elif run_overrides != overrides:
             notes.append(f"note: run {run_dir} trained {model} with {run_overrides}, planned with {overrides}")
-    settings = {"microbatch_passes": microbatch_passes and cluster.shared_compute, "extras": _EXTRAS}
-    found = indexed_profile(model, overrides, profile_batch, **settings)
+    sizes = None
+    if profile_batch is None:
+        from ..core.batch_fit import fit_sizes
+        from ..planning.strategy.world_sizes import microbatch_range
+
+        sizes = fit_sizes(*microbatch_range(global_batch or DEFAULT_PROFILE_BATCH, world_size or cluster.world_size))
+    batch = profile_batch or DEFAULT_PROFILE_BATCH
+    settings = {"microbatch_passes": microbatch_passes and cluster.shared_compute, "extras": _EXTRAS,
+                "sizes": sizes if cluster.shared_compute and sizes else None}
+    found = indexed_profile(model, overrides, batch, **settings)
     if found is None:  # not profiled yet with these settings here, or only torch knows the device: build the model
         from ..models.zoo import list_models
 
         if model not in list_models():
             raise ValueError(f"MODEL {model!r} is neither a ModelCosts JSON file nor a zoo model; zoo models: "
                              f"{', '.join(list_models())}")
-        found = profile_zoo(model, overrides, profile_batch, progress=False, **settings)
-    costs = found.costs if cluster.shared_compute else project(found.costs, cluster.device)
+        found = profile_zoo(model, overrides, batch, progress=False, **settings)
+    costs = found.costs if cluster.shared_compute else project(found.costs, cluster.device, sizes=sizes)
+    if costs.batch_fit is not None:
+        notes.append(f"profiled at micro-batches of {', '.join(map(str, costs.profiled_sizes))} samples: "
+                     f"{costs.batch_fit.describe()}")
     # what the layer-by-layer runtime splits each layer by, read off the model by its own rules
     limits = tuple(found.extras["tp_limits"]) if per_layer else None
     whole = not uniform_tp_missing(found.config)  # the runtime's rule, which its preflight refuses by
-    return costs, _shape_of(found.family, found.config, profile_batch, seq_len), notes, overrides, limits, whole
+    return costs, _shape_of(found.family, found.config, costs.batch_size, seq_len), notes, overrides, limits, whole
 
 
+DEFAULT_PROFILE_BATCH = 8
 # read off a zoo model when it is profiled, and kept in the index of zoo profiles with it
 _EXTRAS = {"tp_limits": "workbench.runtime.layer_parallel:tensor_parallel_limits"}
 
@@ -137,14 +154,14 @@ def _plan(args: argparse.Namespace) -> Result:
         raise ValueError(f"--top must be >= 1, got {args.top}")
     options = SearchOptions(strategies=args.strategies.split(",") if args.strategies else None,
                             fine_grained=args.fine_grained, top=args.top, calibration=args.calibrate,
-                            pipeline_degrees=_pipeline_degrees(args.pp))
+                            pipeline_degrees=_pipeline_degrees(args.pp), fewer_ranks=not args.exact_world_size)
     cluster = load_cluster(args.cluster)
     cluster = share_gpus(cluster, args.ranks_per_gpu)
     costs, shape, model_notes, overrides, limits, whole = _model_costs(
         args.model, cluster, args.profile_batch, args.model_arg, args.calibrate, args.microbatch_passes,
-        args.fine_grained)
+        args.fine_grained, global_batch=args.batch, world_size=args.world_size)
     if shape is None and args.calibrate:  # a tensor-parallel calibration run says what the transformer is
-        shape, whole = _shape_of_runs(args.calibrate, args.profile_batch)
+        shape, whole = _shape_of_runs(args.calibrate, costs.batch_size)
     workload = Workload(costs, args.batch, shape=shape if whole else None, tp_limits=limits)
     bar = terminal_bar() if not args.json and sys.stderr.isatty() else None  # Ctrl-C: the best plans so far
     result = plan(workload, cluster if args.ranks_per_gpu > 1 else args.cluster,
@@ -243,12 +260,22 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--batch", type=int, required=True, help="global batch (samples per optimizer step)")
     p.add_argument("--memory-cap", type=float, help="per-device memory budget in GiB (default: the device's memory)")
     p.add_argument("--top", type=int, help="show the K fastest feasible strategies")
-    p.add_argument("--world-size", type=int, help="devices to use (default: the whole cluster)")
+    p.add_argument("--world-size", type=int, help="devices to use (default: the whole cluster); on a cluster whose "
+                   "ranks share cores (local) an upper bound: plans on fewer ranks (1, 2, 4, ...) are ranked too, and "
+                   "a note says when one of them trains faster")
+    p.add_argument("--exact-world-size", action="store_true",
+                   help="plan exactly --world-size ranks, also where the ranks share cores (no plans on fewer)")
     p.add_argument("--ranks-per-gpu", type=int, default=1, metavar="K",
                    help="run K ranks on each GPU, as the runtime does with more ranks than GPUs: each rank gets 1/K "
                         "of a GPU's memory and throughput and talks to the others through host memory (default 1)")
     p.add_argument("--strategies", help="evaluate only these comma-separated names, e.g. dp4,gropipe-2x2-1f1b-m4-d1")
-    p.add_argument("--profile-batch", type=int, default=8, help="batch a zoo model is profiled at (default 8)")
+    p.add_argument("--profile-batch", type=int, default=None,
+                   help="profile a zoo model at this one batch and scale its times linearly to every micro-batch "
+                        "(the behaviour before per-size profiles). Default: on a cluster of CPU ranks (local), "
+                        "profile at the smallest and largest micro-batch the plans run and sizes 4x apart between "
+                        "them (at most 64; e.g. 1, 4, 16, 64), and charge every plan each layer's time at its own "
+                        "micro-batch, piecewise-linear between the sizes; on other devices, profile at 8 and "
+                        "project each of those sizes onto the device by the roofline")
     add_model_arg(p, "the overrides of the first --calibrate run of the same model")
     p.add_argument("--pp", metavar="DEGREES",
                    help="consider only these comma-separated pipeline degrees, e.g. 2 (1 is no pipeline; default: "
@@ -266,11 +293,16 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--microbatch-passes", action="store_true",
                    help="on a cluster of CPU ranks (local), also profile what splitting the batch costs (micro-batch "
                         "passes with the cache hot, flushed and with bound weight copies, about 20 s): the planner "
-                        "then models the runtime's compute from the profile alone, where --calibrate is not given")
+                        "then models the runtime's compute from the profile alone, where --calibrate is not given. "
+                        "With the default per-size profile the passes run on its size nearest 8 and scale what "
+                        "the fit charges at each micro-batch by what a pipeline rank adds beyond it (the cache "
+                        "left cold, fresh buffers), not by what small micro-batches cost, which the fit holds")
     p.add_argument("--calibrate", metavar="RUN_DIR", action="append",
                    help="scale the profile's compute to what this finished run of the model measured (a pipeline "
                         "run is best). Repeat it: scheduled-pipeline runs at two micro-batch sizes fit a "
                         "per-micro-batch cost, an async pipeline's run calibrates the async runtime, and a "
                         "tensor-parallel run (tp2d, tp1d; of a GPT-2/BERT model) its own runtime "
-                        "(workbench.planning.costs.run_calibration)")
+                        "(workbench.planning.costs.run_calibration). A run is set against the profile at its own "
+                        "micro-batch (the per-size fit by default), so the fitted k + c / b is what the runtime "
+                        "adds beyond that; it replaces --microbatch-passes")
     p.set_defaults(handler=_plan)

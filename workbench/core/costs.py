@@ -27,7 +27,12 @@ Version 2 adds the split backward of zero-bubble pipeline schedules:
 are the two timed apart, both or neither. They need not add up to
 ``backward_ms`` (each walks the part of the graph it needs, the fused pass
 walks it once). :attr:`LayerCost.split_backward_ms` reads them, or falls back.
-Version 1 files (no split fields) still load; files are written as version 2.
+Version 3 adds the optional ``batch_fit``: every layer's times at several
+batch sizes, interpolated between them (:class:`~workbench.core.batch_fit.
+BatchFit`), read for a micro-batch of any size; the layers are the profile at
+``batch_size``, one of its sizes. Without it (every version 1 and 2 file)
+times scale linearly with the batch. Versions 1 (no split fields) and 2
+still load; files are written as version 3.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Sequence
 
+from .batch_fit import BatchFit, check_fit, rebase
 from .fields import (ErrorForm, at_least, check, check_bool, check_int, check_number, check_str, field_error, integer,
                      is_int, number, optional, reject_unknown, spec, validate)
 from .fields import from_dict as _from_dict
@@ -45,8 +51,8 @@ from .fields import to_dict as _to_dict
 __all__ = ["LayerCost", "ModelCosts", "DeviceSpec", "LinkSpec", "ClusterSpec", "COSTS_VERSION",
            "READABLE_VERSIONS"]
 
-COSTS_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # version 1: no split backward (input_grad_ms, weight_grad_ms)
+COSTS_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)  # 1: no split backward (input_grad_ms, weight_grad_ms); 1 and 2: no batch_fit
 _SPLIT_FIELDS = ("input_grad_ms", "weight_grad_ms", "input_grad_ms_spread", "weight_grad_ms_spread")
 
 
@@ -160,7 +166,7 @@ class LayerCost:
 
 @dataclass(frozen=True)
 class ModelCosts:
-    """Per-layer costs of a model at one batch size on one device."""
+    """Per-layer costs of a model at one batch size on one device (``batch_fit``: also at others)."""
 
     model: str
     batch_size: int
@@ -170,6 +176,7 @@ class ModelCosts:
     input_bytes: int = 0
     version: int = COSTS_VERSION
     meta: dict[str, Any] = field(default_factory=dict)
+    batch_fit: BatchFit | None = None
 
     def __post_init__(self) -> None:
         if self.version != COSTS_VERSION:  # older files are upgraded by from_dict
@@ -185,6 +192,10 @@ class ModelCosts:
             if not isinstance(layer, LayerCost):
                 raise ValueError(f"ModelCosts.layers[{i}] must be a LayerCost, got {type(layer).__name__}")
         object.__setattr__(self, "layers", layers)
+        if isinstance(self.batch_fit, dict):
+            object.__setattr__(self, "batch_fit", BatchFit.from_dict(self.batch_fit))
+        if self.batch_fit is not None:
+            check_fit(self.batch_fit, self.layers, self.batch_size)
 
     # -- views ------------------------------------------------------------------------
     @property
@@ -208,18 +219,21 @@ class ModelCosts:
     def __getitem__(self, index: int) -> LayerCost:
         return self.layers[index]
 
+    @property
+    def profiled_sizes(self) -> tuple[int, ...]:
+        """The batch sizes the times were measured (or projected) at."""
+        return self.batch_fit.sizes if self.batch_fit is not None else (self.batch_size,)
+
+    def at_batch(self, batch: int) -> "ModelCosts":
+        """This profile as if taken at ``batch`` samples (:func:`~workbench.core.batch_fit.rebase`)."""
+        return rebase(self, batch)
+
     # -- json -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "version": self.version,
-            "model": self.model,
-            "batch_size": self.batch_size,
-            "device": self.device,
-            "dtype": self.dtype,
-            "input_bytes": self.input_bytes,
-            "meta": self.meta,
-            "layers": [l.to_dict() for l in self.layers],
-        }
+        fit = {"batch_fit": self.batch_fit.to_dict()} if self.batch_fit is not None else {}
+        return {"version": self.version, "model": self.model, "batch_size": self.batch_size, "device": self.device,
+                "dtype": self.dtype, "input_bytes": self.input_bytes, "meta": self.meta,
+                "layers": [l.to_dict() for l in self.layers], **fit}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelCosts":
@@ -227,7 +241,8 @@ class ModelCosts:
             raise ValueError(f"ModelCosts JSON must be an object, got {type(data).__name__}")
         version = data.get("version")
         if isinstance(version, bool) or version not in READABLE_VERSIONS:
-            raise ValueError(f"ModelCosts 'version' must be {' or '.join(map(str, READABLE_VERSIONS))}, got {version!r}")
+            readable = ", ".join(map(str, READABLE_VERSIONS[:-1])) + f" or {READABLE_VERSIONS[-1]}"
+            raise ValueError(f"ModelCosts 'version' must be {readable}, got {version!r}")
         missing = [k for k in ("model", "batch_size", "device", "layers") if k not in data]
         if missing:
             raise ValueError(f"ModelCosts JSON is missing required fields {missing}")
@@ -235,6 +250,9 @@ class ModelCosts:
         if not isinstance(data["layers"], list):
             raise ValueError("ModelCosts 'layers' must be a list of layer objects")
         layers = tuple(LayerCost.from_dict(l, version) for l in data["layers"])
+        if version < 3 and "batch_fit" in data:
+            raise ValueError(f"a version {version} ModelCosts file has the version 3 field 'batch_fit'; write it as "
+                             f"version {COSTS_VERSION}")
         # an older file is upgraded in memory (its layers have no measured split) and saved as the current version
         return cls(**{**data, "version": COSTS_VERSION, "layers": layers, "meta": dict(data.get("meta") or {})})
 
@@ -450,15 +468,12 @@ class ClusterSpec:
         return 2 * (group_size - 1) * self.collective_call_ms if group_size > 1 else 0.0
 
     def nodes_of(self, ranks: Sequence[int]) -> set[int]:
-        """The nodes ``ranks`` are on (each rank checked as :meth:`node_of` checks it, the bounds once)."""
-        ranks = list(ranks)
-        if ranks:
-            self.node_of(min(ranks))
-            self.node_of(max(ranks))
-            if not all(is_int(r) for r in ranks):
-                raise ValueError(f"ranks must be ints, got {ranks!r}")
-        per_node = self.devices_per_node
-        return {r // per_node for r in ranks}
+        """The nodes ``ranks`` are on (each rank checked as :meth:`node_of` checks it, by one pass when all are)."""
+        size = self.world_size
+        if not all(is_int(r) and 0 <= r < size for r in ranks):
+            for r in ranks:
+                self.node_of(r)  # raises, naming the first rank out of range
+        return {r // self.devices_per_node for r in ranks}
 
     def group_link(self, ranks: list[int]) -> LinkSpec:
         """The slowest link a collective over ``ranks`` crosses."""

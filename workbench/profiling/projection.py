@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..core.batch_fit import BatchFit
 from ..core.costs import DeviceSpec, LayerCost, ModelCosts
 from ..core.fields import check_number
 from .devices import get_device
@@ -101,13 +102,50 @@ def _pass_bytes(costs: ModelCosts) -> tuple[list[int], list[int]]:
     return forward, backward
 
 
+def _roofline(costs: ModelCosts, spec: DeviceSpec, dtype: str, efficiency: float, overhead_us: float,
+              r: float = 1.0) -> tuple[list[tuple[float, float]], list[str]]:
+    """Every layer's projected (forward, backward) ms for ``r`` times the profile's samples, and what bounds
+    each (``compute`` or ``memory``): FLOPs and batch-proportional bytes scale with ``r``, weights do not."""
+    peak = spec.tflops(dtype) * 1e12  # FLOP/s
+    scale = _dtype_bytes(dtype, "dtype") / _dtype_bytes(costs.dtype, "costs.dtype")
+    bandwidth = spec.memory_bandwidth_gbs * 1e9  # bytes/s
+    weights_f = [layer.param_bytes for layer in costs.layers]
+    weights_b = [layer.param_bytes + (layer.grad_bytes or 0) for layer in costs.layers]
+    times, bounds = [], []
+    for layer, flops_f, flops_b, bytes_f, bytes_b, fixed_f, fixed_b in zip(
+            costs.layers, *_effective_flops(costs, spec, dtype), *_pass_bytes(costs), weights_f, weights_b):
+        pair = []
+        for flops, nbytes, fixed in ((flops_f, bytes_f, fixed_f), (flops_b, bytes_b, fixed_b)):
+            compute_s = flops * r / (peak * efficiency)
+            memory_s = (fixed + (nbytes - fixed) * r) * scale / bandwidth
+            pair.append(max(compute_s, memory_s) * 1e3 + overhead_us * 1e-3)
+        times.append((pair[0], pair[1]))
+        bounds.append("compute" if flops_f * r / (peak * efficiency)
+                      >= (fixed_f + (bytes_f - fixed_f) * r) * scale / bandwidth else "memory")
+    return times, bounds
+
+
+def _projected_fit(costs: ModelCosts, spec: DeviceSpec, dtype: str, efficiency: float, overhead_us: float,
+                   sizes: "list[int] | tuple[int, ...] | None") -> BatchFit | None:
+    """The roofline at each of ``sizes`` (and the profile's own batch) as a fit; None without sizes."""
+    if not sizes:
+        return None
+    sizes = sorted({*sizes, costs.batch_size})
+    at = [_roofline(costs, spec, dtype, efficiency, overhead_us, b / costs.batch_size)[0] for b in sizes]
+    return BatchFit(tuple(sizes), tuple(tuple(t[i][0] for t in at) for i in range(len(costs.layers))),
+                    tuple(tuple(t[i][1] for t in at) for i in range(len(costs.layers))), source="roofline")
+
+
 def project(costs: ModelCosts, device: DeviceSpec | str, *, dtype: str = "float32", efficiency: float | None = None,
-            overhead_us: float = 10.0) -> ModelCosts:
-    """``costs`` as they would be on ``device`` (a DeviceSpec or a name in ``DEVICES``) in ``dtype``."""
+            overhead_us: float = 10.0, sizes: "list[int] | tuple[int, ...] | None" = None) -> ModelCosts:
+    """``costs`` as they would be on ``device`` (a DeviceSpec or a name in ``DEVICES``) in ``dtype``.
+
+    ``sizes``: also project every layer at these batch sizes (default: those of the profile's own batch fit,
+    where it has one), into the result's ``batch_fit`` (see the module docstring).
+    """
     if not isinstance(costs, ModelCosts):
         raise ValueError(f"costs must be a ModelCosts, got {type(costs).__name__}")
     spec = get_device(device)
-    peak = spec.tflops(dtype) * 1e12  # FLOP/s
     efficiency = spec.efficiency if efficiency is None else efficiency
     check_number("efficiency", efficiency, 0, 1, strict=True, expected="in (0, 1]")
     if not isinstance(overhead_us, (int, float)) or overhead_us < 0:
@@ -116,29 +154,24 @@ def project(costs: ModelCosts, device: DeviceSpec | str, *, dtype: str = "float3
         raise ValueError(f"costs of {costs.model!r} hold neither FLOPs nor bytes, so there is nothing to project; "
                          "profile the model with workbench.profiling.profile")
     scale = _dtype_bytes(dtype, "dtype") / _dtype_bytes(costs.dtype, "costs.dtype")
-    bandwidth = spec.memory_bandwidth_gbs * 1e9  # bytes/s
-    forward_bytes, backward_bytes = _pass_bytes(costs)
-    layers, bounds = [], []
-    for layer, flops_f, flops_b, bytes_f, bytes_b in zip(costs.layers, *_effective_flops(costs, spec, dtype),
-                                                          forward_bytes, backward_bytes):
-        times = []
-        for flops, nbytes in ((flops_f, bytes_f), (flops_b, bytes_b)):
-            compute_s, memory_s = flops / (peak * efficiency), nbytes * scale / bandwidth
-            times.append(max(compute_s, memory_s) * 1e3 + overhead_us * 1e-3)
-        bounds.append("compute" if flops_f / (peak * efficiency) >= bytes_f * scale / bandwidth else "memory")
+    times, bounds = _roofline(costs, spec, dtype, efficiency, overhead_us)
+    layers = []
+    for layer, (forward_ms, backward_ms) in zip(costs.layers, times):
         layers.append(replace(
-            layer, forward_ms=times[0], backward_ms=times[1], forward_ms_spread=0.0, backward_ms_spread=0.0,
-            **_split_backward(layer, times[1]),
+            layer, forward_ms=forward_ms, backward_ms=backward_ms, forward_ms_spread=0.0, backward_ms_spread=0.0,
+            **_split_backward(layer, backward_ms),
             param_bytes=int(layer.param_bytes * scale), grad_bytes=int((layer.grad_bytes or 0) * scale),
             activation_bytes=int(layer.activation_bytes * scale), saved_bytes=int(layer.saved_bytes * scale),
             peak_bytes=int(layer.peak_bytes * scale)))
+    fit = _projected_fit(costs, spec, dtype, efficiency, overhead_us,
+                         sizes if sizes is not None else (costs.batch_fit.sizes if costs.batch_fit else None))
     meta = {**costs.meta, "projected_from": costs.device, "cache": None,
             "projection": {"dtype": dtype, "efficiency": efficiency, "overhead_us": overhead_us,
                            "peak_tflops": spec.tflops(dtype), "memory_bandwidth_gbs": spec.memory_bandwidth_gbs,
                            "winograd_reduction": spec.winograd_reduction(dtype),
                            "bound": bounds}}
     return replace(costs, device=spec.name, dtype=dtype, layers=tuple(layers),
-                   input_bytes=int(costs.input_bytes * scale), meta=meta)
+                   input_bytes=int(costs.input_bytes * scale), meta=meta, batch_fit=fit)
 
 
 def fit_efficiency(measured: ModelCosts, device: DeviceSpec | str, *, dtype: str = "float32") -> float:

@@ -35,7 +35,7 @@ import platform
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from ..core.costs import ModelCosts
 from .cache import cache_dir as _cache_root
@@ -63,25 +63,33 @@ Extras = Mapping[str, str]  # name -> "module:function" of the built model, retu
 
 def profile_zoo(name: str, overrides: dict[str, Any] | None = None, batch: int = 8, *, device: str = "auto",
                 cache: bool = True, cache_dir: str | None = None, extras: Extras | None = None,
-                **settings: Any) -> ZooProfile:
+                sizes: Sequence[int] | None = None, **settings: Any) -> ZooProfile:
     """Profile zoo model ``name`` built with ``overrides`` at ``batch`` (``settings`` go to
     :func:`~workbench.profiling.profile`), from the index when it holds it (see the module docstring);
     ``extras``: name -> ``"module:function"``, a function of the built model whose value (JSON: lists, numbers,
-    strings) the result's ``extras`` carries under that name."""
+    strings) the result's ``extras`` carries under that name. ``sizes``: profiled at each of these batch sizes and
+    fitted (:func:`~workbench.profiling.profile_sizes`) instead of at ``batch`` alone."""
     overrides, extras = dict(overrides or {}), dict(extras or {})
+    if sizes is not None:
+        settings = {**settings, "sizes": sorted(set(sizes))}
     key = index_key(name, overrides, batch, device, settings, extras) if cache else None
     path = _entry_path(key, cache_dir) if key is not None else None
     found = _read(path, key) if path is not None else None
     if found is not None:
         return found
     from ..models.zoo import build_model, get_entry
+    from .batch_profiles import profile_sizes
     from .profiler import profile
 
     entry = get_entry(name)
     config = entry.config(overrides)
     model = build_model(name, **overrides)
     read = {extra: _function(spec)(model) for extra, spec in extras.items()}
-    costs = profile(model, batch=batch, device=device, cache=cache, cache_dir=cache_dir, **settings)
+    if sizes is not None:
+        costs = profile_sizes(model, settings.pop("sizes"), device=device, cache=cache, cache_dir=cache_dir,
+                              **settings)
+    else:
+        costs = profile(model, batch=batch, device=device, cache=cache, cache_dir=cache_dir, **settings)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         record = {"key": key, "family": entry.family, "config": config, "costs": costs.to_dict(), "extras": read}
@@ -92,9 +100,11 @@ def profile_zoo(name: str, overrides: dict[str, Any] | None = None, batch: int =
 
 
 def indexed_profile(name: str, overrides: dict[str, Any] | None = None, batch: int = 8, *, device: str = "auto",
-                    cache_dir: str | None = None, extras: Extras | None = None,
+                    cache_dir: str | None = None, extras: Extras | None = None, sizes: Sequence[int] | None = None,
                     **settings: Any) -> ZooProfile | None:
     """:func:`profile_zoo`'s answer if the index holds it, else None; never builds the model."""
+    if sizes is not None:
+        settings = {**settings, "sizes": sorted(set(sizes))}
     key = index_key(name, dict(overrides or {}), batch, device, settings, dict(extras or {}))
     return _read(_entry_path(key, cache_dir), key) if key is not None else None
 

@@ -12,8 +12,11 @@ with the floor ``param_bytes / memory bandwidth`` for the forward and twice
 that for the backward (weight and input gradients each read the weights).
 The bandwidth comes from the device spec when given (``DeviceSpec.
 memory_bandwidth_gbs``), else ``costs.meta["weight_read_gbs"]``; without
-either, time scales linearly. Activation and saved bytes scale linearly with
-``b``; weights, gradients and optimizer state do not.
+either, time scales linearly. A profile with a ``batch_fit`` (profiles at
+several batch sizes, :mod:`workbench.core.batch_fit`) needs neither: its
+times are the fit's at ``b``, which measured what a small micro-batch costs.
+Activation and saved bytes scale linearly with ``b``; weights, gradients and
+optimizer state do not.
 
 Optimizer state defaults to Adam (two fp32-sized moments: ``2 x
 param_bytes``) when a layer does not state ``optimizer_bytes``.
@@ -57,6 +60,8 @@ def layer_times_ms(costs: ModelCosts, microbatch_size: int | None = None, *,
     """Forward and backward time of every layer for one micro-batch of ``microbatch_size``."""
     b = costs.batch_size if microbatch_size is None else microbatch_size
     check_int("microbatch_size", b, 1)
+    if costs.batch_fit is not None:
+        return costs.batch_fit.times_ms(b)
     scale = b / costs.batch_size
     gbs = _weight_read_gbs(costs, device)
     forward, backward = [], []

@@ -26,16 +26,19 @@ _LIMITS = (0.05, 20.0)  # a scale outside this is a wrong profile (another model
 
 
 def scale_compute(costs: ModelCosts, k: float) -> ModelCosts:
-    """``costs`` with every layer's forward and backward time (and its input and weight gradients') times ``k``."""
+    """``costs`` with every layer's forward and backward time (and its input and weight gradients', and its
+    fit's at every batch size) times ``k``."""
     if k == 1.0:
         return costs
 
     def scaled(value: float | None) -> float | None:
         return None if value is None else value * k
 
+    fit = costs.batch_fit.scaled(k) if costs.batch_fit is not None else None
     return replace(costs, layers=tuple(replace(l, forward_ms=l.forward_ms * k, backward_ms=l.backward_ms * k,
                                                input_grad_ms=scaled(l.input_grad_ms),
-                                               weight_grad_ms=scaled(l.weight_grad_ms)) for l in costs.layers))
+                                               weight_grad_ms=scaled(l.weight_grad_ms)) for l in costs.layers),
+                   batch_fit=fit)
 
 
 def runtime_family(plan: ParallelPlan) -> str | None:
@@ -145,14 +148,18 @@ def profiled_compute_models(costs: ModelCosts, ranks_per_node: int, cores: int |
     the asynchronous family also pays what binding weight copies cost (the
     bound passes over the hot ones, size by size). Only for ranks that
     time-share CPU cores (``cores`` not None), where the passes were timed;
-    empty when the profile has no such measurement.
+    empty when the profile has no such measurement. A profile with a batch
+    fit already charges each micro-batch size its own measured time, so the
+    passes are set against the fit there (:func:`_against_fit`): what is left
+    is what a pipeline rank adds beyond the per-layer profile at that size
+    (the cache left cold, fresh buffers), not what small micro-batches cost.
     """
     measured = costs.meta.get("microbatch_factors")
     if not measured or cores is None:
         return {}
     mode = "cold" if ranks_per_node + background_load > cores else "hot"
     sizes = list(measured["sizes"])
-    base = list(measured[mode])
+    base = _against_fit(costs, measured, list(measured[mode]))
     models = {"scheduled": ComputeModel("scheduled", *fit_factor(sizes, base), 0, tuple(sizes),
                                         source=f"{mode}-cache")}
     if "bound" in measured:
@@ -160,6 +167,21 @@ def profiled_compute_models(costs: ModelCosts, ranks_per_node: int, cores: int |
         models["async"] = ComputeModel("async", *fit_factor(sizes, bound), 0, tuple(sizes),
                                        source=f"{mode}-cache, weight-binding")
     return models
+
+
+def _against_fit(costs: ModelCosts, measured: dict[str, Any], factors: list[float]) -> list[float]:
+    """The passes' factors (each: the batch in micro-batches of ``b``, over the profile of the whole batch) set
+    against the profile's fit at ``b`` instead (unchanged without a fit)."""
+    fit = costs.batch_fit
+    if fit is None:
+        return factors
+    batch = int(measured.get("batch", costs.batch_size))
+    profiled = float(measured.get("profiled_ms") or sum(sum(t) for t in fit.times_ms(batch)))
+    out = []
+    for b, factor in zip(measured["sizes"], factors):
+        fitted = sum(sum(t) for t in fit.times_ms(b))  # one micro-batch of b samples
+        out.append(factor * profiled * b / batch / fitted if fitted > 0 else factor)
+    return out
 
 
 def compute_models(calibrations: "list[RuntimeCalibration]") -> dict[str, ComputeModel]:

@@ -79,7 +79,7 @@ class CostContext:
     compute_models: dict[str, ComputeModel] = field(default_factory=dict)
     _partitions: dict[tuple, PartitionResult | ValueError] = field(default_factory=dict, repr=False)
     _projections: dict[tuple, Projection] = field(default_factory=dict, repr=False)
-    _scaled: dict[tuple[bool, float], ModelCosts] = field(default_factory=dict, repr=False)
+    _scaled: dict[tuple[bool, float, int], ModelCosts] = field(default_factory=dict, repr=False)
 
     @property
     def cap(self) -> int | None:
@@ -106,16 +106,20 @@ class CostContext:
         return model.factor(microbatch)
 
     def model_costs(self, recompute: bool, plan: ParallelPlan | None = None, microbatch: int = 1) -> ModelCosts:
-        """The profile for ``plan`` at micro-batches of ``microbatch``: scaled by its runtime family's
-        calibration, and with recomputation folded in (backward re-runs the forward).
+        """The profile for ``plan`` at micro-batches of ``microbatch``: a profile with a batch fit taken at that
+        size (:meth:`~workbench.core.costs.ModelCosts.at_batch`: every layer's fitted time for ``microbatch``
+        samples), scaled by its runtime family's calibration (which multiplies the fitted time: a calibration's
+        ``k + c / b`` is what the runtime adds beyond the profile at that size), and with recomputation folded in
+        (backward re-runs the forward).
 
         For partitioning, a recomputed layer keeps only its output (an upper
         bound of the stage input the runtime keeps).
         """
         k = self.calibration_factor(plan, microbatch)
-        key = (recompute, k)
-        if key not in self._scaled:
-            costs = scale_compute(self.costs, k)
+        fitted = self.costs.batch_fit is not None
+        key = (recompute, k, microbatch if fitted else 0)
+        if key not in self._scaled:  # a fitted profile is charged at the plan's micro-batch: its fit's times there
+            costs = scale_compute(self.costs.at_batch(microbatch) if fitted else self.costs, k)
             self._scaled[key] = replace(costs, layers=tuple(
                 replace(l, backward_ms=l.backward_ms + l.forward_ms, saved_bytes=l.activation_bytes)
                 for l in costs.layers)) if recompute else costs

@@ -43,6 +43,15 @@ class _Search:
         self.boundaries: dict[tuple, float] = {}  # a boundary's transfers, forward and backward (_p2p_ms)
         self.splits: dict[tuple, list[tuple[int, int]] | None] = {}  # per (weights, parts): templates repeat them
         self.cost_tables: dict = {}  # the stages' layer costs, shared where they cost a layer alike
+        self.rebased: dict[int, ModelCosts] = {}
+
+    def costs_at(self, batch: int) -> ModelCosts:
+        """The profile at ``batch`` samples a device (its batch fit's times there, cached); without a fit, as is."""
+        if self.costs.batch_fit is None:
+            return self.costs
+        if batch not in self.rebased:
+            self.rebased[batch] = self.costs.at_batch(batch)
+        return self.rebased[batch]
 
     def pool(self, devices: int) -> tuple[LayerStrategy, ...]:
         key = (devices, self.mesh_tp)
@@ -77,7 +86,8 @@ class _Search:
 
     def _spec(self, pp: int, m: int, stage: int, first: int, last: int) -> StageSpec:
         n = self.world // pp
-        return StageSpec(self.costs, self.cluster, devices=n, microbatch_size=self.global_batch // m,
+        return StageSpec(self.costs_at(max(1, self.global_batch // m // n)), self.cluster, devices=n,
+                         microbatch_size=self.global_batch // m,
                          layers=(first, last), num_microbatches=m, in_flight=self.in_flight(pp, m)[stage],
                          first_rank=stage * n, ranks=self.ranks(pp, stage), optimizer=self.optimizer,
                          kinds=self.kinds[first:last + 1])

@@ -165,6 +165,11 @@ class SearchOptions:
     by the scheduled one's; runs at two or more micro-batch sizes fit its
     per-micro-batch cost). None: the profile's own micro-batch passes, where
     it has them. A tensor-parallel run also needs the workload's ``shape``.
+
+    ``fewer_ranks``: on a cluster whose ranks share the node's cores, the
+    budget's world size is an upper bound, and the search also ranks plans on
+    every power of two fewer ranks (:mod:`.world_sizes`); False plans exactly
+    that many. A search over given ``strategies`` never does.
     """
 
     kinds: tuple[str, ...] = STRATEGY_KINDS
@@ -177,10 +182,12 @@ class SearchOptions:
     top: int | None = None
     background_load: float = 0.0
     calibration: tuple[Calibration, ...] | None = None
+    fewer_ranks: bool = True
 
     def __post_init__(self) -> None:
         self._check_space()
         check_bool("SearchOptions.fine_grained", self.fine_grained)
+        check_bool("SearchOptions.fewer_ranks", self.fewer_ranks)
         check_int("SearchOptions.simulate_top", self.simulate_top, 0)
         if self.top is not None:
             check_int("SearchOptions.top", self.top, 1, expected="an int >= 1 or None")

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -48,6 +48,7 @@ from .hybrid import TEMPLATE_TEXT, HybridEstimate, HybridResult, as_estimate, se
 from .progress import Progress, SearchProgress
 from .request import Budget, SearchOptions, Workload
 from .space import TP_FAMILIES, check_plan, enumerate_strategies, runtime_refusal, tensor_parallel_note
+from .world_sizes import add_fewer_ranks
 
 __all__ = ["plan", "RankedPlan", "PlanResult", "transformer_shape", "TABLE_COLUMNS"]
 
@@ -139,6 +140,7 @@ class PlanResult:
     notes: list[str] = field(default_factory=list)
     per_layer: "HybridResult | None" = None  # the per-layer search's own result (fine_grained)
     interrupted: bool = False  # the search was stopped: the plans are the best found so far
+    fewer_ranks: dict[str, Any] | None = None  # where ranks share cores: the smaller worlds planned too (world_sizes)
 
     @property
     def best(self) -> RankedPlan:
@@ -165,9 +167,11 @@ class PlanResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"cluster": self.cluster.name, "global_batch": self.global_batch, "searched": self.searched,
-                "elapsed_s": self.elapsed_s, "interrupted": self.interrupted, "notes": self.notes, "best": self.best.name,
+                "elapsed_s": self.elapsed_s, "interrupted": self.interrupted, "notes": self.notes,
+                "best": self.best.name,
                 "strategies": [p.to_dict() for p in self.plans], "infeasible": self.infeasible,
-                **({"per_layer": _per_layer_dict(self.per_layer)} if self.per_layer is not None else {})}
+                **({"per_layer": _per_layer_dict(self.per_layer)} if self.per_layer is not None else {}),
+                **({"fewer_ranks": self.fewer_ranks} if self.fewer_ranks is not None else {})}
 
 
 def _per_layer_dict(found: "HybridResult") -> dict[str, Any]:
@@ -346,6 +350,12 @@ def plan(workload: Workload, cluster: ClusterSpec | str | Path, budget: Budget =
         if not final:
             raise KeyboardInterrupt(f"the search was interrupted before any plan was estimated ({steps.interrupted})")
         notes.insert(0, f"interrupted: the best plans found so far ({steps.interrupted})")
+    fewer = None
+    if options.fewer_ranks and spec.shared_compute and options.strategies is None and world > 1 \
+            and steps.interrupted is None:
+        smaller = replace(options, fewer_ranks=False, fine_grained=False, top=None)
+        fewer = add_fewer_ranks(world, final, lambda w: plan(workload, spec, replace(budget, world_size=w), smaller),
+                                notes, shared_cores(spec))
     if not final:
         raise ValueError(f"no strategy for {workload.costs.model} on {world} devices of {ctx.cluster.name} fits"
                          f"{_closest_miss(infeasible, ctx.cap)}")
@@ -358,8 +368,9 @@ def plan(workload: Workload, cluster: ClusterSpec | str | Path, budget: Budget =
     if options.strategies is None:
         notes.append(f"the {min(options.simulate_top, projected)} fastest projections are simulated; the rest are "
                      f"ranked by the closed form")
-    return PlanResult(plans, infeasible, ctx.cluster, workload.global_batch, len(candidates),
-                      time.perf_counter() - started, notes, hybrid, interrupted=steps.interrupted is not None)
+    return PlanResult(plans, infeasible, ctx.cluster, workload.global_batch,
+                      len(candidates) + (fewer["searched"] if fewer else 0), time.perf_counter() - started, notes,
+                      hybrid, interrupted=steps.interrupted is not None, fewer_ranks=fewer)
 
 
 def _per_layer_search(ctx, costs: ModelCosts, world: int, optimizer: str, notes: list[str],
