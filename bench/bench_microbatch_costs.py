@@ -41,6 +41,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench_planner import runnable_now  # the other work sharing the cores now (this script's folder is on the path)
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "microbatch_costs.json"
 MODEL, OVERRIDES, BATCH, CLUSTER = "vgg-tiny", {"fc_width": 4096}, 64, "local"
@@ -58,18 +60,6 @@ STEPS, WARMUP = 14, 4
 
 def _env() -> dict[str, str]:
     return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-
-
-def runnable_now(samples: int = 20, interval_s: float = 0.05) -> float:
-    """Processes runnable besides this one right now (median of /proc/loadavg's running count)."""
-    path = Path("/proc/loadavg")
-    if not path.is_file():
-        return os.getloadavg()[0]
-    counts = []
-    for _ in range(samples):
-        counts.append(int(path.read_text().split()[3].split("/")[0]) - 1)
-        time.sleep(interval_s)
-    return float(max(0, statistics.median(counts)))
 
 
 def _costs(cache_dir: Path):
