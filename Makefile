@@ -53,7 +53,7 @@ test-gpu: install
 	@$(BIN)/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else \
 		'make test-gpu needs CUDA, but torch.cuda.is_available() is False here (torch ' + torch.__version__ + \
 		'); run it on a machine with an NVIDIA GPU, or use make test for the CPU tiers')"
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m gpu $(PYTEST_ARGS) tests
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m gpu $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS)) $(PYTEST_ARGS) tests
 
 # The GPU tier and the GPU benchmark in one command, on the lent GPU machines too: the script picks a Python
 # whose torch sees CUDA (.venv or python3) and installs only what that Python lacks, so no install step here.

@@ -20,9 +20,12 @@ b. ``workbench.profiling.profile`` of that model and batch under the same
    autocast: the sum of per-layer forward + backward times over the eager
    step's forward + backward, and over its whole step.
 c. ``pp2-1f1b-mM`` vs ``torchpp2-1f1b-mM`` (torch's ``Schedule1F1B``) with both
-   ranks on ``cuda:0`` (so ``staged``), each at its best micro-batch count, in
-   paired interleaved launches (``bench_runtime.compare_at_best``); the backend
-   of every rank comes from its start event.
+   ranks on ``cuda:0`` (so ``staged``): every micro-batch count of both sides
+   ``--reps`` times, interleaved and mirrored (A B, B A, ...), as runs of ONE
+   torchrun launch (``bench_runtime.sweep_throughputs``: the start-up, about
+   half a minute on a lent GPU machine, is paid once). Each side is reported
+   at the count whose median was highest; the backend of every run comes
+   from its start event.
 
 Without CUDA it says so and exits 0, writing nothing. ``--smoke`` runs every
 part on the CPU at toy sizes (tiny GPT-2, 2 steps, the ``eager`` compile
@@ -50,7 +53,6 @@ from typing import Any, Callable
 import torch
 
 import bench_runtime
-from bench_runtime import compare_at_best
 from workbench.core.config import merge_changes
 from workbench.core.hardware import DATASHEET_DEVICES
 from workbench.profiling.profiler import DeviceClock
@@ -236,30 +238,6 @@ def profile_ratios(profiled: dict | None, eager: dict | None) -> dict | None:
 
 
 @contextlib.contextmanager
-def recording_start_events(seen: dict[str, dict[str, set]]):
-    """While active, every launch ``bench_runtime.throughput`` reads also reports its ranks' start events:
-    backend, device and GPU sharing per plan name, gathered into ``seen``."""
-    from workbench.core.config import RunConfig
-
-    real = bench_runtime.read_events
-
-    def read(run_dir: Any, rank: int | None = None) -> list[dict]:
-        plan = RunConfig.from_json(Path(run_dir) / "config.json").plan.name
-        facts = seen.setdefault(plan, {"backend": set(), "device": set(), "shared_by": set()})
-        for event in real(run_dir):
-            if event["kind"] == "start":
-                for key in facts:
-                    facts[key].add(event.get(key))
-        return real(run_dir, rank)
-
-    bench_runtime.read_events = read
-    try:
-        yield seen
-    finally:
-        bench_runtime.read_events = real
-
-
-@contextlib.contextmanager
 def forced_backend(name: str | None):
     """``WORKBENCH_DIST_BACKEND=name`` for the launches made inside (None: leave the environment alone)."""
     from workbench.core.rundir import DIST_BACKEND_ENV
@@ -285,20 +263,45 @@ def pipeline_part(args: argparse.Namespace) -> dict:
                   "training": {"global_batch": args.pp_batch, "precision": args.precision}}
     fields = {**fields, "data": {"kind": "synthetic"}, "events": {"tensorboard": False}}
     counts = [int(m) for m in args.microbatches.split(",")]
-    name = "1f1b ours vs torch Schedule1F1B, 2 ranks on 1 device"
-    planned = [(name, "ours pp2", fields, {m: f"pp2-1f1b-m{m}" for m in counts},
-                "torch pp2", fields, {m: f"torchpp2-1f1b-m{m}" for m in counts})]
-    launch_args = argparse.Namespace(only="", steps=args.pp_steps, warmup=args.pp_warmup, reps=args.reps)
-    sweeps: dict[str, dict[int, float]] = {}
-    seen: dict[str, dict[str, set]] = {}
-    with recording_start_events(seen), forced_backend("staged" if args.smoke else None):
-        rows = compare_at_best(planned, launch_args, sweeps)
-    facts = {plan: {key: sorted(values, key=str) for key, values in f.items()} for plan, f in seen.items()}
-    for row in rows:
-        for side in ("a", "b"):
-            row[f"{side}_backends"] = facts.get(row[f"{side}_plan"], {}).get("backend", [])
+    sides = {"a": "pp2-1f1b-m{m}", "b": "torchpp2-1f1b-m{m}"}
+    order = sweep_order(counts, args.reps)
+    runs = [{**fields, "plan": sides[side].format(m=m)} for side, m in order]
+    with forced_backend("staged" if args.smoke else None):
+        rates, starts = bench_runtime.sweep_throughputs(runs, args.pp_steps, args.pp_warmup)
+    measured: dict[tuple[str, int], list[float]] = {}
+    for key, rate in zip(order, rates):
+        measured.setdefault(key, []).append(rate)
+    medians = {key: statistics.median(values) for key, values in measured.items()}
+    best = {side: max(counts, key=lambda m: medians[(side, m)]) for side in sides}
+    facts: dict[str, dict[str, list]] = {}
+    for run, start in zip(runs, starts):
+        plan = facts.setdefault(run["plan"], {"backend": [], "device": [], "shared_by": []})
+        for key in plan:
+            if start.get(key) not in plan[key]:
+                plan[key].append(start.get(key))
+    row = {"comparison": "1f1b ours vs torch Schedule1F1B, 2 ranks on 1 device"}
+    for side, template in sides.items():
+        plan = template.format(m=best[side])
+        row.update({f"{side}_plan": plan, f"{side}_samples_per_s": medians[(side, best[side])],
+                    f"{side}_runs": measured[(side, best[side])],
+                    f"{side}_sweep": {m: medians[(side, m)] for m in counts},
+                    f"{side}_backends": facts.get(plan, {}).get("backend", [])})
+    row["ratio"] = row["a_samples_per_s"] / row["b_samples_per_s"]
+    print("  " + "; ".join(f"{'ours' if side == 'a' else 'torch'} " + ", ".join(
+        f"m{m} {medians[(side, m)]:.1f}" for m in counts) for side in sides) + " samples/s", flush=True)
     return {"fields": fields, "microbatches": counts, "steps": args.pp_steps, "warmup": args.pp_warmup,
-            "reps": args.reps, "rows": rows, "start_events": facts}
+            "reps": args.reps, "order": [f"{side}{m}" for side, m in order], "rows": [row], "start_events": facts}
+
+
+def sweep_order(counts: list[int], reps: int) -> list[tuple[str, int]]:
+    """Every (side, micro-batch count) ``reps`` times, interleaved and mirrored (A B, then B A, ...), so the
+    drift of the shared processes and the first run's warm-up fall on both sides alike."""
+    order: list[tuple[str, int]] = []
+    for rep in range(reps):
+        for m in counts:
+            pair = [("a", m), ("b", m)]
+            order += pair if rep % 2 == 0 else pair[::-1]
+    return order
 
 
 def _cell(value: Any, spec: str) -> str:

@@ -72,6 +72,37 @@ def throughput(fields: dict, steps: int, warmup: int) -> float:
         return statistics.median(rates)
 
 
+def sweep_throughputs(fields_list: list[dict], steps: int, warmup: int) -> tuple[list[float], list[dict]]:
+    """Median samples/s of each of several runs trained one after another in ONE torchrun launch (the entry's
+    sweep: the runs share the processes, so the launch's start-up is paid once), and rank 0's start event of
+    each. The runs must agree on the world size and device."""
+    with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp:
+        paths, configs = [], []
+        for index, fields in enumerate(fields_list):
+            run_dir = Path(tmp) / f"run{index}"
+            run_dir.mkdir()
+            config = RunConfig.from_dict(merge_changes(fields, {
+                "training": {"steps": steps, "seed": 0}, "run": {"dir": str(run_dir)},
+                "events": {"stage_events": False, "heartbeat_s": 30.0}}))
+            config.save_json(run_dir / "config.json")
+            paths.append(run_dir)
+            configs.append(config)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={configs[0].world_size}", "-m", "workbench.runtime.entry"]
+        for run_dir in paths:
+            cmd += ["--config", str(run_dir / "config.json")]
+        proc = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                              timeout=1800)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the sweep of {[c.plan.name for c in configs]} failed:\n{proc.stderr[-2000:]}")
+        rates, starts = [], []
+        for run_dir in paths:
+            events = read_events(run_dir, 0)
+            rates.append(statistics.median([e["samples_per_s"] for e in events if e["kind"] == "step"][warmup:]))
+            starts.append(next((e for e in events if e["kind"] == "start"), {}))
+        return rates, starts
+
+
 def paired(name: str, a: dict, b: dict, reps: int, steps: int, warmup: int) -> dict:
     """Interleaved launches of A and B; ratio = median(A) / median(B)."""
     rates_a, rates_b = [], []

@@ -259,7 +259,7 @@ import torch
 
 from workbench.core.config import RunConfig
 from workbench.core.partition import Partition
-from workbench.jobs import LaunchSpec, launch
+from workbench.jobs import LaunchSpec, launch_sweep
 from workbench.profiling import profile
 from workbench.runtime.batches import run_model
 
@@ -292,14 +292,16 @@ for kind, ms in zb_simulated.items():
 assert zb_simulated["zbauto"] <= zb_simulated["zbh1"] + 1e-9  # the automatic schedule never loses to ZB-H1
 
 # %% [markdown]
-# The same five plans, launched for real: two `torchrun` ranks each, the
+# The same five plans, launched for real: one after another in the same two
+# `torchrun` ranks (`launch_sweep`: one process start for all five), the
 # same samples, one step time per step (the slower rank's), median over the
 # steps after the first two.
 
 # %%
-zb_jobs = {}
-for kind, plan in zb_plans.items():
-    zb_jobs[kind] = launch(LaunchSpec(config={**zb_base, "plan": plan.name, "name": f"zb-{kind}"}, run_root=run_root))
+zb_jobs = dict(zip(zb_plans, launch_sweep([
+    LaunchSpec(config={**zb_base, "plan": plan.name, "name": f"zb-{kind}"}, run_root=run_root)
+    for kind, plan in zb_plans.items()])))
+for kind in zb_plans:
     state = zb_jobs[kind].wait(timeout=300).state
     assert state == "SUCCEEDED", (kind, zb_jobs[kind].status().text())
 zb_measured, zb_losses = {}, {}

@@ -227,16 +227,28 @@ editor
 # %% [markdown]
 # ## 4. Launch the real run
 #
-# `launch` writes the config into a fresh run directory and starts `torchrun`
-# with 4 processes (gloo on this CPU). The monitor follows the run's event
-# files: loss and throughput per rank, a table with each rank's step, the log
-# tail, and the measured timeline of the latest iteration next to the
-# simulator's prediction for it.
+# `launch` writes a config into a fresh run directory and starts `torchrun`
+# with 4 processes (gloo on this CPU). This lesson trains three runs of that
+# size: the GroPipe run, its DDP twin (section 6) and GroPipe with the other
+# delay (section 7). `launch_sweep` starts `torchrun` once for all three,
+# which train one after another in the same processes, each with its own run
+# directory and job. The monitor follows the lesson run's event files: loss
+# and throughput per rank, a table with each rank's step, the log tail, and
+# the measured timeline of the latest iteration next to the simulator's
+# prediction for it.
 
 # %%
-from workbench.jobs import LaunchSpec, launch
+from workbench.jobs import LaunchSpec, launch_sweep
 
-job = launch(LaunchSpec(config=config, run_root=run_root, name="gropipe-lesson"))
+ddp_config = RunConfig.from_toml(REPO_ROOT / "launch" / "ddp_vgg.toml").replace(model=model_name, training={
+    "global_batch": global_batch, "steps": train_steps, "checkpoint_every": 0, "optimizer": optimizer},
+    evaluation={"every": eval_every, "target_accuracy": target_accuracy})
+other_delay = 1 - delay
+other_config = config.replace(plan=config.plan.replace(pipeline=GroPipe(inner="1f1b", delay=other_delay)))
+job, ddp_job, other_job = launch_sweep([
+    LaunchSpec(config=config, run_root=run_root, name="gropipe-lesson"),
+    LaunchSpec(config=ddp_config, run_root=run_root, name="ddp-lesson"),
+    LaunchSpec(config=other_config, run_root=run_root, name=f"gropipe-delay{other_delay}")])
 print(job)
 job.monitor()
 
@@ -308,12 +320,7 @@ display(Markdown(
 # lot early in training, when the weights move fast.
 
 # %%
-ddp_base = RunConfig.from_toml(REPO_ROOT / "launch" / "ddp_vgg.toml")
-ddp_config = ddp_base.replace(model=model_name, training={
-    "global_batch": global_batch, "steps": train_steps, "checkpoint_every": 0, "optimizer": optimizer},
-    evaluation={"every": eval_every, "target_accuracy": target_accuracy})
-assert ddp_config.plan.name == "dp4"  # the plan the text above names
-ddp_job = launch(LaunchSpec(config=ddp_config, run_root=run_root, name="ddp-lesson"))
+assert ddp_config.plan.name == "dp4"  # the plan the text above names; launched with the lesson run (section 4)
 ddp_status = ddp_job.wait(timeout=400)
 print(ddp_status.text())
 ddp_metrics = ddp_job.metrics()
@@ -364,9 +371,10 @@ go.Figure([go.Scatter(y=gropipe_losses, name=f"GroPipe {num_groups}x{num_stages}
 # evaluation at or above it (`time_to_target`): its step and the seconds of
 # training until then (the sum of the step times, evaluations excluded).
 #
-# Below, the lesson config runs once more with the other delay. With
-# `delay = 0` each stage waits for its all-reduce and every update uses the
-# current gradient, the same update DDP makes; with `delay = 1` the
+# Below is the lesson config once more with the other delay (launched with
+# the lesson run in section 4). With `delay = 0` each stage waits for its
+# all-reduce and every update uses the current gradient, the same update DDP
+# makes; with `delay = 1` the
 # all-reduce hides behind the next iteration (section 2), and every update
 # uses the previous step's gradient. Time to target weighs the two. As in
 # section 6, four processes on two cores make the seconds a rough measure
@@ -374,10 +382,7 @@ go.Figure([go.Scatter(y=gropipe_losses, name=f"GroPipe {num_groups}x{num_stages}
 # machine's load.
 
 # %%
-other_delay = 1 - delay
-other_config = config.replace(plan=config.plan.replace(pipeline=GroPipe(inner="1f1b", delay=other_delay)))
-print("plan:", other_config.plan.name)
-other_job = launch(LaunchSpec(config=other_config, run_root=run_root, name=f"gropipe-delay{other_delay}"))
+print("plan:", other_config.plan.name)  # launched with the lesson run (section 4)
 other_status = other_job.wait(timeout=400)
 print(other_status.text())
 

@@ -161,7 +161,7 @@ placement_figure(placement, two_nodes)
 
 # %%
 from workbench import ParallelPlan
-from workbench.jobs import LaunchSpec, launch
+from workbench.jobs import LaunchSpec, launch_sweep
 from workbench.runtime.events import load_measured_timeline
 
 base = {"model": "mlp", "data": {"kind": "digits"},
@@ -171,10 +171,11 @@ m = train_microbatches
 runs = {"1f1b (sync)": f"pp{stages}-1f1b-m{m}", "async": f"async-1x{stages}-m{m}-if{stages}",
         "async, no stash": f"async-1x{stages}-m{m}-nostash-if{stages}"}
 print(ParallelPlan.parse(runs["async, no stash"]).to_dict())
-jobs = {}
+# the three runs train one after another in the same four processes (one start for all of them)
+jobs = dict(zip(runs, launch_sweep([
+    LaunchSpec(config={**base, "plan": plan_name, "name": label.split()[0].replace(",", "")}, run_root=run_root)
+    for label, plan_name in runs.items()])))
 for label, plan_name in runs.items():
-    jobs[label] = launch(LaunchSpec(config={**base, "plan": plan_name, "name": label.split()[0].replace(",", "")},
-                                    run_root=run_root))
     print(f"{label} ({plan_name}) ->", jobs[label].wait(timeout=300).state)
 
 # %%
@@ -308,17 +309,17 @@ display(Markdown(text))
 
 # %%
 pays_microbatches = 4
-pays_steps = 8 if smoke else 16
-pays_skip = 3  # warm-up steps left out of the throughput
+pays_steps = 5 if smoke else 16
+pays_skip = 2 if smoke else 3  # warm-up steps left out of the throughput
 pays_base = {"model": {"name": "resnet18", "overrides": {"image_size": 96, "num_classes": 10}},
              "data": {"kind": "synthetic"},
              "training": {"global_batch": 64, "steps": pays_steps, "optimizer": {"name": "sgd", "lr": 0.01}}}
 pays_runs = {"naive": "pp2-1f1b-m1", "1F1B": f"pp2-1f1b-m{pays_microbatches}",
              "async": f"async-1x2-m{pays_microbatches}"}
-pays_jobs = {}
+pays_jobs = dict(zip(pays_runs, launch_sweep([
+    LaunchSpec(config={**pays_base, "plan": plan_name, "name": f"pays-{label.lower()}"}, run_root=run_root)
+    for label, plan_name in pays_runs.items()])))
 for label, plan_name in pays_runs.items():
-    pays_jobs[label] = launch(LaunchSpec(config={**pays_base, "plan": plan_name, "name": f"pays-{label.lower()}"},
-                                         run_root=run_root))
     print(f"{label} ({plan_name}) ->", pays_jobs[label].wait(timeout=600).state)
 
 

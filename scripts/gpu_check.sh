@@ -16,7 +16,9 @@
 # the tier's test files with the time left, and let scripts/gpu_summary.py write
 # OUT_DIR/gpu_check.{json,md}. Exit 1 when the tier or the benchmark failed.
 # Knobs: GPU_CHECK_BUDGET_S (whole run, 585), GPU_CHECK_BENCH_S (300),
-# GPU_CHECK_BENCH_ARGS (more arguments for bench_gpu.py, e.g. "--skip gpt2"), GPU_CHECK_NO_INSTALL=1 (never `make install`), GPU_CHECK_PYTHON (try that Python
+# GPU_CHECK_BENCH_ARGS (more arguments for bench_gpu.py, e.g. "--skip gpt2"), GPU_CHECK_NO_INSTALL=1 (never `make install`),
+# GPU_CHECK_WORKERS (tier tests at once with pytest-xdist; default 3 on a machine with 8 or more cores and
+# xdist, else 0), GPU_CHECK_PYTHON (try that Python
 # first), GPU_CHECK_REHEARSAL=1 (the same steps on a CPU: bench --smoke and the tier's
 # CPU rehearsal; it checks this script, not the GPU).
 set -uo pipefail
@@ -232,10 +234,18 @@ limit=$(($(left) - 15))
 if [ "${#files[@]}" -eq 0 ]; then
     phase tier failed 0 "no test file under tests/ marks tests gpu"
 elif [ "$limit" -gt 30 ]; then
-    log "tier: pytest -m gpu on ${#files[@]} files (limit ${limit}s, log tier.log)"
+    # tests at once: each test's ranks are small and the GPU has memory and the machine cores to spare, so
+    # a few tests share them (their results do not depend on timing); one at a time where cores are few
+    workers=${GPU_CHECK_WORKERS:-}
+    if [ -z "$workers" ]; then
+        workers=0
+        if [ "$REHEARSAL" != 1 ] && [ "$(nproc)" -ge 8 ] && "$PY" -c 'import xdist' >/dev/null 2>&1; then workers=3; fi
+    fi
+    xdist=(); [ "$workers" -gt 0 ] && xdist=(-n "$workers")
+    log "tier: pytest -m gpu on ${#files[@]} files, $workers workers (limit ${limit}s, log tier.log)"
     [ "$REHEARSAL" = 1 ] && export WORKBENCH_GPU_TIER_REHEARSAL=1
-    timed tier "$limit" "$OUT/tier.log" "$PY" -m pytest -m gpu "${files[@]}" -p no:cacheprovider -v -rfEs \
-        --junitxml="$OUT/junit.xml"
+    timed tier "$limit" "$OUT/tier.log" "$PY" -m pytest -m gpu "${files[@]}" "${xdist[@]}" -p no:cacheprovider -v \
+        -rfEs --junitxml="$OUT/junit.xml"
     tier_rc=$?
 else
     phase tier skipped 0 "no time left"

@@ -74,7 +74,7 @@ from .toml_text import read_toml, to_toml
 
 __all__ = ["RunConfig", "runs_layer_by_layer", "is_import_path", "ModelConfig", "DataConfig", "TrainingConfig",
            "OptimizerConfig", "EvaluationConfig", "EventsConfig", "FaultsConfig", "RunOptions", "MOVED_TO_PLAN",
-           "FLAT_KEYS", "PRECISIONS", "merge_changes", "read_toml", "to_toml"]
+           "FLAT_KEYS", "PRECISIONS", "merge_changes", "read_toml", "to_toml", "check_shared_processes"]
 
 TABLES = ("model", "data", "training", "evaluation", "events", "faults", "run")
 # what replace() and the planner's overrides change as a whole rather than entry by entry (their entries
@@ -339,6 +339,27 @@ class RunConfig:
         (``replace(training={"steps": 3})``); the plan and the data, whose entries depend on each other, and any
         value that is not a dict, replace the whole entry."""
         return RunConfig.from_dict(merge_changes(self.to_dict(), changes))
+
+
+def check_shared_processes(configs: list["RunConfig"]) -> None:
+    """Refuse runs that cannot train one after another in the same processes (a sweep): they must agree on
+    what the processes are (world size, device, placement, collective timeout), and none may resume (a
+    restart would train the whole sweep again)."""
+    first = configs[0]
+    for config in configs[1:]:
+        for field, ours, theirs in (("world_size", config.world_size, first.world_size),
+                                    ("run.device", config.run.device, first.run.device),
+                                    ("run.placement", config.run.placement, first.run.placement),
+                                    ("run.collective_timeout_s", config.run.collective_timeout_s,
+                                     first.run.collective_timeout_s)):
+            if ours != theirs:
+                raise ValueError(f"runs in one sweep share their processes, so they must agree on {field}: "
+                                 f"{first.plan.name!r} has {theirs!r}, {config.plan.name!r} {ours!r}; launch them "
+                                 f"apart")
+    for config in configs:
+        if config.training.resume and len(configs) > 1:
+            raise ValueError(f"config field 'training.resume' of {config.plan.name!r}: a run in a sweep cannot resume "
+                             "(a restart would run the whole sweep again); launch it on its own")
 
 
 def merge_changes(data: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:

@@ -88,6 +88,8 @@ class Job:
         self.launch_info = launch_info
         self.spec_data: dict[str, Any] = _read_json(self.run_dir / SPEC_FILE) or {}
         self.backend = get_backend(launch_info["backend"])
+        # a run of a sweep shares its processes, their console logs and exit codes with the sweep's first run
+        self._host_dir = Path(launch_info.get("sweep", {}).get("host") or self.run_dir)
         self._processes = list(processes or [])
         self._tailer = EventTailer(self.run_dir)
         self._state = RunState(stall_after_s=float(self.spec_data.get("stall_after_s", 30.0)))
@@ -140,7 +142,7 @@ class Job:
             if final is not None:
                 return JobStatus.from_dict({**final, **_eval_fields(state),
                                             "ranks": self._rank_rows(state, now, final["state"], True)})
-            processes = self.backend.poll(self.launch_info, self._processes, self.run_dir)
+            processes = self.backend.poll(self.launch_info, self._processes, self._host_dir)
             job_state, reason, codes = self._decide(state, processes)
             finished = job_state in TERMINAL_STATES or processes.running is False
             cause = state.root_cause() if job_state == "FAILED" else None
@@ -171,11 +173,15 @@ class Job:
         if self.backend.name == "dryrun":
             return "UNKNOWN", f"dry run: nothing was started; the command is in {COMMAND_FILE}", None
         cancelled = (self.run_dir / CANCEL_FILE).is_file()
+        sweep = self.launch_info.get("sweep")
+        if sweep and not cancelled and _all_ranks_ended(state):  # the processes may go on with the next run
+            return "SUCCEEDED", "every rank reported its end", None
         if proc.running is None:
             return "UNKNOWN", proc.detail, None
         if proc.running:
             if proc.scheduler_state == "PENDING" or not any(r.started for r in state.ranks.values()):
-                return "PENDING", proc.detail or "waiting for the workers to start", None
+                waiting = "the runs before it in the same processes" if sweep and sweep["index"] else "the workers"
+                return "PENDING", proc.detail or f"waiting for {waiting} to start", None
             notes = [f"rank {r} stalled (no event for more than {state.stall_after_s:g} s)"
                      for r, s in state.rank_states().items() if s == "STALLED"]
             if state.restarts:
@@ -192,9 +198,7 @@ class Job:
                 return "SUCCEEDED", "", proc.exit_codes
             failed = ", ".join(f"{k} exited {v}" for k, v in proc.exit_codes.items() if v != 0)
             return "FAILED", self._failure_reason(cause, failed), proc.exit_codes
-        ended = [s.end_status for s in state.ranks.values()]
-        world = state.world_size or len(ended)
-        if ended and len(ended) >= world and all(e == "SUCCEEDED" for e in ended):
+        if _all_ranks_ended(state):
             return "SUCCEEDED", "every rank reported its end", None
         if cause is not None:
             return "FAILED", self._failure_reason(cause, "the processes are gone"), None
@@ -229,6 +233,9 @@ class Job:
         if current.finished:
             return current
         request_cancel(self.run_dir, "cancelled on request")
+        for other in self.launch_info.get("sweep", {}).get("run_dirs", []):  # they share the processes it stops
+            if Path(other) != self.run_dir and not status_path(Path(other)).is_file():
+                request_cancel(Path(other), f"cancelled with {self.run_id}, whose processes it shares (one sweep)")
         self.backend.cancel(self.launch_info, grace_s)
         for proc in self._processes:
             try:
@@ -249,7 +256,7 @@ class Job:
 
     # -- reading --------------------------------------------------------------------------
     def _console_files(self) -> list[Path]:
-        logs = self.run_dir / LOGS_DIR
+        logs = self._host_dir / LOGS_DIR
         return sorted(logs.glob("node*/console.log")) + sorted(logs.glob("slurm-*.out"))
 
     @staticmethod
@@ -355,6 +362,13 @@ class Job:
         return summary_figure(self, simulated)
 
 
+def _all_ranks_ended(state: RunState) -> bool:
+    """Every rank of the run reported its end, successfully."""
+    ended = [s.end_status for s in state.ranks.values()]
+    world = state.world_size or len(ended)
+    return bool(ended) and len(ended) >= world and all(e == "SUCCEEDED" for e in ended)
+
+
 def _eval_fields(state: RunState) -> dict[str, Any]:
     """The status fields folded from ``eval`` events (none when the events hold none, e.g. deleted)."""
     fields = {"last_eval": state.last_eval(), "time_to_target": state.time_to_target()}
@@ -377,19 +391,31 @@ def launch(spec: LaunchSpec, backend: str = "local", *, check_entry: bool = True
     runner = get_backend(backend)
     runner.check(spec)
     check_launchable(spec, check_entry=check_entry)
+    run_id, run_dir = new_run_dir(spec)
+    try:
+        started = runner.start(spec, run_dir, run_id)
+    except BaseException:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    return record_launch(spec, runner.name, run_id, run_dir, started)
+
+
+def new_run_dir(spec: LaunchSpec) -> tuple[str, Path]:
+    """A fresh run id and directory for ``spec``, holding its config and spec."""
     run_id = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
     run_dir = resolve_run_root(spec) / run_id
     run_dir.mkdir(parents=True)
     (run_dir / "events").mkdir()
     _write_json_atomic(run_dir / CONFIG_FILE, config_dict(spec.config))
     _write_json_atomic(run_dir / SPEC_FILE, spec.to_dict())
-    try:
-        started = runner.start(spec, run_dir, run_id)
-    except BaseException:
-        shutil.rmtree(run_dir, ignore_errors=True)
-        raise
-    info = {"backend": runner.name, "run_id": run_id, "host": socket.gethostname(), "start_time": time.time(),
-            "world_size": spec.world_size, "commands": list(started.commands), **started.launch}
+    return run_id, run_dir
+
+
+def record_launch(spec: LaunchSpec, backend: str, run_id: str, run_dir: Path, started: Any,
+                  **extra: Any) -> Job:
+    """Write ``launch.json`` and the command of a started run; its handle, watched while its processes run."""
+    info = {"backend": backend, "run_id": run_id, "host": socket.gethostname(), "start_time": time.time(),
+            "world_size": spec.world_size, "commands": list(started.commands), **started.launch, **extra}
     _write_json_atomic(run_dir / LAUNCH_FILE, info)
     (run_dir / COMMAND_FILE).write_text("\n\n".join(started.commands) + "\n")
     job = Job(run_dir, processes=started.processes)
@@ -436,15 +462,16 @@ def reap(run_root: str | Path = "runs", *, force: bool = False, grace_s: float =
         if info.get("backend") not in ("local", "multinode"):
             continue
         roots = [(a["pid"], a.get("create_time")) for a in info.get("agents", [])]
+        process_run_id = info.get("process_run_id", info["run_id"])  # a sweep's runs share the first's processes
         ended = status_path(run_dir).is_file()
         launcher_alive = process_alive(info.get("launcher_pid"), info.get("launcher_create_time"))
         if not ended and launcher_alive and not force:
             continue
-        if not run_processes(info["run_id"], roots) and ended:
+        if not run_processes(process_run_id, roots) and ended:
             continue
         if not ended:
             request_cancel(run_dir, "reaped: its launching process was gone")
-        killed = kill_processes(info["run_id"], roots, grace_s=grace_s)
+        killed = kill_processes(process_run_id, roots, grace_s=grace_s)
         status = Job(run_dir).status()
         reaped.append({"run_id": info["run_id"], "run_dir": str(run_dir), "killed": killed, "state": status.state})
     return reaped

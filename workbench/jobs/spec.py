@@ -29,7 +29,9 @@ from ..core.fields import (check_choice, check_int, from_dict, integer, is_int, 
                           to_dict, tuple_of, validate)
 from ..core.rundir import DIST_BACKENDS
 
-__all__ = ["LaunchSpec", "SlurmOptions", "DEFAULT_ENTRY", "DIST_BACKENDS", "check_launchable", "config_dict"]
+__all__ = ["LaunchSpec", "SlurmOptions", "DEFAULT_ENTRY", "DIST_BACKENDS", "check_launchable", "check_run_configs",
+           "check_entry_importable",
+           "config_dict"]
 
 DEFAULT_ENTRY = "workbench.runtime.entry"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -215,7 +217,7 @@ def check_launchable(spec: LaunchSpec, *, check_entry: bool = True) -> None:
                          f"{spec.world_size} does not match the {needed} processes the strategy needs; {hint}")
     _check_restarts_resume(spec)
     if check_entry:
-        _check_entry_importable(spec)
+        check_entry_importable(spec)
         _check_run_config(spec)
 
 
@@ -231,29 +233,47 @@ def _needs_model_check(config: Any) -> bool:
 
 
 def _check_run_config(spec: LaunchSpec) -> None:
+    check_run_configs([spec])
+
+
+def check_run_configs(specs: list[LaunchSpec]) -> None:
     """The default entry's model, partition and data, checked by the interpreter and environment of the ranks.
 
     ``workbench.runtime.preflight`` imports the factories, builds the model
     and runs two samples through it in a child process, so a factory that
     imports in the notebook but not in the run's processes is refused too.
+    The specs (one launch, or the runs of a sweep, which share interpreter
+    and environment) are checked in one such process.
     """
     run_config = _run_config_class()
-    if spec.entry != DEFAULT_ENTRY or run_config is None:
+    if run_config is None:
         return
-    config = spec.config if isinstance(spec.config, run_config) else run_config.from_dict(config_dict(spec.config))
-    if not _needs_model_check(config):
+    checked = {index: spec.config if isinstance(spec.config, run_config)
+               else run_config.from_dict(config_dict(spec.config))
+               for index, spec in enumerate(specs) if spec.entry == DEFAULT_ENTRY}
+    checked = {index: config for index, config in checked.items() if _needs_model_check(config)}
+    if not checked:
         return
-    env = {**os.environ, **spec.env}
+    positions, configs = list(checked), list(checked.values())
+    env = {**os.environ, **specs[0].env}
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "config.json"
-        path.write_text(json.dumps(config_dict(config)))
-        out = subprocess.run([spec.python, "-m", "workbench.runtime.preflight", str(path)], env=env,
+        paths = []
+        for index, config in enumerate(configs):
+            paths.append(Path(folder) / f"config{index}.json")
+            paths[-1].write_text(json.dumps(config_dict(config)))
+        out = subprocess.run([specs[0].python, "-m", "workbench.runtime.preflight", *map(str, paths)], env=env,
                              capture_output=True, text=True, timeout=600, cwd=os.getcwd())
     if out.returncode != 0:
         lines = out.stderr.strip().splitlines()
-        raise ValueError(lines[-1] if lines and out.returncode == 2 else
-                         f"the run config could not be checked by {spec.python} (exit {out.returncode}): "
-                         f"{lines[-1] if lines else 'no output'}")
+        line = lines[-1] if lines else ""
+        if out.returncode == 2 and len(configs) > 1 and line.startswith("run "):  # its position among the specs
+            position, _, line = line[4:].partition(": ")
+            line = f"run {positions[int(position)]}: {line}"
+        elif out.returncode == 2 and len(specs) > 1:
+            line = f"run {positions[0]}: {line}"
+        raise ValueError(line if lines and out.returncode == 2 else
+                         f"the run config could not be checked by {specs[0].python} (exit {out.returncode}): "
+                         f"{line or 'no output'}")
 
 
 def _check_restarts_resume(spec: LaunchSpec) -> None:
@@ -268,7 +288,7 @@ def _check_restarts_resume(spec: LaunchSpec) -> None:
                          f"config's [training] (and checkpoint_every > 0), or max_restarts = 0")
 
 
-def _check_entry_importable(spec: LaunchSpec) -> None:
+def check_entry_importable(spec: LaunchSpec) -> None:
     env = {**os.environ, **spec.env}
     probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec(sys.argv[1]) else 3)"
     try:

@@ -38,7 +38,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from ..core.config import RunConfig
+from ..core.config import RunConfig, check_shared_processes
 from ..core.partition import Partition
 from .batches import global_batches, run_model, split_rounds
 from .board import ScalarBoard
@@ -298,24 +298,6 @@ def _finish(config: RunConfig, run_dir: Path, writer: EventWriter, strategy: Str
     writer.write("end", step=config.training.steps, status="SUCCEEDED")
 
 
-def _check_sweep(configs: list[RunConfig]) -> None:
-    """Runs that share processes must agree on what the processes are: world size, device, placement."""
-    first = configs[0]
-    for config in configs[1:]:
-        for field, ours, theirs in (("world_size", config.world_size, first.world_size),
-                                    ("run.device", config.run.device, first.run.device),
-                                    ("run.placement", config.run.placement, first.run.placement),
-                                    ("run.collective_timeout_s", config.run.collective_timeout_s,
-                                     first.run.collective_timeout_s)):
-            if ours != theirs:
-                raise ValueError(f"runs in one sweep share their processes, so they must agree on {field}: "
-                                 f"{first.plan.name!r} has {theirs!r}, {config.plan.name!r} {ours!r}; launch them "
-                                 f"apart")
-        if config.training.resume:
-            raise ValueError(f"config field 'training.resume' of {config.plan.name!r}: a run in a sweep cannot resume "
-                             "(a restart would run the whole sweep again); launch it on its own")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="workbench.runtime.entry", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, action="append",
@@ -332,9 +314,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ["RANK"], os.environ[PROCESS_RANK_ENV] = str(rank), str(process)
     for index, (config, run_dir) in enumerate(zip(configs, run_dirs)):
         writer = EventWriter(run_dir, rank)
+        os.environ["WORKBENCH_RUN_DIR"] = str(run_dir)  # this run's directory, for the strategies that read it
         try:
             if index == 0:
-                _check_sweep(configs)
+                check_shared_processes(configs)
                 _start_process_group(config)
             check_backend_for_plan(_PROCESS["backend"], pick_device(config.run.device), config.plan)
             train(config, run_dir, writer, cores=_PROCESS["cores"])

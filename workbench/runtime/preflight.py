@@ -141,23 +141,26 @@ def _check_schedule_fits(config: RunConfig, model) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m workbench.runtime.preflight CONFIG.json``: exit 2 with one line when the run is refused.
+    """``python -m workbench.runtime.preflight CONFIG.json...``: exit 2 with one line when a run is refused.
 
     The job launcher runs it with the interpreter and environment the ranks
     will have, so a factory that imports in the notebook but not there is
-    refused too.
+    refused too. Several configs (the runs of a sweep) are checked in one
+    process; the line of a refused one starts with its position.
     """
     import argparse
     import sys
 
     parser = argparse.ArgumentParser(prog="workbench.runtime.preflight", description=main.__doc__.splitlines()[0])
-    parser.add_argument("config", help="a run config (JSON)")
+    parser.add_argument("config", nargs="+", help="run configs (JSON)")
     args = parser.parse_args(argv)
-    try:
-        check_run(RunConfig.from_json(args.config))
-    except ValueError as exc:
-        print(" ".join(str(exc).split()), file=sys.stderr)
-        return 2
+    for index, path in enumerate(args.config):
+        try:
+            check_run(RunConfig.from_json(path))
+        except ValueError as exc:
+            where = f"run {index}: " if len(args.config) > 1 else ""
+            print(where + " ".join(str(exc).split()), file=sys.stderr)
+            return 2
     return 0
 
 

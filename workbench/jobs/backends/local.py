@@ -154,7 +154,7 @@ def poll_agents(launch: dict[str, Any], processes: list[Any], run_dir: Path) -> 
 
 def cancel_agents(launch: dict[str, Any], grace_s: float) -> None:
     roots = [(a["pid"], a.get("create_time")) for a in launch.get("agents", [])]
-    kill_processes(launch["run_id"], roots, grace_s=grace_s)
+    kill_processes(launch.get("process_run_id", launch["run_id"]), roots, grace_s=grace_s)
 
 
 class LocalBackend:
