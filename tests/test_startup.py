@@ -9,7 +9,7 @@ import pytest
 pytestmark = pytest.mark.slow  # each test starts an interpreter
 
 HEAVY = ("torchvision", "transformers", "torch._dynamo", "torch.distributed.fsdp", "torch.distributed.tensor",
-         "torch.distributed.pipelining", "plotly", "ipywidgets")
+         "torch.distributed.pipelining", "plotly", "ipywidgets", "sklearn", "scipy", "pandas")
 
 
 def _imported_after(code: str) -> list[str]:
@@ -24,7 +24,9 @@ def test_a_rank_of_a_pipeline_plan_on_a_zoo_mlp_imports_no_heavy_library():
             "from workbench.models import build_model\n"
             "for name in ('pp2-1f1b-m4', 'dp2', 'gropipe-2x2-1f1b-m4-d1', 'async-1x2-m4', 'pp2-zbh1-m4'):\n"
             "    entry.strategy_class(ParallelPlan.parse(name))\n"
-            "build_model('mlp'); build_model('vgg-tiny')")
+            "build_model('mlp'); build_model('vgg-tiny')\n"
+            "from workbench.models.data import digits_dataset\n"
+            "digits_dataset()  # the digits task: scikit-learn's data file, not scikit-learn")
     assert _imported_after(code) == []
 
 

@@ -2,6 +2,7 @@
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 
@@ -42,6 +43,17 @@ def test_masked_lm_sample_ignores_unmasked_positions():
 def test_sample_batch_rejects_bad_batch_size():
     with pytest.raises(ValueError, match="batch_size must be an int >= 1, got 0"):
         sample_batch("mlp", 0)
+
+
+def test_the_digits_are_scikit_learns_digits():
+    from sklearn.datasets import load_digits
+
+    from workbench.models.data import _digits_raw
+
+    images, labels = _digits_raw()
+    reference = load_digits()
+    assert np.array_equal(images, reference.images.astype(np.float32) / 16.0)
+    assert np.array_equal(labels, reference.target) and labels.dtype == np.int64
 
 
 def test_digits_split_shapes_and_resumption():

@@ -21,6 +21,7 @@ run with exactly the data it would have seen.
 
 from __future__ import annotations
 
+import importlib.util
 import sysconfig
 from functools import lru_cache
 from pathlib import Path
@@ -83,10 +84,25 @@ def sample_batch(seq_or_name: LayerSequence | str, batch_size: int, seed: int = 
 
 @lru_cache(maxsize=None)
 def _digits_raw() -> tuple[np.ndarray, np.ndarray]:
-    from sklearn.datasets import load_digits
+    """scikit-learn's 1,797 bundled 8x8 digits: images [N, 8, 8] in [0, 1] and labels [N].
 
-    digits = load_digits()
-    return digits.images.astype(np.float32) / 16.0, digits.target.astype(np.int64)  # [N, 8, 8] in [0, 1], [N]
+    Read from scikit-learn's own data file (what ``load_digits`` reads: one
+    row per image, 64 pixel values then the label) without importing
+    scikit-learn, whose import (SciPy's statistics with it) cost every rank of
+    a run about two seconds of CPU before its first step; ``load_digits``
+    where the file is not found.
+    """
+    spec = importlib.util.find_spec("sklearn")
+    path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz" if spec else None
+    if path is not None and path.is_file():
+        data = np.loadtxt(path, delimiter=",")
+        images, target = data[:, :-1].reshape(-1, 8, 8), data[:, -1]
+    else:
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        images, target = digits.images, digits.target
+    return images.astype(np.float32) / 16.0, target.astype(np.int64)
 
 
 @lru_cache(maxsize=8)
