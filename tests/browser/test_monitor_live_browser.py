@@ -1,13 +1,13 @@
 """The live job monitor in a real JupyterLab, in a real browser, while a real job trains.
 
 A notebook written for the test (under the ignored ``runs/``) launches a
-short 2-rank 1F1B pipeline job under torchrun (an MLP on the digits, a
-hundred steps, 30 to 60 s on a 2-core machine) and shows ``job.monitor()``.
+short 2-rank 1F1B pipeline job under torchrun (an MLP on the digits, 60
+steps, 20 to 40 s on a 2-core machine) and shows ``job.monitor()``.
 While the job runs, the test reads the page the way a person watches it:
 
 * the loss and throughput charts gain points (from the plots' own data and
   drawn markers), and the log box shows the lines rank 0 logs;
-* the validation chart (the run evaluates every 20 steps) gains its first
+* the validation chart (the run evaluates every 12 steps) gains its first
   point while the job trains and ends with one per evaluation, the target
   accuracy drawn as a line;
 * the timeline changes between two polls, and every animation frame of the
@@ -48,9 +48,9 @@ config = RunConfig.from_dict({{
 job = launch(LaunchSpec(config=config, run_root=os.environ["WORKBENCH_RUN_ROOT"], name="monitor-live"))
 monitor = job.monitor(refresh_hz=3.0)
 monitor"""
-_LIVE_STEPS = 100
+_LIVE_STEPS = 60
 _CANCEL_STEPS = 400
-_EVAL_EVERY = 20  # five evaluations in the live run, the first while it trains
+_EVAL_EVERY = 12  # five evaluations in the live run, the first while it trains
 
 # The monitor's parts, found the way a person finds them: its output area holds three plots (loss, samples/s,
 # timeline), the validation chart (the run evaluates), a read-only log box and one button.
