@@ -149,7 +149,9 @@ def inplace_chain():
 
 
 @pytest.mark.slow
-def test_micro_batch_passes_are_measured_on_request_and_cached_apart(tmp_path):
+def test_micro_batch_passes_are_measured_on_request_and_cached_apart(tmp_path, monkeypatch):
+    # a 4 MiB "cache" to flush (test_cli_profile.py says why): what is checked needs no size
+    monkeypatch.setattr("workbench.profiling.microbatch._cache_bytes", lambda: 4 << 20)
     plain = profile(inplace_chain(), linear_batch(), repeats=1, progress=False, cache_dir=tmp_path)
     assert "microbatch_factors" not in plain.meta
     costs = profile(inplace_chain(), linear_batch(), repeats=1, progress=False, cache_dir=tmp_path,
