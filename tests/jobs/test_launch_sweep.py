@@ -2,11 +2,13 @@
 
 import json
 
+import psutil
 import pytest
 
 from job_test_helpers import assert_no_processes
 from workbench.core.rundir import events_path, parse_event_line
-from workbench.jobs import LaunchSpec, attach, launch_sweep
+from workbench.jobs import LaunchSpec, attach, launch_sweep, reap
+from workbench.jobs.process import run_processes
 
 BASE = {"model": "mlp", "data": {"kind": "digits"}, "plan": "dp2", "events": {"tensorboard": False},
         "training": {"global_batch": 16, "steps": 4, "checkpoint_every": 0, "optimizer": {"name": "sgd", "lr": 0.1}}}
@@ -49,6 +51,15 @@ def test_a_sweep_trains_its_runs_in_order_and_a_failure_stops_the_rest(tmp_path)
     assert jobs[1].logs(tail=None) and jobs[1].logs(tail=None) == jobs[0].logs(tail=None)
     assert [attach(job.run_dir).status().state for job in jobs] == ["SUCCEEDED", "SUCCEEDED", "FAILED", "FAILED"]
     assert_no_processes(jobs[0].run_id)
+
+
+@pytest.mark.multiproc
+def test_the_last_run_of_a_sweep_ends_when_its_processes_have_exited(tmp_path):
+    jobs = launch_sweep([spec(tmp_path, "one"), spec(tmp_path, "two")])
+    assert [job.wait(timeout=300).state for job in jobs] == ["SUCCEEDED", "SUCCEEDED"]
+    assert jobs[1].status().exit_codes == {"node0": 0}  # from the exited processes, not only the events
+    alive = [p for p in run_processes(jobs[0].run_id) if p.status() != psutil.STATUS_ZOMBIE]
+    assert alive == [] and reap(tmp_path) == []
 
 
 @pytest.mark.multiproc

@@ -174,7 +174,9 @@ class Job:
             return "UNKNOWN", f"dry run: nothing was started; the command is in {COMMAND_FILE}", None
         cancelled = (self.run_dir / CANCEL_FILE).is_file()
         sweep = self.launch_info.get("sweep")
-        if sweep and not cancelled and _all_ranks_ended(state):  # the processes may go on with the next run
+        # a run of a sweep ends with its ranks' end events while the processes go on with the next run; the
+        # last run ends as any run does, when the processes have exited
+        if sweep and sweep["index"] < len(sweep["run_dirs"]) - 1 and not cancelled and _all_ranks_ended(state):
             return "SUCCEEDED", "every rank reported its end", None
         if proc.running is None:
             return "UNKNOWN", proc.detail, None
@@ -461,6 +463,9 @@ def reap(run_root: str | Path = "runs", *, force: bool = False, grace_s: float =
         info = _read_json(run_dir / LAUNCH_FILE) or {}
         if info.get("backend") not in ("local", "multinode"):
             continue
+        sweep = info.get("sweep")
+        if sweep and Path(sweep["run_dirs"][-1]).resolve() != run_dir.resolve():
+            continue  # a sweep's shared processes are reaped with its last run
         roots = [(a["pid"], a.get("create_time")) for a in info.get("agents", [])]
         process_run_id = info.get("process_run_id", info["run_id"])  # a sweep's runs share the first's processes
         ended = status_path(run_dir).is_file()
