@@ -48,6 +48,17 @@ def test_unknown_kinds_are_skipped_and_version_counts_changes():
     assert state.version == before + 1
 
 
+def test_an_iteration_is_complete_only_once_every_rank_of_the_run_reported_it():
+    state = RunState()
+    state.apply([make_event("start", rank, t=1.0, world_size=2) for rank in (0, 1)])
+    for it in (0, 1):  # rank 0's events are read first, as a tailer may read one rank's file before another's
+        state.apply([make_event("stage", 0, stage=0, op="F", microbatch=0, iteration=it, start=0.0, end=1.0, t0=1.0)])
+    assert state.measured_iterations() == [] and len(state.timeline()) == 0
+    state.apply([make_event("stage", 1, stage=1, op="F", microbatch=0, iteration=0, start=1.0, end=2.0, t0=1.0)])
+    assert state.measured_iterations() == [0]
+    assert sorted(e.rank for e in state.timeline()) == [0, 1]
+
+
 def test_timeline_of_latest_complete_iteration_starts_at_zero_and_bounds_memory():
     state = RunState()
     for it in range(10):

@@ -235,8 +235,12 @@ class RunState:
         return min(attempt, key=lambda e: e["t"] if isinstance(e["t"], (int, float)) else float("inf"))
 
     def measured_iterations(self) -> list[int]:
-        """Iterations for which every rank that reported stages has reported that iteration."""
+        """Iterations that every rank has reported: every rank of the run where its start event gave the world
+        size (a rank whose stage events have not been read yet holds the iteration back: the timeline never
+        shows part of an iteration), else every rank that reported stages."""
         per_rank = [{e.get("iteration", 0) for e in events} for events in self.stages.values() if events]
+        if self.world_size and len(per_rank) < self.world_size:
+            return []
         return sorted(set.intersection(*per_rank)) if per_rank else []
 
     def timeline(self, iteration: int | None = None) -> Timeline:
