@@ -309,8 +309,8 @@ display(Markdown(text))
 
 # %%
 pays_microbatches = 4
-pays_steps = 5 if smoke else 16
-pays_skip = 2 if smoke else 3  # warm-up steps left out of the throughput
+pays_steps = 8 if smoke else 16
+pays_skip = 3  # warm-up steps left out of the throughput
 pays_base = {"model": {"name": "resnet18", "overrides": {"image_size": 96, "num_classes": 10}},
              "data": {"kind": "synthetic"},
              "training": {"global_batch": 64, "steps": pays_steps, "optimizer": {"name": "sgd", "lr": 0.01}}}
