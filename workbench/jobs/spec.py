@@ -30,8 +30,7 @@ from ..core.fields import (check_choice, check_int, from_dict, integer, is_int, 
 from ..core.rundir import DIST_BACKENDS
 
 __all__ = ["LaunchSpec", "SlurmOptions", "DEFAULT_ENTRY", "DIST_BACKENDS", "check_launchable", "check_run_configs",
-           "check_entry_importable",
-           "config_dict"]
+           "check_entry_importable", "config_dict"]
 
 DEFAULT_ENTRY = "workbench.runtime.entry"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -218,7 +217,7 @@ def check_launchable(spec: LaunchSpec, *, check_entry: bool = True) -> None:
     _check_restarts_resume(spec)
     if check_entry:
         check_entry_importable(spec)
-        _check_run_config(spec)
+        check_run_configs([spec])
 
 
 def _needs_model_check(config: Any) -> bool:
@@ -230,10 +229,6 @@ def _needs_model_check(config: Any) -> bool:
     return bool(config.model.from_factory or config.data.is_dataset or config.model.overrides
                 or plan.num_virtual_stages > 1
                 or (plan.pipeline.uses_costs and getattr(plan.pipeline, "memory_limit_mb", 0)))
-
-
-def _check_run_config(spec: LaunchSpec) -> None:
-    check_run_configs([spec])
 
 
 def check_run_configs(specs: list[LaunchSpec]) -> None:
