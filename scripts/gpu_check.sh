@@ -239,7 +239,8 @@ elif [ "$limit" -gt 30 ]; then
     workers=${GPU_CHECK_WORKERS:-}
     if [ -z "$workers" ]; then
         workers=0
-        if [ "$REHEARSAL" != 1 ] && [ "$(nproc)" -ge 8 ] && "$PY" -c 'import xdist' >/dev/null 2>&1; then workers=3; fi
+        # nproc answers OMP_NUM_THREADS (1, exported above) when it is set: ask without it
+        if [ "$REHEARSAL" != 1 ] && [ "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" -ge 8 ] && "$PY" -c 'import xdist' >/dev/null 2>&1; then workers=3; fi
     fi
     xdist=(); [ "$workers" -gt 0 ] && xdist=(-n "$workers")
     log "tier: pytest -m gpu on ${#files[@]} files, $workers workers (limit ${limit}s, log tier.log)"

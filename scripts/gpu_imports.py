@@ -44,13 +44,13 @@ WORKBENCH_MODULES = ("workbench", "workbench.jobs", "workbench.runtime.entry", "
 # needs anywidget (imported only when the widget is built)
 RUNTIME_MODULES = ("transformers", "torchvision", "sklearn.datasets", "tqdm.auto", "psutil",
                    "workbench.widgets.job_monitor", "anywidget")
-# @pytest.mark.timeout under --strict-markers needs the plugin
-PYTEST_MODULES = ("pytest", "pytest_timeout")
+# @pytest.mark.timeout under --strict-markers needs the plugin; gpu_check.sh runs the tier on xdist workers
+PYTEST_MODULES = ("pytest", "pytest_timeout", "xdist")
 # the packages the lent GPU image is stated to have (their dependencies come with them)
 IMAGE_PACKAGES = ("torch", "torchvision", "transformers", "numpy", "pandas", "psutil", "tqdm", "pytest",
                   "pytest-timeout", "hypothesis", "pyyaml", "scikit-learn", "tensorboard", "pip", "setuptools")
 # import name -> distribution where they differ
-DISTRIBUTIONS = {"sklearn": "scikit-learn", "yaml": "pyyaml", "PIL": "pillow", "pytest_timeout": "pytest-timeout",
+DISTRIBUTIONS = {"sklearn": "scikit-learn", "yaml": "pyyaml", "PIL": "pillow", "pytest_timeout": "pytest-timeout", "xdist": "pytest-xdist",
                  "dateutil": "python-dateutil", "google": "protobuf"}
 NEVER_INSTALL = re.compile(r"^(torch|torchvision|torchaudio|triton|nvidia-.*|cuda-.*)$")
 GPU_MARK = re.compile(r"\bpytest\.mark\.gpu\b")

@@ -167,5 +167,5 @@ def reduce_scatter(axis: GroupAxis, tensor: torch.Tensor, dim: int = 0) -> torch
     moved = tensor.movedim(dim, 0).contiguous()  # [n * chunk, ...]
     out = torch.empty((moved.shape[0] // axis.size, *moved.shape[1:]), dtype=tensor.dtype, device=tensor.device)
     axis.counter.add("reduce_scatter", (axis.size - 1) / axis.size * tensor.numel())
-    dist.reduce_scatter_single(out, moved, group=axis.group)
+    dist.reduce_scatter_tensor(out, moved, group=axis.group)
     return out.movedim(0, dim)
