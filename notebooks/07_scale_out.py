@@ -30,8 +30,9 @@
 #
 # This notebook shows the commands and the Slurm script for a two-node
 # GroPipe job, shows the mistakes a spec refuses *before* anything starts,
-# and then runs the job for real on two "nodes" that are both this machine,
-# talking over loopback exactly as two hosts would over the network.
+# then runs the job for real on two "nodes" that are both this machine,
+# talking over loopback exactly as two hosts would over the network, and
+# submits it to Slurm where a cluster answers.
 
 # %% tags=["parameters"]
 # Parameters. WORKBENCH_SMOKE=1 (set by the test suite) trains fewer steps.
@@ -163,10 +164,48 @@ losses = metrics[metrics["rank"] == 0].sort_values("step")["loss"].tolist()
 print(f"loss {losses[0]:.3f} -> {losses[-1]:.3f} over {len(losses)} steps; last loss per rank: {last_loss.round(5).to_dict()}")
 
 # %% [markdown]
+# ## 6. The same job submitted to Slurm, when a cluster answers
+#
+# Where `sinfo` answers (a cluster's login node, or the one-host cluster that
+# `scripts/ensure_slurm.sh` starts on this machine), the job goes to Slurm for
+# real: `sbatch`, then `srun torchrun` on as many of its nodes as the job has
+# (at most two), in the partition Slurm picks by default, on CPUs over gloo.
+# Where nothing answers, nothing is submitted and the cell says so: the script
+# of section 3 is what `sbatch` would get.
+
+# %%
+import shutil
+import subprocess
+
+answer = subprocess.run(["sinfo", "-h", "-o", "%D %t"], capture_output=True, text=True, timeout=30) \
+    if shutil.which("sinfo") else None
+usable = ("idle", "mix", "alloc", "comp")
+cluster_nodes = sum(int(line.split()[0]) for line in answer.stdout.splitlines()
+                    if len(line.split()) == 2 and line.split()[1].rstrip("*~#") in usable) \
+    if answer is not None and answer.returncode == 0 else 0
+if cluster_nodes:
+    nodes = num_nodes if cluster_nodes >= num_nodes else 1
+    live_spec = spec.replace(nnodes=nodes, nproc_per_node=config.world_size // nodes, dist_backend="gloo",
+                             run_root=shared_run_root if nodes > 1 else run_root,
+                             slurm=SlurmOptions(time="00:10:00"))
+    slurm_job = launch(live_spec, backend="slurm")
+    print(f"submitted to Slurm: job {slurm_job.launch_info['slurm_job_id']}, {nodes} node(s) x "
+          f"{live_spec.nproc_per_node} processes")
+    slurm_status = slurm_job.wait(timeout=400)
+    print(slurm_status.text())
+    slurm_loss = slurm_job.metrics().query("rank == 0").sort_values("step")["loss"].iloc[-1]
+    print(f"last loss {slurm_loss:.5f} through Slurm, {losses[-1]:.5f} on the loopback nodes")
+else:
+    why = "sinfo is not installed" if answer is None else (answer.stderr.strip().splitlines() or ["no nodes"])[-1]
+    print(f"no Slurm cluster answered here ({why}): nothing was submitted; section 3's script is what sbatch "
+          "would get")
+
+# %% [markdown]
 # The checks: the dry run rendered one `ssh`-wrapped command per remote node
 # and an sbatch script for two nodes, every mistake was refused with a
 # message, and the two loopback nodes trained as one job: both agents exited
-# cleanly, all four ranks report the same loss, and it fell.
+# cleanly, all four ranks report the same loss, and it fell. Where a Slurm
+# cluster answered, the job it ran succeeded with the same loss.
 
 # %%
 assert len(remote_dry.commands) == num_nodes and all("--rdzv-endpoint node-a:29400" in c for c in remote_dry.commands)
@@ -178,5 +217,8 @@ assert status.state == "SUCCEEDED", status.text()
 assert status.exit_codes == {f"node{n}": 0 for n in range(num_nodes)}, status.exit_codes
 assert sorted(last_loss.index) == list(range(config.world_size)) and last_loss.nunique() == 1
 assert len(losses) == train_steps and sum(losses[-3:]) / 3 < losses[0] - 0.05, losses
+if cluster_nodes:  # the same run through Slurm: it succeeded, with the loopback job's loss
+    assert slurm_status.state == "SUCCEEDED", slurm_status.text()
+    assert abs(slurm_loss - losses[-1]) < 1e-5, (slurm_loss, losses[-1])
 print(f"scale-out lesson OK: {num_nodes} loopback nodes, {config.world_size} ranks, "
       f"loss {losses[0]:.3f} -> {losses[-1]:.3f}")

@@ -65,7 +65,13 @@ def test_kernel_is_this_environment_with_smoke_parameters(tmp_path):
 @pytest.mark.notebook
 @pytest.mark.timeout(NOTEBOOK_TIMEOUT_S + 120)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_runs_to_the_end(path):
+def test_notebook_runs_to_the_end(path, request):
+    slurm = None
+    if "submitted to Slurm" in path.read_text():  # a notebook that submits where a cluster answers gets one here
+        try:
+            slurm = request.getfixturevalue("slurm_cluster")
+        except pytest.skip.Exception as reason:  # no cluster here: the notebook takes its dry-run path
+            print(f"{path.name} without Slurm: {reason}")
     run_root = REPO_ROOT / "runs" / f"notebook-test-{os.getpid()}-{path.stem}"
     # what a notebook's cluster examples write must not be on node-local storage, even when the checkout is
     shared_run_root = Path.home() / ".cache" / "workbench" / f"notebook-test-{os.getpid()}-{path.stem}"
@@ -85,5 +91,7 @@ def test_notebook_runs_to_the_end(path):
     assert errors == []
     assert any("assert " in cell.source for cell in code_cells[-2:]), f"{path.name} should check its results at the end"
     assert leftovers == [], f"{path.name} left runs with live processes: {leftovers}"
+    if slurm is not None:
+        assert "submitted to Slurm" in "".join(map(_stdout, code_cells)), f"{path.name} did not use the running cluster"
     unfinished = [run for run in runs if run["backend"] != "dryrun" and run["state"] not in ("SUCCEEDED", "FAILED", "CANCELLED")]
     assert unfinished == [], f"{path.name} left runs that never ended: {unfinished}"

@@ -192,9 +192,10 @@ class Job:
         if cancelled:
             marker = _read_json(self.run_dir / CANCEL_FILE) or {}
             return "CANCELLED", marker.get("reason", "cancelled on request"), proc.exit_codes
-        if proc.scheduler_state in TERMINAL_STATES:
-            return proc.scheduler_state, proc.detail, proc.exit_codes
         cause = state.root_cause()
+        if proc.scheduler_state in TERMINAL_STATES:  # a scheduler's failure: the rank's error says more, not a time limit
+            failed = proc.scheduler_state == "FAILED" and not proc.detail.startswith("TIMEOUT")
+            return proc.scheduler_state, self._failure_reason(cause if failed else None, proc.detail), proc.exit_codes
         if proc.exit_codes is not None:
             if all(code == 0 for code in proc.exit_codes.values()):
                 return "SUCCEEDED", "", proc.exit_codes

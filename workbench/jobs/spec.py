@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..core.fields import (check_choice, check_int, from_dict, integer, is_int, is_number, number, optional, spec,
+from ..core.fields import (boolean, check_choice, check_int, from_dict, integer, is_int, is_number, number, optional, spec,
                           to_dict, tuple_of, validate)
 from ..core.rundir import DIST_BACKENDS
 
@@ -41,7 +41,13 @@ _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 @dataclass(frozen=True)
 class SlurmOptions:
-    """``#SBATCH`` settings for the Slurm backend (one task per node running torchrun)."""
+    """``#SBATCH`` settings for the Slurm backend (one task per node running torchrun).
+
+    ``requeue`` lets Slurm put the job back in the queue (``scontrol requeue``, a node failure,
+    preemption) and run the batch script again; with ``training.resume`` the run then continues
+    from its latest checkpoint. ``rdzv_port`` is the rendezvous port on the first node of a
+    multi-node job (a one-node job takes a free port itself).
+    """
 
     partition: str | None = None
     time: str = "01:00:00"
@@ -52,6 +58,7 @@ class SlurmOptions:
     rdzv_port: int = spec(29400, integer(1024, 65535))
     setup: tuple[str, ...] = spec((), tuple_of())
     extra_sbatch: tuple[str, ...] = spec((), tuple_of())
+    requeue: bool = spec(False, boolean())
 
     def __post_init__(self) -> None:
         if not isinstance(self.time, str) or not _SLURM_TIME_RE.match(self.time):

@@ -192,6 +192,12 @@ def _restore(run_dir: Path, step: int, rank: int, strategy: Strategy, device: to
     return int(state["data_position"])
 
 
+def _attempt(writer: EventWriter) -> int:
+    """Which attempt this is: torchrun's restart count, or later when the run directory holds earlier starts
+    (a requeued Slurm job runs a fresh torchrun, whose count starts at 0 again)."""
+    return max(int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)), writer.previous_starts)
+
+
 def _build(config: RunConfig, run_dir: Path, writer: EventWriter, cores: list[int] | None):
     """The run's strategy, resumed where a checkpoint says, with its start event written; (strategy, model,
     device, first step, checkpoint resumed from)."""
@@ -214,7 +220,7 @@ def _build(config: RunConfig, run_dir: Path, writer: EventWriter, cores: list[in
         start_step = _restore(run_dir, resumed_from, rank, strategy, device)
     writer.step = start_step
     writer.write("start", world_size=world_size, strategy=config.plan.name, config=config.to_dict(), pid=os.getpid(),
-                 host=socket.gethostname(), restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+                 host=socket.gethostname(), restart=_attempt(writer),
                  resumed_from=resumed_from, partition=str(partition), device=str(device), backend=dist.get_backend(),
                  process=int(os.environ.get(PROCESS_RANK_ENV, rank)), cores=cores,
                  **device_share(device, config.run.device),

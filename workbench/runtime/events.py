@@ -36,6 +36,8 @@ class EventWriter:
         self.rank = rank
         path = events_path(run_dir, rank)
         path.parent.mkdir(parents=True, exist_ok=True)
+        # earlier attempts of this rank in the same run directory (torchrun restarts, a requeued Slurm job)
+        self.previous_starts = _count_starts(path)
         self._file = path.open("a", buffering=1)
         self._lock = threading.Lock()
         self._heartbeat: threading.Thread | None = None
@@ -72,6 +74,21 @@ class EventWriter:
             self._heartbeat.join(timeout=1.0)
         with self._lock:
             self._file.close()
+
+
+def _count_starts(path: Path) -> int:
+    """The start events in a rank's file (a line cut short by a killed process is skipped)."""
+    if not path.is_file():
+        return 0
+    count = 0
+    with path.open() as lines:
+        for line in lines:
+            if '"start"' in line:
+                try:
+                    count += json.loads(line).get("kind") == "start"
+                except ValueError:
+                    continue
+    return count
 
 
 def _without_rank(fields: dict[str, Any]) -> dict[str, Any]:

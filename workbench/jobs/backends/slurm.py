@@ -3,10 +3,14 @@
 :func:`render_sbatch` is a pure function of the spec (golden-file tested): one
 Slurm task per node, each running torchrun with ``--nproc-per-node`` workers;
 the head node is the first host of the allocation (``scontrol show
-hostnames``) and the rendezvous id is the Slurm job id. Submission uses
-``sbatch --parsable``; status asks ``squeue --json`` while the job is known
-to the queue and ``sacct`` once it has left; cancel is ``scancel``. Slurm
-states are mapped onto the workbench's job states. The run directory must
+hostnames``) and the rendezvous id is the Slurm job id; a one-node job
+rendezvouses on a free local port, so jobs that share a node do not collide.
+Submission uses ``sbatch --parsable``; status asks ``squeue --json`` while
+the controller knows the job (also for a while after it ended), ``scontrol
+show job`` where ``squeue`` has no JSON output, and ``sacct`` (accounting)
+once the controller has forgotten it; cancel is ``scancel``. Slurm states
+are mapped onto the workbench's job states; a job stopped by its time limit
+ends ``FAILED`` with the reason ``TIMEOUT``. The run directory must
 be on a filesystem the nodes and the notebook share, which is also how the
 notebook sees the events.
 """
@@ -20,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ...core.fields import is_int
 from ...core.rundir import LOGS_DIR
 from ..spec import LaunchSpec
 from .base import ProcessState, Started
@@ -61,14 +66,19 @@ def render_sbatch(spec: LaunchSpec, run_dir: Path, run_id: str) -> str:
         if getattr(options, key):
             lines.append(f"#SBATCH --{key}={getattr(options, key)}")
     lines.append(f"#SBATCH --output={logs}/slurm-%j.out")
+    if options.requeue:  # a requeued job runs the script again: keep the first attempt's output
+        lines += ["#SBATCH --requeue", "#SBATCH --open-mode=append"]
     lines += [f"#SBATCH {extra}" for extra in options.extra_sbatch]
     lines += ["", "set -euo pipefail", "export SLURM_UNBUFFEREDIO=1"]
     for key, value in worker_env(spec, run_dir, run_id).items():
         lines.append(f"export {key}={shlex.quote(value)}")
     lines += list(options.setup)
-    lines += ['HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)', ""]
-    argv = torchrun_argv(spec, run_dir, "SLURM_JOB_ID_PLACEHOLDER", endpoint="HEAD_PLACEHOLDER",
-                         log_dir=logs / "torchrun")
+    if spec.nnodes > 1:
+        lines.append('HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)')
+    lines.append("")
+    # one node: a free port of its own (jobs may share the node); several: the agreed port on the first node
+    endpoint = "localhost:0" if spec.nnodes == 1 else "HEAD_PLACEHOLDER"
+    argv = torchrun_argv(spec, run_dir, "SLURM_JOB_ID_PLACEHOLDER", endpoint=endpoint, log_dir=logs / "torchrun")
     command = shlex.join(argv)
     command = command.replace("HEAD_PLACEHOLDER", f'"$HEAD_NODE:{options.rdzv_port}"')
     command = command.replace("SLURM_JOB_ID_PLACEHOLDER", '"$SLURM_JOB_ID"')
@@ -141,14 +151,16 @@ class SlurmBackend:
         return answer
 
     def _query(self, job_id: str) -> ProcessState:
-        state = self._squeue(job_id) or self._sacct(job_id)
+        state = self._squeue(job_id) or self._scontrol(job_id) or self._sacct(job_id)
         if state is None:
-            return ProcessState(running=None, detail=f"Slurm job {job_id} is unknown to squeue and sacct")
+            return ProcessState(running=None, detail=f"Slurm job {job_id} is unknown to squeue, scontrol and sacct")
         raw, exit_code = state
         mapped = map_slurm_state(raw)
         running = mapped in ("PENDING", "RUNNING")
         codes = {"slurm": exit_code} if exit_code is not None and not running else None
-        return ProcessState(running=running, exit_codes=codes, scheduler_state=mapped, detail=f"Slurm state {raw}")
+        word = raw.split(" ")[0].rstrip("+").upper()
+        detail = f"{word}: the job reached its Slurm time limit" if word == "TIMEOUT" else f"Slurm state {raw}"
+        return ProcessState(running=running, exit_codes=codes, scheduler_state=mapped, detail=detail)
 
     def _squeue(self, job_id: str) -> tuple[str, int | None] | None:
         out = _run(["squeue", "--json", "-j", job_id])
@@ -162,8 +174,19 @@ class SlurmBackend:
             if str(job.get("job_id")) == job_id:
                 state = job.get("job_state")
                 state = state[0] if isinstance(state, list) and state else state
-                return (str(state), None) if state else None
+                return (str(state), _json_exit_code(job.get("exit_code"))) if state else None
         return None
+
+    def _scontrol(self, job_id: str) -> tuple[str, int | None] | None:
+        """``scontrol show job -o``: one line of ``Key=Value`` words (any Slurm version, JSON or not)."""
+        out = _run(["scontrol", "show", "job", "-o", job_id])
+        if out.returncode != 0:
+            return None
+        fields = dict(word.split("=", 1) for word in out.stdout.split() if "=" in word)
+        if fields.get("JobId") != job_id or not fields.get("JobState"):
+            return None
+        code = fields.get("ExitCode", "").split(":")[0]
+        return fields["JobState"], int(code) if code.isdigit() else None
 
     def _sacct(self, job_id: str) -> tuple[str, int | None] | None:
         out = _run(["sacct", "-j", job_id, "--parsable2", "--noheader", "--format=JobID,State,ExitCode"])
@@ -177,7 +200,24 @@ class SlurmBackend:
         return None
 
     def cancel(self, launch: dict[str, Any], grace_s: float) -> None:
+        """``scancel``, then wait (``grace_s`` + 10 s at most) until Slurm no longer runs the job: scancel only
+        asks, and the steps get SIGTERM, then SIGKILL after the cluster's KillWait."""
         self._last = None
         out = _run(["scancel", launch["slurm_job_id"]])
         if out.returncode != 0:
             raise ValueError(f"scancel {launch['slurm_job_id']} failed: {out.stderr.strip()}")
+        deadline = time.monotonic() + grace_s + 10.0
+        while self._query(launch["slurm_job_id"]).running and time.monotonic() < deadline:
+            time.sleep(0.25)
+
+
+def _json_exit_code(value: Any) -> int | None:
+    """``exit_code`` of ``squeue --json``: a wait status (22.05: 256 is exit 1; a signal n gives 128 + n, as
+    a shell says), or ``{"return_code": ...}`` (23.02 and later)."""
+    if isinstance(value, dict):
+        value = value.get("return_code")
+        value = value.get("number") if isinstance(value, dict) else value
+        return value if is_int(value) else None
+    if not is_int(value) or value < 0:
+        return None
+    return (value >> 8) & 0xFF if value & 0x7F == 0 else 128 + (value & 0x7F)
