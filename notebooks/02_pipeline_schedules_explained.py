@@ -94,9 +94,11 @@ timeline_figure(gpipe_result.timeline, title=f"GPipe, {S} stages x {M} micro-bat
 # ## 2. 1F1B: same bubble, less memory
 #
 # 1F1B (PipeDream-flush, DAPPLE) starts backward passes as soon as possible:
-# after a warm-up of $S - s$ forwards, stage $s$ alternates one forward, one
-# backward. The bubble is the same, but a stage never holds more than $S - s$
-# micro-batches in flight instead of $M$.
+# stage $s$ (counted from 0) runs $S - s - 1$ warm-up forwards, then
+# alternates one forward, one backward, so its first backward comes after
+# $S - s$ forwards (stage $S-1$ alternates from the start). The bubble is the
+# same, but a stage never holds more than $S - s$ micro-batches in flight
+# instead of $M$.
 
 # %%
 one_f_one_b_schedule = one_f_one_b(S, M)
@@ -143,10 +145,15 @@ timeline_figure(interleaved_result.timeline, title=f"Interleaved 1F1B, {v} chunk
 # its own backwards are done. The fill and drain are paid once for the whole
 # run instead of once per iteration.
 #
-# The catch is **staleness**: a forward may run on weights that are newer than
-# the ones its backward will see, unless the stage keeps (stashes) the weight
-# version the forward used. Each action below carries the weight `version` it
-# uses; a backward always uses its forward's.
+# The catch is in the weights. Between a micro-batch's forward and its
+# backward the stage may already have stepped on other micro-batches, so
+# without care the backward runs on weights *newer* than its forward used:
+# the gradient mixes two weight versions and is simply wrong (inconsistent).
+# PipeDream keeps (stashes) the version each forward used and gives it to the
+# matching backward: the gradient is then consistent, but computed on weights
+# a few updates old when it is applied (**stale**). Each action below carries
+# the weight `version` it uses; a backward always uses its forward's.
+# Notebook 04 measures both effects.
 
 # %%
 async_schedule = async_1f1b(S, M, async_iterations)
@@ -395,6 +402,9 @@ assert abs(mean_bubble(one_f_one_b_result) - gpipe_formula) < 1e-9
 assert abs(mean_bubble(interleaved_result) - interleaved_formula) < 1e-9
 assert abs(mean_bubble(async_result) - async_formula) < 1e-9
 assert in_flight["gpipe"] == [M] * S and in_flight["1f1b"] == [min(S - s, M) for s in range(S)]
+for s in range(S):  # S - s - 1 warm-up forwards, then F B F B ...: S - s forwards before the first backward
+    ops = [a.op.value for a in one_f_one_b_schedule.actions(s)]
+    assert ops.index("B") == min(S - s, M), (s, ops)
 assert interleaved_result.metrics["iteration_ms"] < one_f_one_b_result.metrics["iteration_ms"]
 assert async_result.metrics["iteration_ms"] < one_f_one_b_result.metrics["iteration_ms"]
 forward_versions = {(a.stage, a.microbatch, a.iteration): a.version for a in async_schedule.actions(0) if a.op.value == "F"}

@@ -136,9 +136,9 @@ class PlanExplorer:
         except ValueError as error:
             self.error.value = f"<span style='color:#d62728'>{html.escape(str(error))}</span>"
             return None
-        finally:
-            self.plan_button.disabled = False
+        finally:  # the bar goes before the button comes back: never a pressable Plan beside a running bar
             self.progress.layout.visibility = "hidden"
+            self.plan_button.disabled = False
         self.error.value = "" if not result.interrupted else \
             f"<span style='color:#ff7f0e'>{html.escape(result.notes[0])}</span>"
         self.show(result)
