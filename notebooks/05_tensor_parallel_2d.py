@@ -186,6 +186,31 @@ go.Figure([go.Bar(name=name, x=list(comparison), y=[row[key] for row in comparis
           layout={"title": "GPT-2 small, memory per rank (MiB)", "barmode": "group", "height": 320})
 
 # %% [markdown]
+# Calls are what a slow-to-start link pays for; bytes are what a busy link
+# pays for. Per rank and per step, 1D's all-reduces each move $2(P-1)/P$ of
+# a block's activations, a share that only grows towards 2 as $P$ grows, so
+# adding ranks never lowers 1D's traffic. 2D's SUMMA steps move blocks of
+# the operands that shrink with the grid side $q = \sqrt{P}$. The same model,
+# from 4 to 256 ranks:
+
+# %%
+from workbench.planning.costs.tensor_costs import step_volume_1d, step_volume_2d
+
+GIB = 2**30
+sides = (2, 4, 8, 16)
+volume = {"1D": [step_volume_1d(gpt2_small, side * side)["total_bytes"] / GIB for side in sides],
+          "2D": [step_volume_2d(gpt2_small, side)["total_bytes"] / GIB for side in sides]}
+ranks = [side * side for side in sides]
+for mode, values in volume.items():
+    print(f"{mode}: " + ", ".join(f"{p} ranks {v:.2f} GiB" for p, v in zip(ranks, values)))
+print(f"from {ranks[0]} to {ranks[-1]} ranks, 1D's traffic per rank changes {volume['1D'][-1] / volume['1D'][0]:.2f}x, "
+      f"2D's {volume['2D'][-1] / volume['2D'][0]:.2f}x")
+go.Figure([go.Scatter(x=ranks, y=values, name=mode, mode="lines+markers") for mode, values in volume.items()],
+          layout={"title": "GPT-2 small: bytes each rank sends and receives per step", "height": 320,
+                  "xaxis": {"title": "ranks (P)", "type": "log", "tickvals": ranks},
+                  "yaxis": {"title": "GiB per rank", "rangemode": "tozero"}})
+
+# %% [markdown]
 # ## 4. A real 2 x 2 run, checked against dense
 #
 # `launch/tensor2d_gpt2.toml` trains a tiny GPT-2 (hidden 64, 2 blocks, byte
@@ -255,7 +280,8 @@ go.Figure([go.Scatter(y=grid_losses, name=f"{q}x{q} grid (torchrun)", mode="line
 
 # %% [markdown]
 # The checks: SUMMA by hand reproduces the matrix product, the cost model's 2D
-# activations are smaller than 1D's, the real grid run finished with every
+# activations are smaller than 1D's, 1D's traffic per rank never falls as
+# ranks are added while 2D's falls each time, the real grid run finished with every
 # step reported, its loss fell, and it matches the dense model within 1e-4 at
 # every step.
 
@@ -263,6 +289,8 @@ go.Figure([go.Scatter(y=grid_losses, name=f"{q}x{q} grid (torchrun)", mode="line
 assert summa_error < 1e-9, summa_error
 assert summa_steps == 2 * 2 * q
 assert comparison["2d"]["activations_mib"] < comparison["1d"]["activations_mib"] < comparison["dense"]["activations_mib"]
+assert all(a <= b for a, b in zip(volume["1D"], volume["1D"][1:])), volume  # 1D's traffic never falls with P
+assert all(a > b for a, b in zip(volume["2D"], volume["2D"][1:])), volume   # 2D's falls at every step
 assert status.state == "SUCCEEDED", status.text()
 assert len(grid_losses) == len(dense_losses) == config.training.steps
 assert grid_losses[-1] < grid_losses[0], grid_losses
