@@ -19,18 +19,23 @@
 # Data parallelism copies the whole model to every device and all-reduces
 # every gradient every step: simple, but each device must hold the whole
 # model, and the all-reduce moves all of its gradients. A pipeline splits the
-# model, but one long pipeline has a large bubble. **GroPipe** does both: it
-# forms $G$ groups of $S$ devices; inside a group the model runs as an
-# $S$-stage pipeline, and across groups stage $s$ all-reduces only *its own*
-# gradients with the stage $s$ of every other group. Two further ideas make
-# it fast:
+# model, but one long pipeline has a large bubble. Combining them is the
+# standard data x pipeline layout (Megatron-LM, DeepSpeed and torch's own
+# pipelining all run it): $G$ groups of $S$ devices, each group an
+# $S$-stage pipeline, and stage $s$ all-reducing only *its own* gradients
+# with the stage $s$ of every other group. **GroPipe** takes that layout and
+# adds two ideas of its own:
 #
 # * **AMPA**, an automatic partitioner that cuts the model so the slowest
 #   stage (which paces the pipeline) is as fast as it can be, counting the
 #   cost of sending activations between stages;
 # * a **delayed all-reduce** (`delay = 1`): a stage launches its all-reduce
 #   as soon as its last backward ends and applies it one iteration later, so
-#   the communication hides behind the next iteration's compute.
+#   the communication hides behind the next iteration's compute. DDP hides
+#   communication too, but inside one step: it all-reduces gradient buckets
+#   while the rest of the backward runs, and the step still waits for the
+#   last bucket. The delay moves that wait out of the step, at the price of
+#   updating with gradients one iteration old (`delay = 0` is exact).
 #
 # In this notebook we partition a small VGG with AMPA, simulate the grouped
 # pipeline, launch a real GroPipe run with `torchrun` on this machine (2 groups
