@@ -198,6 +198,21 @@ print(f"{server_model} on {server_cluster}: dp8 {dp.iteration_ms:.1f} ms "
 plan_breakdown_figure(server.rows()[:12], selected=gro.name)
 
 # %% [markdown]
+# The same ranking as a widget: `PlanExplorer` shows it, lets you pick a plan
+# for its breakdown, per-layer strip and predicted timeline, and plans again
+# with another cluster preset, global batch or memory cap when you press
+# Plan (a bar shows how far the search has got; interrupting the kernel
+# keeps the best plans so far).
+
+# %%
+from workbench.widgets import PlanExplorer
+
+explorer = PlanExplorer(server_costs, server_cluster, server_batch, top=12, result=server,
+                        options=SearchOptions(kinds=("dp", "gropipe", "pipeline", "async"), recompute=(False,),
+                                              simulate_top=24))
+explorer
+
+# %% [markdown]
 # ## 4. When memory is the constraint
 #
 # With a per-device budget, strategies that cannot fit are listed with the
@@ -314,6 +329,7 @@ for p in local.plans + server.plans:
 assert config.world_size == local_world and config.training.global_batch == local_batch
 assert load_cluster("local").shared_compute and load_cluster(server_cluster).world_size == 8
 assert dp.exposed_comm_ms > 0 and gro.estimate.iteration_ms > 0
+assert explorer.result is server and explorer.strategy.value == server.best.name  # the widget shows this ranking
 if nothing_fits is not None:
     assert "closest is" in nothing_fits and "GiB over" in nothing_fits
 else:
