@@ -98,7 +98,10 @@ timeline_figure(gpipe_result.timeline, title=f"GPipe, {S} stages x {M} micro-bat
 # alternates one forward, one backward, so its first backward comes after
 # $S - s$ forwards (stage $S-1$ alternates from the start). The bubble is the
 # same, but a stage never holds more than $S - s$ micro-batches in flight
-# instead of $M$.
+# instead of $M$. That is the memory point: GPipe's first stage keeps the
+# activations of all $M$ micro-batches, which together are the whole batch
+# whatever $M$ is, while 1F1B's keeps at most $S$ of them, a share $S/M$ of
+# the batch that shrinks as the batch is cut into more micro-batches.
 
 # %%
 one_f_one_b_schedule = one_f_one_b(S, M)
@@ -107,7 +110,8 @@ one_f_one_b_result = simulate(one_f_one_b_schedule, costs)
 in_flight = {"gpipe": in_flight_microbatches(gpipe_schedule), "1f1b": in_flight_microbatches(one_f_one_b_schedule)}
 print(f"1F1B: simulated bubble {mean_bubble(one_f_one_b_result):.3f} (GPipe {mean_bubble(gpipe_result):.3f})")
 for name, counts in in_flight.items():
-    print(f"{name:>6}: micro-batches alive at once per rank {counts}")
+    print(f"{name:>6}: micro-batches alive at once per rank {counts}: at most {max(counts) / M:.0%} of the batch's "
+          "activations")
 timeline_figure(one_f_one_b_result.timeline, title="1F1B: backward passes start during the pipeline")
 
 # %% [markdown]
@@ -402,6 +406,7 @@ assert abs(mean_bubble(one_f_one_b_result) - gpipe_formula) < 1e-9
 assert abs(mean_bubble(interleaved_result) - interleaved_formula) < 1e-9
 assert abs(mean_bubble(async_result) - async_formula) < 1e-9
 assert in_flight["gpipe"] == [M] * S and in_flight["1f1b"] == [min(S - s, M) for s in range(S)]
+assert max(in_flight["1f1b"]) / M == min(S, M) / M  # S/M of the batch's activations, against all of it
 for s in range(S):  # S - s - 1 warm-up forwards, then F B F B ...: S - s forwards before the first backward
     ops = [a.op.value for a in one_f_one_b_schedule.actions(s)]
     assert ops.index("B") == min(S - s, M), (s, ops)
