@@ -395,10 +395,40 @@ on_paper = 9 * (S - 1) + 1  # (S-1)/(M+S-1) < 1/10  <=>  M > 9 (S-1)
 print(f"S={S}: the bubble drops below {target:.0%} at M = {smallest_m} (on paper: M = {on_paper})")
 
 # %% [markdown]
+# Exercise 2, one answer: stage 2 at twice the cost. The formula assumed equal
+# stages; now the slow stage paces the pipeline and the others wait for it.
+
+# %%
+from dataclasses import replace
+
+twice = lambda values: tuple(t * (2 if stage == 2 else 1) for stage, t in enumerate(values))  # noqa: E731
+slow_result = simulate(gpipe(S, M), replace(costs, forward_ms=twice(costs.forward_ms),
+                                            backward_ms=twice(costs.backward_ms)))
+slow_bubbles = slow_result.metrics["bubble_fraction"]
+print(f"iteration {slow_result.metrics['iteration_ms']:.1f} ms against {gpipe_result.metrics['iteration_ms']:.1f} "
+      f"on equal stages; idle share per rank " + ", ".join(f"{b:.2f}" for b in slow_bubbles)
+      + f" (the formula, for equal stages: {gpipe_formula:.2f})")
+print(f"the slow stage idles least ({slow_bubbles[2]:.2f}); every other rank idles "
+      f"{min(b for r, b in enumerate(slow_bubbles) if r != 2):.2f} or more: the bubble moved to the fast stages")
+
+# %% [markdown]
+# Exercise 4, one answer: the weight versions each stage of the asynchronous
+# schedule keeps at once (`versions_by_stage`).
+
+# %%
+from workbench.scheduling.memory import versions_by_stage
+
+versions_kept = versions_by_stage(async_schedule)
+print("weight versions kept at once per stage:", versions_kept)
+print(f"stage 0 keeps {versions_kept[0]}: its forwards run furthest ahead of their backwards; the last stage runs "
+      f"each backward right after its forward and keeps {versions_kept[S - 1]}")
+
+# %% [markdown]
 # The last cell checks what this lesson claimed: on equal stages the simulated
 # bubbles equal the formulas, 1F1B keeps fewer micro-batches alive than GPipe
 # with the same bubble, interleaving and asynchrony shrink the bubble, and the
-# asynchronous schedule's backward passes use their forward's weights.
+# asynchronous schedule's backward passes use their forward's weights; and
+# what the answers to exercises 2 and 4 said.
 
 # %%
 assert abs(mean_bubble(gpipe_result) - gpipe_formula) < 1e-9
@@ -407,6 +437,8 @@ assert abs(mean_bubble(interleaved_result) - interleaved_formula) < 1e-9
 assert abs(mean_bubble(async_result) - async_formula) < 1e-9
 assert in_flight["gpipe"] == [M] * S and in_flight["1f1b"] == [min(S - s, M) for s in range(S)]
 assert max(in_flight["1f1b"]) / M == min(S, M) / M  # S/M of the batch's activations, against all of it
+assert slow_bubbles[2] == min(slow_bubbles) and all(b > gpipe_formula for r, b in enumerate(slow_bubbles) if r != 2)
+assert versions_kept[0] == max(versions_kept.values()) > versions_kept[S - 1] == 1
 for s in range(S):  # S - s - 1 warm-up forwards, then F B F B ...: S - s forwards before the first backward
     ops = [a.op.value for a in one_f_one_b_schedule.actions(s)]
     assert ops.index("B") == min(S - s, M), (s, ops)
