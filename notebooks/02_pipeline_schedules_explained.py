@@ -412,6 +412,29 @@ print(f"the slow stage idles least ({slow_bubbles[2]:.2f}); every other rank idl
       f"{min(b for r, b in enumerate(slow_bubbles) if r != 2):.2f} or more: the bubble moved to the fast stages")
 
 # %% [markdown]
+# Exercise 3, one answer: $M = S$, chunks of 8 MiB activations sent over the
+# PCIe links of the `8xV100-PCIe` preset, against the same chunks with free
+# messages. Each extra chunk per device is one more message per micro-batch
+# and hop.
+
+# %%
+from workbench.planning.costs.clusters import load_cluster
+
+pcie = load_cluster("8xV100-PCIe")
+chunk_counts = (1, 2, 3, 4)
+ideal_ms, networked_ms = [], []
+for chunks in chunk_counts:
+    chunk = StageCosts.uniform(S * chunks, forward_ms=forward_ms / chunks, backward_ms=backward_ms / chunks)
+    ideal_ms.append(simulate(interleaved(S, S, chunks), chunk).metrics["iteration_ms"])
+    sending = replace(chunk, send_bytes=tuple([8 * 2**20] * (S * chunks)))
+    networked_ms.append(simulate(interleaved(S, S, chunks), sending, pcie).metrics["iteration_ms"])
+for chunks, ideal, networked in zip(chunk_counts, ideal_ms, networked_ms):
+    print(f"v={chunks}: {ideal:.2f} ms with free messages, {networked:.2f} ms over PCIe")
+best_v = chunk_counts[networked_ms.index(min(networked_ms))]
+print(f"free messages: every extra chunk helps; over PCIe the fastest is v={best_v}, and v={chunk_counts[-1]} is "
+      f"{networked_ms[-1] / min(networked_ms):.2f}x slower than that")
+
+# %% [markdown]
 # Exercise 4, one answer: the weight versions each stage of the asynchronous
 # schedule keeps at once (`versions_by_stage`).
 
@@ -428,7 +451,7 @@ print(f"stage 0 keeps {versions_kept[0]}: its forwards run furthest ahead of the
 # bubbles equal the formulas, 1F1B keeps fewer micro-batches alive than GPipe
 # with the same bubble, interleaving and asynchrony shrink the bubble, and the
 # asynchronous schedule's backward passes use their forward's weights; and
-# what the answers to exercises 2 and 4 said.
+# what the answers to exercises 2, 3 and 4 said.
 
 # %%
 assert abs(mean_bubble(gpipe_result) - gpipe_formula) < 1e-9
@@ -439,6 +462,7 @@ assert in_flight["gpipe"] == [M] * S and in_flight["1f1b"] == [min(S - s, M) for
 assert max(in_flight["1f1b"]) / M == min(S, M) / M  # S/M of the batch's activations, against all of it
 assert slow_bubbles[2] == min(slow_bubbles) and all(b > gpipe_formula for r, b in enumerate(slow_bubbles) if r != 2)
 assert versions_kept[0] == max(versions_kept.values()) > versions_kept[S - 1] == 1
+assert all(a > b for a, b in zip(ideal_ms, ideal_ms[1:])) and networked_ms[-1] > min(networked_ms)
 for s in range(S):  # S - s - 1 warm-up forwards, then F B F B ...: S - s forwards before the first backward
     ops = [a.op.value for a in one_f_one_b_schedule.actions(s)]
     assert ops.index("B") == min(S - s, M), (s, ops)
