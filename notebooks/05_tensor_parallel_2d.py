@@ -28,10 +28,11 @@
 # weight *and* of every activation, and talks only to its own grid row and
 # column. This notebook
 #
-# 1. lays out the grid,
-# 2. runs SUMMA by hand on small matrices and draws each of its steps,
-# 3. compares 2D, 1D and dense with the cost model (memory, communication),
-# 4. trains a tiny GPT-2 on a real $2 \times 2$ grid under `torchrun` and
+# 1. splits a transformer's MLP the 1D way first, by hand,
+# 2. lays out the grid,
+# 3. runs SUMMA by hand on small matrices and draws each of its steps,
+# 4. compares 2D, 1D and dense with the cost model (memory, communication),
+# 5. trains a tiny GPT-2 on a real $2 \times 2$ grid under `torchrun` and
 #    checks, step by step, that it computes exactly what one dense process computes.
 
 # %% tags=["parameters"]
@@ -57,7 +58,35 @@ from workbench.viz.topology import topology_figure
 REPO_ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "launch").is_dir())
 
 # %% [markdown]
-# ## 1. The grid
+# ## 1. First, 1D: Megatron's split of an MLP
+#
+# A transformer's MLP is $Y = \mathrm{GeLU}(X A)\,B$ with $X$ of shape $[T, h]$,
+# $A$ of $[h, 4h]$ and $B$ of $[4h, h]$. Megatron splits $A$ by **columns**
+# over $P$ ranks: rank $p$ computes $\mathrm{GeLU}(X A_p)$ on its own, because
+# GeLU works element by element and each column of $XA$ needs only its own
+# column of $A$. Then it splits $B$ by **rows**, so rank $p$ can multiply the
+# piece it already has, $\mathrm{GeLU}(X A_p) B_p$: a partial sum of $Y$.
+# One all-reduce adds the $P$ partial sums, and every rank has the whole $Y$.
+# Attention is split the same way, by heads. So per block: one all-reduce of
+# $[T, h]$ forward and one backward (of the gradient of $X$), and every rank
+# holds whole activations, which is what 2D will change.
+
+# %%
+P = q * q
+T, h = 8, 4 * P
+rng_1d = np.random.default_rng(1)
+X = rng_1d.standard_normal((T, h))
+A_mlp, B_mlp = rng_1d.standard_normal((h, 4 * h)) / h**0.5, rng_1d.standard_normal((4 * h, h)) / (4 * h)**0.5
+gelu = lambda z: 0.5 * z * (1 + np.tanh(0.7978845608 * (z + 0.044715 * z**3)))  # noqa: E731
+dense_Y = gelu(X @ A_mlp) @ B_mlp
+partial_sums = [gelu(X @ A_p) @ B_p for A_p, B_p in zip(np.hsplit(A_mlp, P), np.vsplit(B_mlp, P))]
+megatron_error = float(np.abs(sum(partial_sums) - dense_Y).max())  # the all-reduce is this sum
+print(f"1D over {P} ranks: each holds A {A_mlp.shape[0]}x{A_mlp.shape[1] // P} and B {B_mlp.shape[0] // P}x"
+      f"{B_mlp.shape[1]} ({1 / P:.0%} of the MLP's weights) but X and Y whole ({T}x{h}); the all-reduced partial "
+      f"sums equal the dense MLP to {megatron_error:.1e}")
+
+# %% [markdown]
+# ## 2. The grid
 #
 # Rank $i q + j$ sits in grid row $i$ and column $j$. Its coordinates live on
 # two named axes, `tp_row` and `tp_col`. SUMMA only ever broadcasts along a
@@ -74,7 +103,7 @@ print("grid columns (broadcast B blocks):", same_col)
 topology_figure(grid, color_by="tp_row", title=f"A {q} x {q} tensor-parallel grid, coloured by grid row")
 
 # %% [markdown]
-# ## 2. SUMMA by hand
+# ## 3. SUMMA by hand
 #
 # To multiply $C = A B$, cut $A$, $B$ and $C$ into $q \times q$ blocks and give
 # block $(i, j)$ of each to rank $(i, j)$. Block $C_{ij} = \sum_t A_{it} B_{tj}$
@@ -153,7 +182,7 @@ print(f"rank 0 runs {summa_steps} SUMMA steps per training step (2 layers x (F +
 timeline_figure(step_result.timeline, title=f"One 2D tensor-parallel step on a {q}x{q} grid (2 layers)")
 
 # %% [markdown]
-# ## 3. What 2D buys, and what it costs
+# ## 4. What 2D buys, and what it costs
 #
 # The cost model (`workbench.planning.costs.tensor_costs`) gives per-rank memory and
 # communication for GPT-2 small (124M parameters, 8 sequences of 1024 tokens)
@@ -211,7 +240,7 @@ go.Figure([go.Scatter(x=ranks, y=values, name=mode, mode="lines+markers") for mo
                   "yaxis": {"title": "GiB per rank", "rangemode": "tozero"}})
 
 # %% [markdown]
-# ## 4. A real 2 x 2 run, checked against dense
+# ## 5. A real 2 x 2 run, checked against dense
 #
 # `launch/tensor2d_gpt2.toml` trains a tiny GPT-2 (hidden 64, 2 blocks, byte
 # vocabulary) on a $2 \times 2$ grid. Its parallel plan is the `[plan]` table
@@ -279,13 +308,14 @@ go.Figure([go.Scatter(y=grid_losses, name=f"{q}x{q} grid (torchrun)", mode="line
                   "yaxis_title": "loss", "height": 320})
 
 # %% [markdown]
-# The checks: SUMMA by hand reproduces the matrix product, the cost model's 2D
+# The checks: Megatron's split and SUMMA by hand reproduce the dense products, the cost model's 2D
 # activations are smaller than 1D's, 1D's traffic per rank never falls as
 # ranks are added while 2D's falls each time, the real grid run finished with every
 # step reported, its loss fell, and it matches the dense model within 1e-4 at
 # every step.
 
 # %%
+assert megatron_error < 1e-9, megatron_error
 assert summa_error < 1e-9, summa_error
 assert summa_steps == 2 * 2 * q
 assert comparison["2d"]["activations_mib"] < comparison["1d"]["activations_mib"] < comparison["dense"]["activations_mib"]
