@@ -189,6 +189,7 @@ if cluster_nodes:
                              run_root=shared_run_root if nodes > 1 else run_root,
                              slurm=SlurmOptions(time="00:10:00"))
     slurm_job = launch(live_spec, backend="slurm")
+    slurm_job.backend.min_poll_s = 1.0  # ask the controller every second while we wait here (a monitor: every 5 s)
     print(f"submitted to Slurm: job {slurm_job.launch_info['slurm_job_id']}, {nodes} node(s) x "
           f"{live_spec.nproc_per_node} processes")
     slurm_status = slurm_job.wait(timeout=400)
