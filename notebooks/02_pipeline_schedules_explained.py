@@ -57,7 +57,30 @@ def mean_bubble(result) -> float:
 
 
 # %% [markdown]
+# ## 0. Why micro-batches: naive model parallelism
+#
+# Cutting a model over $S$ devices without splitting the batch is *naive
+# model parallelism*: the whole batch goes forward through device 0, then
+# device 1, and so on, and back again. Only one device works at a time, so
+# each idles for a share $(S-1)/S$ of the step, and $S$ devices train no
+# faster than one (they only hold more). It is GPipe with a single
+# micro-batch, $M = 1$; the cell times it with the same per-sample cost,
+# one micro-batch $M$ times as large.
+
+# %%
+naive_costs = StageCosts.uniform(S, forward_ms=forward_ms * M, backward_ms=backward_ms * M)
+naive_result = simulate(gpipe(S, 1), naive_costs)
+naive_formula = (S - 1) / S
+print(f"naive model parallelism on {S} devices: bubble {mean_bubble(naive_result):.3f} (formula (S-1)/S = "
+      f"{naive_formula:.3f}), iteration {naive_result.metrics['iteration_ms']:.1f} ms for the batch that one "
+      f"device computes in {(forward_ms + backward_ms) * M * S:.1f} ms")
+timeline_figure(naive_result.timeline, title=f"Naive model parallelism: {S} stages, the batch as one piece")
+
+# %% [markdown]
 # ## 1. GPipe: fill, then drain
+#
+# Cut the batch into $M$ micro-batches and the devices can overlap: device 1
+# works on micro-batch 0 while device 0 starts micro-batch 1.
 #
 # GPipe runs every micro-batch's forward pass, then every backward pass. The
 # schedule is a list of actions per rank (`1F3`: stage 1, forward of
@@ -447,13 +470,16 @@ print(f"stage 0 keeps {versions_kept[0]}: its forwards run furthest ahead of the
       f"each backward right after its forward and keeps {versions_kept[S - 1]}")
 
 # %% [markdown]
-# The last cell checks what this lesson claimed: on equal stages the simulated
-# bubbles equal the formulas, 1F1B keeps fewer micro-batches alive than GPipe
+# The last cell checks what this lesson claimed: naive model parallelism
+# idles each device $(S-1)/S$ of the step and is no faster than one device;
+# on equal stages the simulated bubbles equal the formulas, 1F1B keeps fewer micro-batches alive than GPipe
 # with the same bubble, interleaving and asynchrony shrink the bubble, and the
 # asynchronous schedule's backward passes use their forward's weights; and
 # what the answers to exercises 2, 3 and 4 said.
 
 # %%
+assert abs(mean_bubble(naive_result) - naive_formula) < 1e-9
+assert abs(naive_result.metrics["iteration_ms"] - (forward_ms + backward_ms) * M * S) < 1e-6  # no faster than one
 assert abs(mean_bubble(gpipe_result) - gpipe_formula) < 1e-9
 assert abs(mean_bubble(one_f_one_b_result) - gpipe_formula) < 1e-9
 assert abs(mean_bubble(interleaved_result) - interleaved_formula) < 1e-9
