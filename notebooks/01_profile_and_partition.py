@@ -144,8 +144,14 @@ balance_figure(v100_ampa, title=f"Projected onto 8 x V100 (PCIe): AMPA's cut {v1
 # layer of the next stage). Move one and everything follows at once: the
 # balance bars, the simulated 1F1B timeline, the bottleneck stage, the
 # bubble, the iteration time, the peak memory and how far you are from
-# AMPA's optimum. Try to make the slowest stage faster than AMPA's: you
-# cannot, it is exact for that. The iteration time is another matter
+# AMPA's optimum. Three words the next lesson (`02_pipeline_schedules_explained`)
+# builds up properly: the batch is cut into micro-batches that stream through
+# the stages; **1F1B** is the order in which each stage runs their forward
+# and backward passes (after a few forwards, one forward then one backward);
+# the **bubble** is the share of the step a stage sits idle waiting for its
+# neighbours; and the **timeline** is the simulator's replay of that order
+# with the profiled costs, one lane per stage. Try to make the slowest stage
+# faster than AMPA's: you cannot, it is exact for that. The iteration time is another matter
 # (section 5).
 # **Launch** would train the partition on the sliders as a real job (see
 # `03_gropipe`).
