@@ -211,6 +211,9 @@ print(f"Chrome trace: {trace_path} ({len(slices)} slices)")
 # | [06_planner](06_planner.ipynb) | which mix of strategies is fastest for this machine and for an 8-GPU server |
 # | [07_scale_out](07_scale_out.ipynb) | several nodes with torchrun, and Slurm |
 #
+# A word you do not know is in the [glossary](../docs/glossary.md), with the
+# lesson that teaches it and a guide to which strategy to start with.
+#
 # The last cell below checks that everything this tour showed actually holds.
 
 # %%
