@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..core.ir import Schedule
-from ..core.rundir import events_path, load_measured_timeline, make_event, read_events  # noqa: F401 (re-exported)
+from ..core.rundir import (events_path, load_measured_timeline, make_event, parse_event_line,  # noqa: F401
+                           read_events)  # (load_measured_timeline and read_events are re-exported)
 from ..core.timeline import Event, Timeline
 
 __all__ = ["EventWriter", "read_events", "load_measured_timeline", "check_events_follow_schedule"]
@@ -85,7 +86,7 @@ def _count_starts(path: Path) -> int:
         for line in lines:
             if '"start"' in line:
                 try:
-                    count += json.loads(line).get("kind") == "start"
+                    count += parse_event_line(line)["kind"] == "start"
                 except ValueError:
                     continue
     return count

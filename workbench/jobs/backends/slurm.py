@@ -45,10 +45,14 @@ _STATE_MAP = {
 }
 
 
+def _state_word(state: str) -> str:
+    """``CANCELLED by 123`` -> ``CANCELLED``, ``RUNNING+`` -> ``RUNNING``."""
+    return state.strip().split(" ")[0].rstrip("+").upper() if state else ""
+
+
 def map_slurm_state(state: str) -> str:
     """A Slurm job state (``CANCELLED by 123`` included) as a workbench job state."""
-    word = state.strip().split(" ")[0].rstrip("+").upper() if state else ""
-    return _STATE_MAP.get(word, "UNKNOWN")
+    return _STATE_MAP.get(_state_word(state), "UNKNOWN")
 
 
 def render_sbatch(spec: LaunchSpec, run_dir: Path, run_id: str) -> str:
@@ -158,8 +162,8 @@ class SlurmBackend:
         mapped = map_slurm_state(raw)
         running = mapped in ("PENDING", "RUNNING")
         codes = {"slurm": exit_code} if exit_code is not None and not running else None
-        word = raw.split(" ")[0].rstrip("+").upper()
-        detail = f"{word}: the job reached its Slurm time limit" if word == "TIMEOUT" else f"Slurm state {raw}"
+        timeout = _state_word(raw) == "TIMEOUT"
+        detail = "TIMEOUT: the job reached its Slurm time limit" if timeout else f"Slurm state {raw}"
         return ProcessState(running=running, exit_codes=codes, scheduler_state=mapped, detail=detail)
 
     def _squeue(self, job_id: str) -> tuple[str, int | None] | None:
