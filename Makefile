@@ -11,6 +11,9 @@ HASH := $(shell sha1sum pyproject.toml | cut -c1-12)
 STAMP := $(VENV)/.installed-$(HASH)
 PYTEST_ARGS ?=
 OUT ?= bench/gpu/latest
+# Processes write the bytecode of what they import (the project's own modules, edited between runs), even where
+# the machine sets PYTHONDONTWRITEBYTECODE: without it every rank compiles them again (scripts/install.sh).
+export PYTHONDONTWRITEBYTECODE :=
 
 .PHONY: install lab test test-quick test-gpu gpu-check gpu-wheels bench clean help
 

@@ -1,7 +1,9 @@
 """Suite-wide settings: small thread counts, GPU tests skipped without CUDA (unless rehearsed, see tests/gpu)."""
 
 import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,33 @@ def pytest_collection_modifyitems(config, items):
         if room in ONE_WORKER_GROUPS:
             item.add_marker(pytest.mark.xdist_group(ONE_WORKER_GROUPS[room]))
     _skip_gpu_tests(items)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def warm_ranks(tmp_path_factory):
+    """One warm rank server for the session (workbench.runtime.warm): every rank the tests, their notebooks and
+    their JupyterLab kernels launch is forked from it instead of importing torch again. Its ranks are real
+    processes under real torchrun, shown in /proc as cold ones are. ``WORKBENCH_COLD_RANKS=1`` turns it off, and
+    a machine with a GPU runs cold (the GPU tier checks what users run). Yields the socket, or None."""
+    from workbench.core.rundir import WARM_RANKS_ENV
+    from workbench.runtime.warm import server_command, server_env
+
+    if os.environ.get("WORKBENCH_COLD_RANKS") == "1" or shutil.which("nvidia-smi"):
+        yield None
+        return
+    path = tmp_path_factory.mktemp("warm") / "ranks.sock"
+    server = subprocess.Popen(server_command(str(path), sys.executable), env=server_env(),
+                              stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    os.environ[WARM_RANKS_ENV] = str(path)  # until it listens, ranks start cold
+    try:
+        yield path
+    finally:
+        os.environ.pop(WARM_RANKS_ENV, None)
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
 
 
 def _skip_gpu_tests(items):

@@ -65,6 +65,8 @@ TERMINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
 # the collective backend the launcher asks the ranks to use, passed in their environment
 DIST_BACKENDS = ("auto", "gloo", "nccl", "staged")
 DIST_BACKEND_ENV = "WORKBENCH_DIST_BACKEND"
+# a warm rank server's socket: ranks started with it set are forked from that server (workbench.runtime.warm)
+WARM_RANKS_ENV = "WORKBENCH_WARM_RANKS"
 
 CONFIG_FILE = "config.json"
 COMMAND_FILE = "command.txt"

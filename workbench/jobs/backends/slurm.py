@@ -18,6 +18,7 @@ notebook sees the events.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import time
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.fields import is_int
-from ...core.rundir import LOGS_DIR
+from ...core.rundir import LOGS_DIR, WARM_RANKS_ENV
 from ..spec import LaunchSpec
 from .base import ProcessState, Started
 from .local import torchrun_argv, worker_env
@@ -91,8 +92,10 @@ def render_sbatch(spec: LaunchSpec, run_dir: Path, run_id: str) -> str:
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess:
+    # a job's ranks run inside Slurm's job step, never forked from a warm rank server of the submitting session
+    env = {k: v for k, v in os.environ.items() if k != WARM_RANKS_ENV}
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30, env=env)
     except FileNotFoundError:
         raise ValueError(f"{argv[0]!r} is not on PATH; the Slurm backend needs the Slurm client commands") from None
 
