@@ -11,8 +11,11 @@ HASH := $(shell sha1sum pyproject.toml | cut -c1-12)
 STAMP := $(VENV)/.installed-$(HASH)
 PYTEST_ARGS ?=
 OUT ?= bench/gpu/latest
-# Processes write the bytecode of what they import (the project's own modules, edited between runs), even where
-# the machine sets PYTHONDONTWRITEBYTECODE: without it every rank compiles them again (scripts/install.sh).
+# Processes write the bytecode of what they import, even where the machine sets PYTHONDONTWRITEBYTECODE (this
+# project's machines do) and uv installed without it: otherwise every process compiled torch's modules from
+# source again (`import torch, torch._dynamo` 7.1 s of CPU without bytecode, 4.0 s with it, in every rank of
+# every run). Each module is compiled once, by the first process that imports it: cheaper than compiling the
+# whole venv at install (81 s here).
 export PYTHONDONTWRITEBYTECODE :=
 
 .PHONY: install lab test test-quick test-gpu gpu-check gpu-wheels bench clean help
@@ -37,11 +40,13 @@ install: $(STAMP)
 lab: install
 	bash scripts/lab.sh
 
-# The whole suite in one process by default. TEST_WORKERS=N runs it on N pytest-xdist workers (the JupyterLab
-# tests stay together on one): on this project's 2-core machine two workers made the multi-process tests
-# 1.33x slower and cost 1.72x the CPU (paired runs, bench/RESULTS.md "Test suite time"), their ranks
-# fighting over the cores; on a machine with more cores than the ranks of two tests need, workers help.
-TEST_WORKERS ?= 0
+# The whole suite on TEST_WORKERS pytest-xdist workers (2 by default; 0: one process). The JupyterLab tests stay
+# together on one worker, and so do the tests of the one-host Slurm cluster. On this project's 2-core machine, with
+# the ranks started warm, two workers ran the suite in 13:18 against 15:30 in one process (bench/RESULTS.md,
+# "Test suite time"): one worker's runs fill the cores while the other's browser, notebook and Slurm tests wait.
+TEST_WORKERS ?= 2
+# test-quick and test-gpu run in one process unless TEST_WORKERS is given (on the command line or in the environment)
+OTHER_WORKERS := $(if $(filter file,$(origin TEST_WORKERS)),0,$(TEST_WORKERS))
 
 test: install
 	bash scripts/ensure_chromium.sh
@@ -49,14 +54,14 @@ test: install
 
 # The edit loop's tier: the tests that launch no run and open no browser (the whole suite is make test).
 test-quick: install
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS)) -m "not multiproc and not notebook and not browser and not gpu and not slow" $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q $(if $(filter-out 0,$(OTHER_WORKERS)),-n $(OTHER_WORKERS)) -m "not multiproc and not notebook and not browser and not gpu and not slow" $(PYTEST_ARGS)
 
 # The GPU tier: every test marked gpu (tests/gpu and any other). `make test` skips them without CUDA.
 test-gpu: install
 	@$(BIN)/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else \
 		'make test-gpu needs CUDA, but torch.cuda.is_available() is False here (torch ' + torch.__version__ + \
 		'); run it on a machine with an NVIDIA GPU, or use make test for the CPU tiers')"
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m gpu $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS)) $(PYTEST_ARGS) tests
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m gpu $(if $(filter-out 0,$(OTHER_WORKERS)),-n $(OTHER_WORKERS)) $(PYTEST_ARGS) tests
 
 # The GPU tier and the GPU benchmark in one command, on the lent GPU machines too: the script picks a Python
 # whose torch sees CUDA (.venv or python3) and installs only what that Python lacks, so no install step here.

@@ -8,12 +8,6 @@
 # and PIP_* variables: extra indexes, find-links, constraints), with pip's
 # rule for choosing among indexes (the best version across all of them), so
 # both resolve the same set. When uv cannot be installed or fails, pip installs.
-#
-# Then every module in the venv is compiled to bytecode. uv installs without
-# it, and a machine with PYTHONDONTWRITEBYTECODE set (this project's machines
-# have it) never writes it on import either, so every process compiled torch's
-# modules from source again: `import torch, torch._dynamo` took 7.1 s of CPU
-# without bytecode against 4.0 s with it, in every rank of every run.
 # Usage: scripts/install.sh VENV_DIR PYTHON
 set -euo pipefail
 
@@ -45,21 +39,12 @@ uv_options() {
     done
 }
 
-# every module of the venv and of the project as bytecode (-j 0: on every core); a file that does not compile
-# (a package's Python 2 example) is skipped, as the interpreter would skip writing it
-compile_bytecode() {
-    "$BIN/python" -m compileall -q -j 0 "$("$BIN/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
-        workbench >/dev/null 2>&1 || true
-}
-
 if [ "${WORKBENCH_INSTALL_WITH:-uv}" = "uv" ] && "$BIN/python" -m pip install --quiet uv 2>/dev/null; then
     mapfile -t OPTIONS < <(uv_options)
     if "$BIN/uv" pip install --quiet --python "$BIN/python" --index-strategy unsafe-best-match \
         "${OPTIONS[@]}" -e '.[dev]'; then
-        compile_bytecode
         exit 0
     fi
     echo "install: uv failed; installing with pip instead" >&2
 fi
 pip_install
-compile_bytecode

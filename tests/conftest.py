@@ -24,7 +24,16 @@ def pytest_collection_modifyitems(config, items):
         room = item.path.parent.name
         if room in ONE_WORKER_GROUPS:
             item.add_marker(pytest.mark.xdist_group(ONE_WORKER_GROUPS[room]))
+        elif item.get_closest_marker("slurm") or _submits_to_slurm(item):
+            # one Slurm cluster for the session: every test that uses it on one worker
+            item.add_marker(pytest.mark.xdist_group("slurm"))
     _skip_gpu_tests(items)
+
+
+def _submits_to_slurm(item) -> bool:
+    """A notebook test whose notebook submits to Slurm (it asks for the ``slurm_cluster`` fixture when it runs)."""
+    path = getattr(getattr(item, "callspec", None), "params", {}).get("path")
+    return isinstance(path, Path) and path.suffix in (".ipynb", ".py") and "submitted to Slurm" in path.read_text()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -12,11 +12,15 @@ attributes such as a head count, except its position in the model:
 ``layer_idx``, which Hugging Face attention keeps for its KV cache), the
 shapes, dtypes and ``requires_grad`` of its parameters and buffers, its
 hooks, and its input (shape, dtype, strides, whether a gradient flows back
-into it, whether the loss follows it). Every layer is still counted on its
-own (FLOPs, saved bytes and peak memory, parameter bytes: cheap and exact,
+into it, whether the loss follows it). The layers of a signature are
+counted on their own (FLOPs, saved bytes and peak memory, parameter bytes:
 :func:`workbench.profiling.profiler._count_layer`), and those counts and the
 output's shape and dtype join the signature, so two layers that only look
-alike are never merged. Layers with one key share one measurement: it is
+alike are never merged. Counting runs a forward and a backward, so once a
+signature has all its timed layers and they were counted alike, the next
+layers of it run only a forward without autograd (to pass their output on)
+and take those counts when their output's shape and dtype are the same
+(``meta["counts_borrowed"]`` lists them; any other layer is counted). Layers with one key share one measurement: it is
 taken on the first of them and, while the key has fewer than
 :data:`SHARED_TIMED_LAYERS` timed layers, on the next ones too, their
 samples pooled (so a shared time rests on up to 3 x ``repeats`` samples

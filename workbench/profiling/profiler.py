@@ -295,6 +295,20 @@ def _count_layer(runner: _LayerRunner, device: torch.device) -> dict[str, int]:
     return counts
 
 
+def _known_counts(runner: _LayerRunner, known: tuple[tuple, dict[str, Any]] | None) -> dict[str, Any] | None:
+    """The counts of a layer whose signature's timed layers are all taken and were all counted alike (``known``:
+    their :func:`_counted_key` and counts), from a forward without autograd that only passes its output on;
+    None (count it) when there are no such counts or the output's shape or dtype differs from theirs."""
+    if known is None:
+        return None
+    runner.prepare()
+    with torch.no_grad():
+        runner.forward()
+    out = runner.layer_output
+    key, counts = known
+    return dict(counts) if (tuple(out.shape), str(out.dtype)) == key[-2:] else None
+
+
 def _median_spread(values: list[float]) -> tuple[float, float]:
     return statistics.median(values), (max(values) - min(values)) if len(values) > 1 else 0.0
 
@@ -336,6 +350,8 @@ def _measure(seq: LayerSequence, inputs: torch.Tensor, targets: torch.Tensor, de
 
     fields, backward_flops, winograd_flops = [], [], []
     groups = TimingGroups(share_identical)
+    counted: dict[str, tuple | None] = {}  # per signature: the counted key and counts its layers all had, or None
+    borrowed: list[int] = []  # the layers that took their counts from the identical layers before them
     x = inputs
     bar = tqdm(total=len(seq), desc=f"profile {seq.model_name}", disable=not progress, leave=False)
     try:
@@ -343,15 +359,22 @@ def _measure(seq: LayerSequence, inputs: torch.Tensor, targets: torch.Tensor, de
             bar.set_postfix_str(name)
             runner = _LayerRunner(seq, index, x, targets)
             signature = layer_signature(runner.layer, x, needs_grad=runner.needs_grad, is_last=runner.is_last)
-            # timed, then counted, unless an identical layer's timing is taken: then counted, and timed only if
-            # the counts set it apart
-            times = None if groups.full(signature) else _time_layer(runner, device, warmup, repeats)
-            counts = _count_layer(runner, device)
+            # timed, then counted, unless an identical layer's timing is taken: then counted (or its counts taken
+            # from the layers before it, see _known_counts), and timed only if the counts set it apart
+            full = groups.full(signature)
+            times = None if full else _time_layer(runner, device, warmup, repeats)
+            counts = _known_counts(runner, counted.get(signature)) if full else None
+            if counts is not None:
+                borrowed.append(index)
+            counts = counts if counts is not None else _count_layer(runner, device)
+            key = _counted_key(runner, counts)
+            before = counted.get(signature, (key, counts))
+            counted[signature] = (key, counts) if before is not None and before[0] == key else None
             fields.append(_layer_fields(runner, counts, x, OPTIMIZER_STATES[optimizer], device))
             backward_flops.append(int(counts["backward_flops"]))
             winograd_flops.append([int(f) for f in counts["winograd_flops"]])
             next_x = runner.layer_output
-            if groups.join(index, signature, _counted_key(runner, counts)):
+            if groups.join(index, signature, key):
                 groups.add(index, times if times is not None else _time_layer(runner, device, warmup, repeats))
             x = next_x
             bar.update(1)
@@ -365,7 +388,7 @@ def _measure(seq: LayerSequence, inputs: torch.Tensor, targets: torch.Tensor, de
         for kind, values in times.items():
             samples[kind].append([round(t, 4) for t in values])
     return layers, {"backward_flops": backward_flops, "winograd_flops": winograd_flops, "samples_ms": samples,
-                    "share_identical": share_identical, "identical_layers": groups.shared()}
+                    "share_identical": share_identical, "identical_layers": groups.shared(), "counts_borrowed": borrowed}
 
 
 def _check_settings(warmup: Any, repeats: Any, optimizer: Any) -> None:
