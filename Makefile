@@ -13,9 +13,9 @@ PYTEST_ARGS ?=
 OUT ?= bench/gpu/latest
 # Processes write the bytecode of what they import, even where the machine sets PYTHONDONTWRITEBYTECODE (this
 # project's machines do) and uv installed without it: otherwise every process compiled torch's modules from
-# source again (`import torch, torch._dynamo` 7.1 s of CPU without bytecode, 4.0 s with it, in every rank of
-# every run). Each module is compiled once, by the first process that imports it: cheaper than compiling the
-# whole venv at install (81 s here).
+# source again (`import torch, torch._dynamo`: 9.4 s of CPU without bytecode against 3.8 s with it, medians of
+# three, in every rank of every run). Each module is compiled once, by the first process that imports it, which
+# is cheaper than compiling the whole venv at install (81 s here).
 export PYTHONDONTWRITEBYTECODE :=
 
 .PHONY: install lab test test-quick test-gpu gpu-check gpu-wheels bench clean help
