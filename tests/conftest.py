@@ -1,13 +1,15 @@
 """Suite-wide settings: small thread counts, GPU tests skipped without CUDA (unless rehearsed, see tests/gpu)."""
 
-import fcntl
 import os
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
+
+from xdist_turns import lock_file, turn
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,25 +48,28 @@ def _exclusive(item) -> bool:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Under pytest-xdist, a test marked ``exclusive`` runs (setup, call and teardown) while no other worker runs
-    a test: every test holds a shared lock while it runs, an exclusive one the lock itself. A gate taken before
-    either keeps the workers' next tests from slipping in while an exclusive test waits for the current ones."""
+    a test (tests/xdist_turns.py)."""
     run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if not run_id:
         yield
         return
-    root = Path(os.environ.get("TMPDIR", "/tmp"))
-    with open(root / f"workbench-pytest-{run_id}.gate", "a") as gate, \
-            open(root / f"workbench-pytest-{run_id}.lock", "a") as lock:
-        exclusive = _exclusive(item)
-        fcntl.flock(gate, fcntl.LOCK_EX)
-        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        if not exclusive:
-            fcntl.flock(gate, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            fcntl.flock(gate, fcntl.LOCK_UN)
+    with turn(run_id, _exclusive(item)):
+        yield
+
+
+def pytest_configure(config):
+    # the controller names the run for its workers (pytest-xdist would otherwise pick the id where this file
+    # cannot read it), so that it can remove the lock files afterwards
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput") \
+            and getattr(config.option, "testrunuid", "") is None:
+        config.option.testrunuid = uuid.uuid4().hex
+
+
+def pytest_unconfigure(config):
+    run_id = getattr(config.option, "testrunuid", None)
+    if run_id and not hasattr(config, "workerinput"):
+        for kind in ("gate", "lock"):
+            lock_file(run_id, kind).unlink(missing_ok=True)
 
 
 def _submits_to_slurm(item) -> bool:
