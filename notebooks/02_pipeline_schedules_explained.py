@@ -194,6 +194,28 @@ print("weight versions used by stage 0:", versions_on_stage_0)
 timeline_figure(async_result.timeline, title=f"Asynchronous 1F1B, {async_iterations} iterations without a flush")
 
 # %% [markdown]
+# Which way does the mismatch go? Walk stage 0's actions: the live weights
+# move to the next version at each `STEP`; each backward is compared with the
+# version its forward used.
+
+# %%
+from IPython.display import Markdown, display
+from workbench.core.ir import Op
+live, forward_version, lag = 0, {}, []
+for action in async_schedule.actions(0):
+    if action.op is Op.STEP:
+        live += 1
+    elif action.op is Op.FORWARD:
+        forward_version[(action.iteration, action.microbatch)] = action.version
+    elif action.op is Op.BACKWARD:
+        assert action.version == forward_version[(action.iteration, action.microbatch)]  # stashed: its forward's
+        lag.append(live - action.version)
+assert min(lag) >= 0 and max(lag) > 0  # never older weights, sometimes newer ones
+display(Markdown(f"Without stashing, {sum(d > 0 for d in lag)} of the {len(lag)} backwards on stage 0 would read "
+                 f"weights newer than their forward's (by up to {max(lag)} version{'s' if max(lag) > 1 else ''}) "
+                 f"and none older ones: the backward runs *ahead* of its forward's weights."))
+
+# %% [markdown]
 # ## 5. The four side by side
 #
 # Per-iteration time, bubble and memory for the same model and the same
