@@ -39,10 +39,8 @@ EXCLUSIVE_NOTEBOOKS = {"04_async_pipeline.ipynb"}
 
 
 def _exclusive(item) -> bool:
-    if item.get_closest_marker("exclusive"):
-        return True
-    path = getattr(getattr(item, "callspec", None), "params", {}).get("path")
-    return isinstance(path, Path) and path.name in EXCLUSIVE_NOTEBOOKS
+    path = _notebook(item)
+    return bool(item.get_closest_marker("exclusive")) or (path is not None and path.name in EXCLUSIVE_NOTEBOOKS)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -72,10 +70,16 @@ def pytest_unconfigure(config):
             lock_file(run_id, kind).unlink(missing_ok=True)
 
 
+def _notebook(item) -> Path | None:
+    """The notebook a notebook test runs (its ``path`` parameter), or None."""
+    path = getattr(getattr(item, "callspec", None), "params", {}).get("path")
+    return path if isinstance(path, Path) and path.suffix in (".ipynb", ".py") else None
+
+
 def _submits_to_slurm(item) -> bool:
     """A notebook test whose notebook submits to Slurm (it asks for the ``slurm_cluster`` fixture when it runs)."""
-    path = getattr(getattr(item, "callspec", None), "params", {}).get("path")
-    return isinstance(path, Path) and path.suffix in (".ipynb", ".py") and "submitted to Slurm" in path.read_text()
+    path = _notebook(item)
+    return path is not None and "submitted to Slurm" in path.read_text()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -173,3 +173,14 @@ def test_a_running_warm_rank_is_found_by_its_run_id(server, tmp_path):
     assert job.status().state == "CANCELLED"
     time.sleep(0.5)
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_command_line_or_environment_too_long_for_the_room_is_not_written():
+    import ctypes
+
+    from workbench.runtime.warm import _overwrite
+
+    room = ctypes.create_string_buffer(b"x" * 15)  # 16 bytes with its NUL
+    start = ctypes.addressof(room)
+    assert not _overwrite(start, start + 16, ["y" * 20]) and room.raw == b"x" * 15 + b"\0"  # left as it was
+    assert _overwrite(start, start + 16, ["ab", "c"]) and room.raw == b"ab\0c\0" + b"\0" * 11

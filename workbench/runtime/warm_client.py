@@ -24,14 +24,14 @@ import sys
 
 from ..core.rundir import WARM_RANKS_ENV as WARM_ENV
 
-__all__ = ["WARM_ENV", "forward_to_warm_server", "FORWARDED_SIGNALS"]
+__all__ = ["WARM_ENV", "forward_to_warm_server", "FORWARDED_SIGNALS", "HEADER", "STATUS", "recv_exact"]
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
-_HEADER = struct.Struct("!I")
-_STATUS = struct.Struct("!ci")  # b"P" + the rank's pid, then b"X" + its wait status as an exit code (< 0: signal)
+HEADER = struct.Struct("!I")  # the request's length; the request follows as JSON
+STATUS = struct.Struct("!ci")  # b"P" + the rank's pid, then b"X" + its wait status as an exit code (< 0: signal)
 
 
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
+def recv_exact(sock: socket.socket, size: int) -> bytes:
     data = b""
     while len(data) < size:
         chunk = sock.recv(size - len(data))
@@ -57,9 +57,9 @@ def forward_to_warm_server(module: str) -> None:
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     try:
-        socket.send_fds(sock, [_HEADER.pack(len(request))], [0, 1, 2])
+        socket.send_fds(sock, [HEADER.pack(len(request))], [0, 1, 2])
         sock.sendall(request)
-        kind, pid = _STATUS.unpack(_recv_exact(sock, _STATUS.size))
+        kind, pid = STATUS.unpack(recv_exact(sock, STATUS.size))
     except OSError:  # the server went away before it forked: start cold
         sock.close()
         return
@@ -80,7 +80,7 @@ def _stand_in(sock: socket.socket) -> None:
     for signum in FORWARDED_SIGNALS:
         signal.signal(signum, forward)
     try:
-        kind, status = _STATUS.unpack(_recv_exact(sock, _STATUS.size))
+        kind, status = STATUS.unpack(recv_exact(sock, STATUS.size))
     except (OSError, struct.error):
         kind, status = b"X", 1
     if kind == b"X" and status < 0:
