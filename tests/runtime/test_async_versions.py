@@ -18,7 +18,7 @@ from collections import defaultdict
 import pytest
 import torch
 
-from runtime_launch import Sweep, dumped_params
+from runtime_launch import Sweep, dumped_params, step_losses
 from workbench.runtime.events import load_measured_timeline
 from workbench.scheduling.generators import async_1f1b
 
@@ -31,7 +31,7 @@ def versions_by_microbatch(run_dir):
     """(rank, stage, iteration, micro-batch) -> {op: version} from the measured F and B events."""
     out: dict[tuple, dict[str, int]] = defaultdict(dict)
     for e in load_measured_timeline(run_dir).events:
-        if e.op in ("F", "B"):
+        if e.op in ("F", "B", "I", "W"):
             out[(e.rank, e.stage, e.iteration, e.microbatch)][e.op] = e.version
     return out
 
@@ -54,12 +54,15 @@ SGD = {"name": "sgd", "lr": 0.1, "momentum": 0.9}
 RUNS = {"stash": (4, ASYNC), "vertical-sync": (4, {**ASYNC, "plan": "async-1x4-m4-vsync-if4"}),
         "2bw": (4, {**ASYNC, "plan": "async-1x4-m4-2bw-if4"}),
         "nostash": (4, {**ASYNC, "plan": "async-1x4-m4-nostash-if4"}),
-        "groups": (4, {"plan": "async-2x2-m2", "training": {"steps": 4, "global_batch": 16, "optimizer": SGD}})}
+        "groups": (4, {"plan": "async-2x2-m2", "training": {"steps": 4, "global_batch": 16, "optimizer": SGD}}),
+        "split": (4, {**ASYNC, "plan": "async-1x4-m4-split-if4"}),
+        "groups-split": (4, {"plan": "async-2x2-m2-split", "training": {"steps": 4, "global_batch": 16,
+                                                                         "optimizer": SGD}})}
 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    """The module's five 4-rank runs in one sweep."""
+    """The module's seven 4-rank runs in one sweep."""
     return Sweep(tmp_path_factory.mktemp("async_versions"), RUNS)
 
 
@@ -125,3 +128,20 @@ def test_async_pipelines_in_groups_stay_identical(sweep):
     assert len(versions) == 2 * config.training.steps * config.plan.microbatches * config.plan.pp
     assert all(v["B"] == v["F"] for v in versions.values())
     torch.testing.assert_close(dumped_params(run_dir, [2, 3]), dumped_params(run_dir, [0, 1]), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("split", "fused"), [("split", "stash"), ("groups-split", "groups")])
+def test_split_backward_reads_its_forwards_version_and_equals_the_fused_stream(sweep, split, fused):
+    """Each backward runs as I then W, both on the version its forward bound, and the run is the fused
+    stream's: the same losses and final weights."""
+    config = sweep.run(split)
+    assert config.plan.split_backward and not sweep.run(fused).plan.split_backward
+    versions = versions_by_microbatch(sweep.dir(split))
+    assert len(versions) == config.plan.dp * config.training.steps * config.plan.microbatches * config.plan.pp
+    assert all(set(v) == {"F", "I", "W"} and v["I"] == v["W"] == v["F"] for v in versions.values())
+    assert len({v["F"] for v in versions.values()}) > 1  # stashed versions really in use
+    torch.testing.assert_close(step_losses(sweep.dir(split)), step_losses(sweep.dir(fused)), rtol=0, atol=1e-5)
+    ranks = list(range(config.world_size))
+    fused_params = dumped_params(sweep.dir(fused), ranks)
+    for name, value in dumped_params(sweep.dir(split), ranks).items():
+        torch.testing.assert_close(value, fused_params[name], rtol=0, atol=1e-5, msg=f"parameter {name}")

@@ -168,3 +168,22 @@ def test_a_launch_whose_memory_limit_no_schedule_meets_is_refused_before_any_pro
                                   "training": {"global_batch": 16, "steps": 2}},
                           name="refused", run_root=str(tmp_path)))
     assert not any(tmp_path.iterdir())  # no run directory left behind
+
+
+@pytest.mark.parametrize("name", ["async-1x4-m4", "async-2x3-m3", "async-1x4-m4-2bw", "async-1x3-m3-vsync-if2"])
+def test_the_asynchronous_stream_splits_each_backward_on_its_versions_at_the_fused_memory(name):
+    """``split``: each B becomes I then W on the same micro-batch and version; in-flight memory is the fused
+    stream's, and on F = I = W the input gradients that reach upstream sooner end the run no later."""
+    fused, split = ParallelPlan.parse(name), ParallelPlan.parse(f"{name}-split")
+    assert ParallelPlan.parse(split.name) == split and split.split_backward and not fused.split_backward
+    a, b = schedule_for(fused, num_iterations=3), schedule_for(split, num_iterations=3)
+    validate(lower(b))
+    for r in range(a.num_ranks):
+        expanded = [(x.op, x.microbatch, x.iteration, x.version) for x in a.actions(r)]
+        expanded = [y for op, *key in expanded
+                    for y in ([(Op.BACKWARD_INPUT, *key), (Op.BACKWARD_WEIGHT, *key)] if op is Op.BACKWARD
+                              else [(op, *key)])]
+        assert [(x.op, x.microbatch, x.iteration, x.version) for x in b.actions(r)] == expanded
+    assert in_flight_microbatches(b) == in_flight_microbatches(a)
+    costs = StageCosts.uniform(split.pp, forward_ms=1.0, input_grad_ms=1.0, weight_grad_ms=1.0)
+    assert simulate(b, costs).metrics["makespan_ms"] <= simulate(a, costs).metrics["makespan_ms"] + 1e-9

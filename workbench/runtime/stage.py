@@ -139,8 +139,12 @@ class Stage:
             return None
         return saved.input_grad.grad
 
-    def backward_input(self, microbatch: int, grad_output: torch.Tensor | None = None) -> torch.Tensor | None:
-        """I of a split backward: the gradient of the stage input (``None`` on stage 0); W comes later."""
+    def backward_input(self, microbatch: int, grad_output: torch.Tensor | None = None,
+                       params: list[torch.Tensor] | None = None) -> torch.Tensor | None:
+        """I of a split backward: the gradient of the stage input (``None`` on stage 0); W comes later.
+
+        ``params``: the tensors the micro-batch's graph differentiates, where they are not the module's own
+        parameters (a weight version bound for this micro-batch, as the asynchronous pipeline binds them)."""
         saved = self._saved.get(microbatch)
         if saved is None or saved.split is not None:
             raise RuntimeError(f"stage {self.index}: input gradient of micro-batch {microbatch} "
@@ -149,7 +153,7 @@ class Stage:
         if not self.is_last and grad_output is None:
             raise RuntimeError(f"stage {self.index}: backward of micro-batch {microbatch} needs an output gradient")
         scaled = output * self.loss_scale if self.is_last else output
-        saved.split = SplitBackward(scaled, saved.input_node, self.parameters())
+        saved.split = SplitBackward(scaled, saved.input_node, self.parameters() if params is None else params)
         saved.output = None
         return saved.split.backward_input(None if self.is_last else grad_output)
 

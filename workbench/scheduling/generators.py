@@ -226,7 +226,7 @@ def async_inflight(num_stages: int, inflight: int | Sequence[int] | None = None)
 @memoised
 def async_1f1b(num_stages: int, num_microbatches: int, num_iterations: int, *,
                inflight: int | Sequence[int] | None = None, mode: str = "stash",
-               vertical_sync: bool = False, num_groups: int = 1) -> Schedule:
+               vertical_sync: bool = False, num_groups: int = 1, split: bool = False) -> Schedule:
     """PipeDream-style 1F1B with no flush between iterations, with weight versions.
 
     The micro-batches of all iterations form one stream: stage ``s`` runs the
@@ -252,6 +252,11 @@ def async_1f1b(num_stages: int, num_microbatches: int, num_iterations: int, *,
     ``g * S + s`` holds stage ``s`` of pipeline ``g``, GroPipe's layout), each
     on its share of the batch; each stage all-reduces its gradients across the
     pipelines (``sAR i t``) right before its step.
+
+    ``split=True`` runs each backward as its input gradient (I) and, right
+    after it, its weight gradients (W) on the same version: the gradient goes
+    upstream before W runs, and a micro-batch's graph is freed where the fused
+    backward frees it (the same in-flight memory).
     """
     check_int("num_stages", num_stages, 1)
     check_int("num_microbatches", num_microbatches, 1)
@@ -285,6 +290,8 @@ def async_1f1b(num_stages: int, num_microbatches: int, num_iterations: int, *,
     elif vertical_sync:
         first = {(a.microbatch, a.iteration): a.version for a in ranks[0] if a.op is Op.FORWARD}
         ranks = [[_use_version(a, first.get((a.microbatch, a.iteration))) for a in r] for r in ranks]
+    if split:
+        ranks = [[b for a in r for b in _split(a)] for r in ranks]
     S = num_stages
     layout = Topology(dp=num_groups, pp=S)
     meta = ScheduleMeta(stage_to_rank=layout.groups("pp"), replicas=num_groups, num_iterations=num_iterations,
@@ -292,6 +299,15 @@ def async_1f1b(num_stages: int, num_microbatches: int, num_iterations: int, *,
                         dp_groups=layout.groups("dp") if num_groups > 1 else ())
     return Schedule(tuple(tuple(r) for r in ranks) * num_groups, name="async", num_stages=S, num_microbatches=m,
                     meta=meta)
+
+
+def _split(action: Action) -> tuple[Action, ...]:
+    """A backward as its input gradient then its weight gradients (same micro-batch, iteration and version)."""
+    if action.op is not Op.BACKWARD:
+        return (action,)
+    a = action
+    return tuple(_action(a.stage, op, a.microbatch, a.chunk, a.iteration, a.version, a.bucket, a.peer)
+                 for op in (Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT))
 
 
 def _use_version(action: Action, version: int | None) -> Action:

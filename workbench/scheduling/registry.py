@@ -157,7 +157,7 @@ register(_kind("gropipe"), lambda spec, r: generators.gropipe(
     first_iteration=r.first_iteration, num_iterations=r.num_iterations))
 register(_kind("async"), lambda spec, r: generators.async_1f1b(
     r.stages, r.microbatches, r.num_iterations, inflight=None if spec.inflight == "auto" else spec.inflight,
-    mode=spec.mode, vertical_sync=spec.vertical_sync, num_groups=r.replicas))
+    mode=spec.mode, vertical_sync=spec.vertical_sync, num_groups=r.replicas, split=spec.split))
 register(_kind("torch"), lambda spec, r: _torch_order(spec.schedule, r))
 
 

@@ -76,7 +76,10 @@ class AsyncPipeline(PipelineSpec):
     used (``stash = false`` shows the unstashed, inconsistent variant);
     ``2bw`` keeps two versions and coalesces gradients. ``inflight`` is
     micro-batches in flight per stage, or ``auto`` (profiled, under
-    ``memory_cap_mb``; 0 = no cap). ``adapt_every`` > 0 re-decides the
+    ``memory_cap_mb``; 0 = no cap). ``split`` runs each backward as its
+    input gradient (I), sent upstream at once, then its weight gradients
+    (W) on the same weight version, at the fused stream's memory.
+    ``adapt_every`` > 0 re-decides the
     in-flight depths and the stash mode after that many steps from the
     stage times and memory the run measured (the stream drains there; the
     interval doubles while decisions change nothing); 0 keeps the launch's
@@ -94,6 +97,7 @@ class AsyncPipeline(PipelineSpec):
         schema={"anyOf": [{"const": "auto"}, integer(1).schema, {"type": "array", "items": integer(1).schema}]}))
     memory_cap_mb: float = spec(0.0, number(0, expected="a number >= 0 (0: no cap)"))
     adapt_every: int = spec(0, integer(0))
+    split: bool = spec(False, boolean())
     kind: ClassVar[str] = "async"
     token: ClassVar[str] = "async"
     family: ClassVar[str] = "async"
@@ -121,6 +125,10 @@ class AsyncPipeline(PipelineSpec):
             raise plan_error("pipeline.vertical_sync", self.vertical_sync, "mode '2bw' already uses one version "
                              "per iteration on every stage; vertical_sync applies to mode 'stash'")
 
+    @property
+    def split_backward(self) -> bool:  # type: ignore[override]
+        return self.split
+
     def check(self, plan: Any) -> None:
         super().check(plan)
         if self.mode == "2bw" and plan.microbatches < plan.pp:
@@ -133,6 +141,7 @@ class AsyncPipeline(PipelineSpec):
     def tokens(self) -> list[str]:
         out = (["2bw"] if self.mode == "2bw" else []) + ([] if self.stash else ["nostash"])
         out += ["vsync"] if self.vertical_sync else []
+        out += ["split"] if self.split else []
         if self.inflight != "auto":
             depths = self.inflight if isinstance(self.inflight, tuple) else (self.inflight,)
             out.append("if" + ".".join(map(str, depths)))
@@ -151,7 +160,8 @@ class AsyncPipeline(PipelineSpec):
 
     @classmethod
     def take_token(cls, token: str, options: dict[str, Any]) -> bool:
-        words = {"2bw": {"mode": "2bw"}, "nostash": {"stash": False}, "vsync": {"vertical_sync": True}}
+        words = {"2bw": {"mode": "2bw"}, "nostash": {"stash": False}, "vsync": {"vertical_sync": True},
+                 "split": {"split": True}}
         if token in words:
             options.update(words[token])
         elif re.fullmatch(r"if\d+(\.\d+)*", token):

@@ -246,13 +246,15 @@ class AsyncPipeline(Strategy):
 
     # -- run-time adaptation --------------------------------------------------------
     def _measured(self) -> dict[str, Any]:
-        """What this rank measured since the last decision: median forward, backward and step times, the largest
+        """What this rank measured since the last decision: median forward, backward (I + W when split) and step
+        times, the largest
         micro-batch's saved activations, and its stage's weight and optimizer-state bytes."""
         times = {op: statistics.median(v) if v else 0.0 for op, v in self.interpreter.compute_ms.items()}
         state = [t for st in self._optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
         for v in self.interpreter.compute_ms.values():
             v.clear()
-        return {"stage": self.stage.index, "forward_ms": times[Op.FORWARD], "backward_ms": times[Op.BACKWARD],
+        backward = times[Op.BACKWARD] or times[Op.BACKWARD_INPUT] + times[Op.BACKWARD_WEIGHT]  # fused, or split
+        return {"stage": self.stage.index, "forward_ms": times[Op.FORWARD], "backward_ms": backward,
                 "step_ms": times[Op.STEP],
                 "activation_bytes": self.weights.peaks["microbatch_activations"],
                 "param_bytes": sum(p.numel() * p.element_size() for p in self.weights.params),

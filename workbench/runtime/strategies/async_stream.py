@@ -69,7 +69,8 @@ class StreamInterpreter(Interpreter):
         self._activations, self._grads, self._received, self._sends = {}, {}, {}, []
         self._used_version: int | None = None
         self._planned = {a.microbatch: a.version for a in self.actions if a.op is Op.FORWARD}
-        self.compute_ms: dict[Op, list[float]] = {Op.FORWARD: [], Op.BACKWARD: [], Op.STEP: []}
+        self.compute_ms: dict[Op, list[float]] = {op: [] for op in (Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT,
+                                                                    Op.BACKWARD_WEIGHT, Op.STEP)}
         self.time_compute = False  # time every forward, backward and step (for an adapting run)
 
     def extend(self, actions: list[Action]) -> None:
@@ -110,6 +111,26 @@ class StreamInterpreter(Interpreter):
         self._used_version = weights.read_version(a.microbatch)
         weights.before_backward(a.microbatch)
         super()._backward(a)
+        weights.finish_backward(a.microbatch, a.version)
+
+    def _backward_input(self, a: Action) -> None:
+        """I of a split backward, on the version the forward bound: its vectors' gradients go straight into the
+        live gradients (as a fused backward's do), its matrices wait for W."""
+        weights = self.weights[a.stage]
+        self._used_version = weights.read_version(a.microbatch)
+        weights.before_backward(a.microbatch)
+        stage = self.stages[a.stage]
+        grad_output = None if stage.is_last else self._take_received(Op.RECV_B, a)
+        grad_input = stage.backward_input(a.microbatch, grad_output, params=weights.leaves(a.microbatch))
+        if grad_input is not None:
+            self._grads[(a.stage, a.microbatch)] = grad_input
+
+    def _backward_weight(self, a: Action) -> None:
+        """W: the weight gradients from the graph I kept, on the same version; then the version is released."""
+        weights = self.weights[a.stage]
+        self._used_version = weights.read_version(a.microbatch)
+        weights.before_backward(a.microbatch)
+        super()._backward_weight(a)
         weights.finish_backward(a.microbatch, a.version)
 
     def _record(self, action: Action, start: float, end: float, nbytes: int | None) -> None:

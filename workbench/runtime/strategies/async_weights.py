@@ -59,9 +59,10 @@ class StageWeights:
         self.params = [p for p in self.block.inner.parameters() if p.requires_grad]
 
     def add_uses(self, actions: list[Action]) -> None:
-        """Count the forwards and backwards of more of the stream (a later segment of the run)."""
+        """Count the forwards and backwards of more of the stream (a later segment of the run); a split
+        backward's use ends with its weight gradients (W), which read the version as its I did."""
         for a in actions:
-            if a.op in (Op.FORWARD, Op.BACKWARD):
+            if a.op in (Op.FORWARD, Op.BACKWARD, Op.BACKWARD_WEIGHT):
                 self.uses[a.version] = self.uses.get(a.version, 0) + 1
 
     def storage(self, version: int) -> list[torch.Tensor]:
@@ -98,6 +99,10 @@ class StageWeights:
                                                    self.activation_bytes[microbatch])
         self._use(version)
         self._note_peak()
+
+    def leaves(self, microbatch: int) -> list[torch.Tensor]:
+        """The tensors the micro-batch's forward bound: what its graph differentiates."""
+        return self.bound[microbatch][1]
 
     def read_version(self, microbatch: int) -> int:
         """The version whose weights the micro-batch's graph reads now."""
