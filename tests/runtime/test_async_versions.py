@@ -56,13 +56,15 @@ RUNS = {"stash": (4, ASYNC), "vertical-sync": (4, {**ASYNC, "plan": "async-1x4-m
         "nostash": (4, {**ASYNC, "plan": "async-1x4-m4-nostash-if4"}),
         "groups": (4, {"plan": "async-2x2-m2", "training": {"steps": 4, "global_batch": 16, "optimizer": SGD}}),
         "split": (4, {**ASYNC, "plan": "async-1x4-m4-split-if4"}),
+        "recompute": (4, {**ASYNC, "plan": "async-1x4-m4-if4-rc"}),
+        "split-recompute": (4, {**ASYNC, "plan": "async-1x4-m4-split-if4-rc"}),
         "groups-split": (4, {"plan": "async-2x2-m2-split", "training": {"steps": 4, "global_batch": 16,
                                                                          "optimizer": SGD}})}
 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    """The module's seven 4-rank runs in one sweep."""
+    """The module's nine 4-rank runs in one sweep."""
     return Sweep(tmp_path_factory.mktemp("async_versions"), RUNS)
 
 
@@ -130,7 +132,8 @@ def test_async_pipelines_in_groups_stay_identical(sweep):
     torch.testing.assert_close(dumped_params(run_dir, [2, 3]), dumped_params(run_dir, [0, 1]), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize(("split", "fused"), [("split", "stash"), ("groups-split", "groups")])
+@pytest.mark.parametrize(("split", "fused"), [("split", "stash"), ("groups-split", "groups"),
+                                            ("split-recompute", "stash")])
 def test_split_backward_reads_its_forwards_version_and_equals_the_fused_stream(sweep, split, fused):
     """Each backward runs as I then W, both on the version its forward bound, and the run is the fused
     stream's: the same losses and final weights."""
@@ -145,3 +148,17 @@ def test_split_backward_reads_its_forwards_version_and_equals_the_fused_stream(s
     fused_params = dumped_params(sweep.dir(fused), ranks)
     for name, value in dumped_params(sweep.dir(split), ranks).items():
         torch.testing.assert_close(value, fused_params[name], rtol=0, atol=1e-5, msg=f"parameter {name}")
+
+
+def test_a_recomputing_stage_replays_its_forward_on_the_stashed_version(sweep):
+    """The backward's replay of a recomputed forward binds the version that forward used, not the newest
+    weights: the run equals the one that kept its activations."""
+    config = sweep.run("recompute")
+    assert config.plan.recompute
+    versions = versions_by_microbatch(sweep.dir("recompute"))
+    assert all(v["B"] == v["F"] for v in versions.values())
+    torch.testing.assert_close(step_losses(sweep.dir("recompute")), step_losses(sweep.dir("stash")), rtol=0,
+                               atol=1e-5)
+    kept = dumped_params(sweep.dir("stash"), list(range(4)))
+    for name, value in dumped_params(sweep.dir("recompute"), list(range(4))).items():
+        torch.testing.assert_close(value, kept[name], rtol=0, atol=1e-5, msg=f"parameter {name}")

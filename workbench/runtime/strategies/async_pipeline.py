@@ -26,6 +26,10 @@ stage keeps the versions still needed (:class:`StageWeights`):
 
 The backward's gradients, taken w.r.t. the bound leaves, are added to the
 live parameters' gradients; the step applies them to the newest weights.
+The backward binds the micro-batch's leaves again, so a recomputing stage
+replays its forward on the version that forward used. With ``split`` the
+backward runs as its input gradient (I), sent upstream at once, then its
+weight gradients (W), both on those leaves.
 Every recorded event carries the version of the weights it actually used:
 a forward the version it bound, a backward the version its graph reads at
 that moment (the bound one while it is kept, the newest if the live storage

@@ -110,7 +110,8 @@ class StreamInterpreter(Interpreter):
         weights = self.weights[a.stage]
         self._used_version = weights.read_version(a.microbatch)
         weights.before_backward(a.microbatch)
-        super()._backward(a)
+        with weights.rebound(a.microbatch):  # a recomputing stage's replay runs on the forward's version
+            super()._backward(a)
         weights.finish_backward(a.microbatch, a.version)
 
     def _backward_input(self, a: Action) -> None:
@@ -121,7 +122,8 @@ class StreamInterpreter(Interpreter):
         weights.before_backward(a.microbatch)
         stage = self.stages[a.stage]
         grad_output = None if stage.is_last else self._take_received(Op.RECV_B, a)
-        grad_input = stage.backward_input(a.microbatch, grad_output, params=weights.leaves(a.microbatch))
+        with weights.rebound(a.microbatch):
+            grad_input = stage.backward_input(a.microbatch, grad_output, params=weights.leaves(a.microbatch))
         if grad_input is not None:
             self._grads[(a.stage, a.microbatch)] = grad_input
 

@@ -100,6 +100,16 @@ class StageWeights:
         self._use(version)
         self._note_peak()
 
+    @contextmanager
+    def rebound(self, microbatch: int) -> Iterator[None]:
+        """Bind the micro-batch's version again for its backward: a recomputing stage replays the forward there,
+        and the replay must read (and differentiate) the tensors the forward read, not the newest weights."""
+        self.block.bound = dict(zip(self.names, self.leaves(microbatch)))
+        try:
+            yield
+        finally:
+            self.block.bound = None
+
     def leaves(self, microbatch: int) -> list[torch.Tensor]:
         """The tensors the micro-batch's forward bound: what its graph differentiates."""
         return self.bound[microbatch][1]
