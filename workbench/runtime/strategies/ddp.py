@@ -6,6 +6,11 @@ into the same micro-batches the pipelines use; gradients accumulate locally
 micro-batch's backward. This is the peer GroPipe is measured against, so it
 is torch's own implementation, used as documented.
 
+DDP runs at its best setting: gradients are views of its all-reduce buckets
+(``gradient_as_bucket_view``), so no copy goes in or out of a bucket. One rank
+alone has nothing to synchronise and trains the plain model (DDP would still
+copy every gradient through its buckets and run a one-rank all-reduce).
+
 Forwards and backwards are recorded as measured events on stage 0, so a DDP
 run draws on the same timeline as a pipeline.
 
@@ -51,7 +56,8 @@ class DataParallel(Strategy):
         self.model = ctx.model.to(ctx.device)
         ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         replica = _Recomputed(self.model) if ctx.config.plan.recompute else self.model
-        self.ddp = DistributedDataParallel(replica, device_ids=ids)
+        self.ddp = (DistributedDataParallel(replica, device_ids=ids, gradient_as_bucket_view=True)
+                    if ctx.world_size > 1 else replica)
         self._optimizer = make_optimizer([p for p in self.model.parameters() if p.requires_grad], ctx.config)
 
     def _timed(self, op: str, iteration: int, microbatch: int | None, fn) -> object:
@@ -75,7 +81,8 @@ class DataParallel(Strategy):
             iteration = step * config.training.grad_accum + r
             for m, (x, y) in enumerate(zip(data.inputs, data.targets)):
                 last = r == len(rounds) - 1 and m == len(data.inputs) - 1
-                sync = contextlib.nullcontext() if last else self.ddp.no_sync()
+                sync = self.ddp.no_sync() if not last and isinstance(self.ddp, DistributedDataParallel) else \
+                    contextlib.nullcontext()
                 with sync:
                     def forward() -> torch.Tensor:
                         with autocast_context(device, self.ctx.autocast_dtype):
