@@ -203,13 +203,14 @@ print(f"Chrome trace: {trace_path} ({len(slices)} slices)")
 #
 # | notebook | what it teaches |
 # |---|---|
-# | [01_profile_and_partition](01_profile_and_partition.ipynb) | profile a model layer by layer, cut it with AMPA, drag the boundaries yourself |
+# | [01_data_parallel_and_sharding](01_data_parallel_and_sharding.ipynb) | data parallelism and sharding: the ring all-reduce, DDP's buckets, ZeRO and FSDP memory per rank, recomputation |
 # | [02_pipeline_schedules_explained](02_pipeline_schedules_explained.ipynb) | GPipe, 1F1B, interleaved, zero bubble, asynchronous: bubbles, memory, exercises with answers |
-# | [03_gropipe](03_gropipe.ipynb) | grouped pipelines with a delayed all-reduce, measured against the simulator and against DDP |
-# | [04_async_pipeline](04_async_pipeline.ipynb) | weight stashing and staleness in the asynchronous pipeline |
-# | [05_tensor_parallel_2d](05_tensor_parallel_2d.ipynb) | Megatron 1D by hand, SUMMA on a q x q grid, bytes per rank, and a real 2 x 2 run equal to dense |
-# | [06_planner](06_planner.ipynb) | which mix of strategies is fastest for this machine and for an 8-GPU server |
-# | [07_scale_out](07_scale_out.ipynb) | several nodes with torchrun, and Slurm |
+# | [03_profile_and_partition](03_profile_and_partition.ipynb) | profile a model layer by layer, cut it with AMPA, drag the boundaries yourself |
+# | [04_gropipe](04_gropipe.ipynb) | grouped pipelines with a delayed all-reduce, measured against the simulator and against DDP |
+# | [05_async_pipeline](05_async_pipeline.ipynb) | weight stashing and staleness in the asynchronous pipeline |
+# | [06_tensor_parallel_2d](06_tensor_parallel_2d.ipynb) | Megatron 1D by hand, SUMMA on a q x q grid, bytes per rank, and a real 2 x 2 run equal to dense |
+# | [07_planner](07_planner.ipynb) | which mix of strategies is fastest for this machine and for an 8-GPU server |
+# | [08_scale_out](08_scale_out.ipynb) | several nodes with torchrun, and Slurm |
 #
 # A word you do not know is in the [glossary](../docs/glossary.md), with the
 # lesson that teaches it and a guide to which strategy to start with.

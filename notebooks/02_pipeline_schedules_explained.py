@@ -180,7 +180,7 @@ timeline_figure(interleaved_result.timeline, title=f"Interleaved 1F1B, {v} chunk
 # matching backward: the gradient is then consistent, but computed on weights
 # a few updates old when it is applied (**stale**). Each action below carries
 # the weight `version` it uses; a backward always uses its forward's.
-# Notebook 04 measures both effects.
+# Notebook 05 measures both effects.
 
 # %%
 async_schedule = async_1f1b(S, M, async_iterations)

@@ -33,9 +33,9 @@ def pytest_collection_modifyitems(config, items):
     _skip_gpu_tests(items)
 
 
-# Lessons whose checks compare measured speeds (notebook 04: both pipelines faster than naive model parallelism on
+# Lessons whose checks compare measured speeds (notebook 05: both pipelines faster than naive model parallelism on
 # two ranks): they need the machine's cores to themselves, so they run alone (pytest_runtest_protocol below).
-EXCLUSIVE_NOTEBOOKS = {"04_async_pipeline.ipynb"}
+EXCLUSIVE_NOTEBOOKS = {"05_async_pipeline.ipynb"}
 
 
 def _exclusive(item) -> bool:

@@ -152,7 +152,7 @@ def chromium():
 def lab_server(tmp_path_factory):
     """scripts/lab.sh serving the repository, with the app exposed to page scripts for kernel-state polling."""
     lab_server_module = _load_lab_server()
-    run_root = REPO_ROOT / "runs" / f"browser-test-{os.getpid()}"  # ignored by git; not /tmp (see 07_scale_out)
+    run_root = REPO_ROOT / "runs" / f"browser-test-{os.getpid()}"  # ignored by git; not /tmp (see 08_scale_out)
     server = lab_server_module.start_lab(tmp_path_factory.mktemp("lab"),
                                          extra_args=("--LabApp.expose_app_in_browser=True",),
                                          env={"WORKBENCH_SMOKE": "1", "OMP_NUM_THREADS": "1",

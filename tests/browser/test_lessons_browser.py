@@ -3,11 +3,11 @@
 JupyterLab (scripts/lab.sh) is driven by Python Playwright in Debian's
 Chromium, the way a student uses it:
 
-* notebooks/01_profile_and_partition.ipynb: Run All, then move the first
+* notebooks/03_profile_and_partition.ipynb: Run All, then move the first
   stage boundary of the partition editor with the keyboard; the bottleneck,
   bubble and partition shown on the page change, and the partition is marked
   as edited.
-* notebooks/03_gropipe.ipynb: run the cells up to the partition editor, press
+* notebooks/04_gropipe.ipynb: run the cells up to the partition editor, press
   Launch; the job monitor appears under the editor, the step counter in its
   rank table rises while the run trains and its timeline moves from one
   measured iteration to the next; Cancel stops it (unless it has already
@@ -26,8 +26,8 @@ import time
 
 import pytest
 
-PARTITION_NOTEBOOK = "notebooks/01_profile_and_partition.ipynb"
-GROPIPE_NOTEBOOK = "notebooks/03_gropipe.ipynb"
+PARTITION_NOTEBOOK = "notebooks/03_profile_and_partition.ipynb"
+GROPIPE_NOTEBOOK = "notebooks/04_gropipe.ipynb"
 
 _MONITOR_STEPS_JS = """() => {
     const rows = [...document.querySelectorAll('.wb-launch-output table tr')].slice(1);

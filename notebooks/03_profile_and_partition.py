@@ -154,7 +154,7 @@ balance_figure(v100_ampa, title=f"Projected onto 8 x V100 (PCIe): AMPA's cut {v1
 # faster than AMPA's: you cannot, it is exact for that. The iteration time is another matter
 # (section 5).
 # **Launch** would train the partition on the sliders as a real job (see
-# `03_gropipe`).
+# `04_gropipe`).
 
 # %%
 from workbench.widgets.partition_editor import PartitionEditor

@@ -128,7 +128,7 @@ plan_breakdown_figure(local.rows()[:12], selected=local.best.name)
 
 # %% [markdown]
 # The best plan's simulated timeline: the same events a real run records, so
-# you can put a measured run next to it (notebook 03 does that for GroPipe).
+# you can put a measured run next to it (notebook 04 does that for GroPipe).
 
 # %%
 best_local = next(p for p in local.plans if p.timeline() is not None)
