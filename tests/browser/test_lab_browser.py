@@ -34,7 +34,7 @@ def test_tour_runs_all_cells_in_jupyterlab(lab_page, lab_server):
     assert picture.evaluate("img => img.getBoundingClientRect().top < window.innerHeight * 1.5")
     hrefs = lab_page.page.locator(".jp-Notebook .jp-MarkdownCell a").evaluate_all("as => as.map(a => a.href)")
     lessons = {h.split("?")[0].split("#")[0].rsplit("/", 1)[-1] for h in hrefs if ".ipynb" in h} - {"00_tour.ipynb"}
-    assert len(lessons) == 7 and "07_planner.ipynb" in lessons, hrefs  # "where next" links every lesson
+    assert len(lessons) == 8 and "01_data_parallel_and_sharding.ipynb" in lessons, hrefs  # "where next" links every lesson
     assert lab_page.count(".jp-Notebook .jp-CodeCell") == code_cells
     assert "Python 3 (ipykernel)" in lab_page.page.locator(".jp-Toolbar-kernelName").first.inner_text()
 
