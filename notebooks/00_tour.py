@@ -197,6 +197,36 @@ slices = [entry for entry in trace["traceEvents"] if entry["ph"] == "X"]
 print(f"Chrome trace: {trace_path} ({len(slices)} slices)")
 
 # %% [markdown]
+# ## Exercises
+#
+# 1. **1F1B by hand.** Write the 1F1B schedule for 2 stages and 3
+#    micro-batches as text, one line per rank, as GPipe was written above
+#    (stage 0 starts with $S - s - 1 = 1$ forward before it alternates). Then
+#    check it against the generator the runtime uses, `one_f_one_b(2, 3)`.
+# 2. **The best cut.** With `layer_ms` above, which single cut of the ten
+#    layers into two stages makes the slowest stage fastest? Guess, then
+#    check every cut with `Partition`.
+
+# %% tags=["solution"]
+# Exercise 1, one answer: stage 0 warms up with one forward, then alternates; stage 1 alternates from the start.
+from workbench.scheduling import one_f_one_b
+
+by_hand = Schedule.from_text(["0F0 0F1 0B0 0F2 0B1 0B2", "1F0 1B0 1F1 1B1 1F2 1B2"])
+generated = one_f_one_b(2, 3)
+same = all([(a.op, a.microbatch) for a in by_hand.actions(r)] == [(a.op, a.microbatch) for a in generated.actions(r)]
+           for r in range(2))
+print("the hand-written 1F1B matches the generator:", same)
+assert same
+
+# %% tags=["solution"]
+# Exercise 2, one answer: try every cut and keep the one whose slowest stage is fastest.
+cuts = {f"0-{k - 1}|{k}-9": max(Partition.parse(f"0-{k - 1}|{k}-9").stage_sums(layer_ms)) for k in range(1, 10)}
+best = min(cuts.values())
+print("slowest stage per cut:", {cut: ms for cut, ms in cuts.items()})
+print(f"best: {best} ms, at " + " and ".join(cut for cut, ms in cuts.items() if ms == best))
+assert best == max(stage_ms)  # the tour's cut 0-3|4-9 is one of the best
+
+# %% [markdown]
 # ## Where next
 #
 # The lessons that follow put these values to work, each with real runs:

@@ -242,6 +242,32 @@ timeline_figure([made_up_ampa.sim.timeline, made_up_shortest.sim.timeline], comp
                 title="The made-up model: the slowest stage against the whole iteration")
 
 # %% [markdown]
+# ## Exercises
+#
+# 1. **A floor under every cut.** No partition into $S$ stages can have a
+#    slowest stage faster than the whole model's compute divided by $S$.
+#    Predict how close AMPA comes to that floor on this model, then check.
+# 2. **One more stage.** Predict AMPA's slowest stage with 4 stages instead
+#    of 3: a quarter of the compute, or more? Check with `partition` and say
+#    what keeps it above the floor.
+
+# %% tags=["solution"]
+# Exercise 1, one answer: the floor from AMPA's own per-stage times (micro-batch units, transfers left out).
+compute_ms = sum(ampa.stage_forward_ms) + sum(ampa.stage_backward_ms)
+floor = compute_ms / num_stages
+print(f"floor {floor:.2f} ms, AMPA {ampa.bottleneck_ms:.2f} ms ({ampa.bottleneck_ms / floor:.2f}x the floor)")
+assert ampa.bottleneck_ms >= floor - 1e-9
+
+# %% tags=["solution"]
+# Exercise 2, one answer: four stages; layers are indivisible and boundaries cost transfers.
+four = partition(costs, num_stages + 1, "ampa", num_microbatches=num_microbatches, cluster=cluster)
+four_floor = (sum(four.stage_forward_ms) + sum(four.stage_backward_ms)) / (num_stages + 1)
+heaviest = max(l.forward_ms + l.backward_ms for l in costs.layers) * four.microbatch_size / profile_batch
+print(f"{num_stages + 1} stages: {four.partition}, slowest stage {four.bottleneck_ms:.2f} ms against a floor of "
+      f"{four_floor:.2f} ms; the heaviest single layer alone takes about {heaviest:.2f} ms")
+assert four.bottleneck_ms >= four_floor - 1e-9
+
+# %% [markdown]
 # The checks: the profile covers every layer with positive times, AMPA's
 # slowest stage is no slower than any baseline's (it is exact), its cut has a
 # zero gap in the editor, and moving a boundary away from it changes the

@@ -429,6 +429,39 @@ text += (" GroPipe with delay 0 and DDP make the same update at every step; thei
 display(Markdown(text))
 
 # %% [markdown]
+# ## Exercises
+#
+# 1. **Bytes per rank.** In DDP every rank all-reduces the whole model's
+#    gradients; in GroPipe each rank all-reduces only its own stage's, over
+#    the $G$ ranks that hold that stage. Predict the bytes each GroPipe rank
+#    sends per step (ring: $2(G-1)/G$ of its stage's gradients) and compare
+#    with DDP on the same $G \cdot S$ ranks, then check with `stage_costs`.
+# 2. **More micro-batches.** Predict whether 8 micro-batches per pipeline
+#    (half as many samples each, the same global batch) shorten the simulated
+#    iteration: the bubble shrinks, but each micro-batch's fixed costs are paid
+#    twice as often. Check with the simulator.
+
+# %% tags=["solution"]
+# Exercise 1, one answer: each rank reduces only its stage's gradients over its G-rank group.
+G, S = num_groups, num_stages
+gropipe_sent = [2 * (G - 1) / G * b for b in stage_costs.grad_bytes]
+ddp_sent = 2 * (G * S - 1) / (G * S) * sum(stage_costs.grad_bytes)
+print("GroPipe, per rank of each stage: " + ", ".join(f"{b / 2**20:.2f} MiB" for b in gropipe_sent)
+      + f"; DDP on {G * S} ranks, per rank: {ddp_sent / 2**20:.2f} MiB")
+assert sum(stage_costs.grad_bytes) == sum(l.grad_bytes or 0 for l in costs.layers)
+assert max(gropipe_sent) < ddp_sent
+
+# %% tags=["solution"]
+# Exercise 2, one answer: the same plan with twice the micro-batches, simulated with its own stage costs.
+plan8 = config.plan.replace(microbatches=2 * num_microbatches)
+costs8 = StageCosts.from_model(costs, ampa.partition, microbatch_size // 2)
+sim8 = simulate(schedule_for(plan8, first_iteration=1, num_iterations=num_sim_iterations), costs8, cluster)
+bubble4, bubble8 = (max(r.metrics["bubble_fraction"]) for r in (runs[delay], sim8))
+print(f"{num_microbatches} micro-batches: {per_iteration[delay]:.1f} ms an iteration (worst bubble {bubble4:.2f}); "
+      f"{2 * num_microbatches}: {sim8.metrics['iteration_ms']:.1f} ms (worst bubble {bubble8:.2f})")
+assert bubble8 < bubble4
+
+# %% [markdown]
 # ## Checks
 #
 # AMPA's slowest stage is no slower than the uniform cut's, both lesson

@@ -351,6 +351,41 @@ display(Markdown(
       f"{speedup['async'] / ideal['async']:.0%} of its own."))
 
 # %% [markdown]
+# ## Exercises
+#
+# 1. **Fill paid once.** The asynchronous stream pays the pipeline's fill
+#    and drain once for all its iterations, 1F1B once per iteration. Predict
+#    the asynchronous iteration time for 1, 2, 8 and 32 iterations on the
+#    uniform costs of section 1, then check with the simulator: which value
+#    does it approach?
+# 2. **The split backward under weight versions.** `async-1x4-m4-split`
+#    runs each backward as its input gradient (sent upstream at once) and
+#    then its weight gradient, both on the micro-batch's stashed version.
+#    Predict whether it keeps more micro-batches in flight than the fused
+#    stream, and whether it ends sooner on uniform costs. Check both.
+
+# %% tags=["solution"]
+# Exercise 1, one answer: the per-iteration time falls towards one stage's work per iteration, m * (F + B).
+per_iteration_ms = {n: simulate(async_1f1b(stages, microbatches, n), costs).metrics["iteration_ms"]
+                    for n in (1, 2, 8, 32)}
+steady_ms = microbatches * (costs.forward_ms[0] + costs.backward_ms[0])
+print({n: round(ms, 2) for n, ms in per_iteration_ms.items()}, f"-> steady state {steady_ms:.2f} (m (F + B))")
+assert list(per_iteration_ms.values()) == sorted(per_iteration_ms.values(), reverse=True)
+assert per_iteration_ms[32] - steady_ms < per_iteration_ms[1] - steady_ms
+
+# %% tags=["solution"]
+# Exercise 2, one answer: the same in-flight memory (W right after I), and an earlier end (I reaches upstream sooner).
+from workbench.scheduling.memory import in_flight_microbatches
+from workbench.scheduling.registry import schedule_for
+
+fused, split = (schedule_for(ParallelPlan.parse(name), num_iterations=4)
+                for name in ("async-1x4-m4", "async-1x4-m4-split"))
+split_costs = StageCosts.uniform(stages, forward_ms=1.0, input_grad_ms=1.0, weight_grad_ms=1.0)
+ends = {name: simulate(s, split_costs).metrics["makespan_ms"] for name, s in (("fused", fused), ("split", split))}
+print("in flight per stage:", in_flight_microbatches(fused), in_flight_microbatches(split), "| run ends:", ends)
+assert in_flight_microbatches(split) == in_flight_microbatches(fused) and ends["split"] <= ends["fused"]
+
+# %% [markdown]
 # ## Checks
 #
 # The asynchronous stream keeps the pipeline full (fewer idle units than 1F1B

@@ -308,6 +308,35 @@ go.Figure([go.Scatter(y=grid_losses, name=f"{q}x{q} grid (torchrun)", mode="line
                   "yaxis_title": "loss", "height": 320})
 
 # %% [markdown]
+# ## Exercises
+#
+# 1. **Where the lines cross.** From section 4's volumes, predict the
+#    smallest grid at which 2D moves fewer bytes per rank than 1D on the same
+#    number of ranks, then check it over grid sides 2 to 16.
+# 2. **1D the other way round.** Split $A$ by rows and $B$ by columns
+#    instead. Predict whether the partial results still add up to $Y$ with
+#    one all-reduce, then check with the matrices of section 1. (GeLU is the
+#    catch.)
+
+# %% tags=["solution"]
+# Exercise 1, one answer: the first grid side where 2D's bytes per rank fall below 1D's.
+per_side = {side: (step_volume_1d(gpt2_small, side * side)["total_bytes"], step_volume_2d(gpt2_small, side)["total_bytes"])
+            for side in range(2, 17)}
+crossing = next((side for side, (one, two) in per_side.items() if two < one), None)
+print(f"2D moves fewer bytes per rank than 1D from a {crossing} x {crossing} grid ({crossing * crossing} ranks) on"
+      if crossing else "2D never moves fewer bytes per rank than 1D up to 16 x 16")
+assert crossing is None or all(two < one for side, (one, two) in per_side.items() if side >= crossing)
+
+# %% tags=["solution"]
+# Exercise 2, one answer: row-split A gives partial sums of XA, and GeLU of a partial sum is not a partial GeLU.
+rows_first = [gelu(X[:, k] @ A_k) for k, A_k in zip(np.array_split(np.arange(h), P), np.vsplit(A_mlp, P))]
+wrong = sum(rows_first) @ B_mlp
+error = float(np.abs(wrong - dense_Y).max())
+print(f"summing GeLU of the partial products misses the dense MLP by {error:.2f}: the sum must come before GeLU, "
+      f"so this split needs an all-reduce in the middle of the MLP as well")
+assert error > 1e-3
+
+# %% [markdown]
 # The checks: Megatron's split and SUMMA by hand reproduce the dense products, the cost model's 2D
 # activations are smaller than 1D's, 1D's traffic per rank never falls as
 # ranks are added while 2D's falls each time, the real grid run finished with every

@@ -313,6 +313,36 @@ layer_strip_figure(mix_layers, stage_memory_gib=best_mix.breakdown()["stage_memo
                    title=f"{best_mix.name[:70]}")
 
 # %% [markdown]
+# ## Exercises
+#
+# 1. **A bigger batch.** Double the server's global batch. Each GPU computes
+#    twice as much per step while the gradients to all-reduce stay the same
+#    size: predict what happens to the share of `dp8`'s step spent waiting for
+#    its all-reduce, then check with `plan`.
+# 2. **Delay 0 or delay 1.** Take the best GroPipe plan of section 3 and
+#    plan it with both all-reduce delays. Predict which one exposes less
+#    communication, and whether that makes it faster. Check.
+
+# %% tags=["solution"]
+# Exercise 1, one answer: the same bytes over twice the compute, so the exposed share falls.
+def dp8_at(batch: int):
+    return plan(Workload(server_costs, batch), server_cluster, options=SearchOptions(strategies=["dp8"]))["dp8"].estimate
+
+
+shares = {b: (e.exposed_comm_ms / e.iteration_ms) for b, e in ((b, dp8_at(b)) for b in (server_batch, 2 * server_batch))}
+print("dp8, share of the step waiting for the all-reduce: " + ", ".join(f"batch {b}: {v:.1%}" for b, v in shares.items()))
+assert shares[2 * server_batch] <= shares[server_batch] + 1e-9
+
+# %% tags=["solution"]
+# Exercise 2, one answer: delay 1 applies the all-reduce one iteration late, behind the next iteration's compute.
+names = {d: gro.name.replace(f"-d{gro.plan.pipeline.delay}", f"-d{d}") for d in (0, 1)}
+both = plan(Workload(server_costs, server_batch), server_cluster, options=SearchOptions(strategies=list(names.values())))
+delays = {d: both[name].estimate for d, name in names.items()}
+for d, e in delays.items():
+    print(f"{names[d]}: {e.iteration_ms:.1f} ms a step, {e.exposed_comm_ms:.2f} ms of it exposed communication")
+assert delays[1].exposed_comm_ms <= delays[0].exposed_comm_ms + 1e-9
+
+# %% [markdown]
 # ## Checks
 #
 # The cells below assert what this lesson showed: the ranking is ordered,

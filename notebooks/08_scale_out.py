@@ -202,6 +202,33 @@ else:
           "would get")
 
 # %% [markdown]
+# ## Exercises
+#
+# 1. **Four nodes.** Predict what the dry run prints for the same job on 4
+#    nodes of one process each: how many commands, and which host every
+#    node's rendezvous points at. Check with `backend="dryrun"`.
+# 2. **Make a mistake.** Predict the refusal for a spec that asks for 2 nodes
+#    but gives 3 host names, then try it.
+
+# %% tags=["solution"]
+# Exercise 1, one answer: one command per node, every one pointing at the first host's rendezvous port.
+four = spec.replace(nnodes=4, nproc_per_node=1, hosts=("node-a", "node-b", "node-c", "node-d"), rdzv_port=29400)
+four_dry = launch(four, backend="dryrun")
+print(f"{four.nnodes} nodes x {four.nproc_per_node} process = world size {four.world_size}; "
+      f"{len(four_dry.commands)} commands")
+assert len(four_dry.commands) == 4 and all("--rdzv-endpoint node-a:29400" in c for c in four_dry.commands)
+
+# %% tags=["solution"]
+# Exercise 2, one answer: the host list must name each node once.
+try:
+    launch(spec.replace(hosts=("node-a", "node-b", "node-c"), rdzv_port=29400), backend="dryrun")
+    hosts_refusal = None
+except ValueError as error:
+    hosts_refusal = str(error)
+print(hosts_refusal)
+assert hosts_refusal is not None
+
+# %% [markdown]
 # The checks: the dry run rendered one `ssh`-wrapped command per remote node
 # and an sbatch script for two nodes, every mistake was refused with a
 # message, and the two loopback nodes trained as one job: both agents exited
