@@ -33,6 +33,8 @@
 # 4. **recomputation**, which trades a second forward for activation memory.
 #
 # It ends with exercises, each with a solution the tests run.
+#
+# Every term is defined in the [glossary](../docs/glossary.md), with the lesson that teaches it.
 
 # %% tags=["parameters"]
 # Parameters: the model whose state we count (a small GPT-2) and the ranks. WORKBENCH_SMOKE=1 (the tests)
@@ -202,8 +204,8 @@ print(f"FSDP on {n_ranks} ranks holds {1 - saving:.3f} of DDP's state per rank (
 # ## 3. DDP's buckets: hiding the all-reduce in the backward
 #
 # A gradient is final as soon as the backward has passed its layer, long
-# before the backward ends. torch's DistributedDataParallel groups
-# gradients into **buckets** of about 25 MiB, in the order the backward
+# before the backward ends. torch's DistributedDataParallel (DDP) groups
+# gradients into **buckets** (DDP buckets) of about 25 MiB, in the order the backward
 # produces them, and starts each bucket's all-reduce as soon as it is full,
 # while the backward goes on with earlier layers. Only the last bucket's
 # all-reduce is left when the backward ends. The runs above measure it: the

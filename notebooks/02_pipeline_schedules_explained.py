@@ -31,6 +31,8 @@
 # zero-bubble schedules (simulated from a real profile and run on two ranks),
 # and ends with exercises. Up to section 6 nothing needs torch: schedules are
 # plain data.
+#
+# Every term is defined in the [glossary](../docs/glossary.md), with the lesson that teaches it.
 
 # %% tags=["parameters"]
 # Parameters: the pipeline we study. The lesson is small enough to run as is;
@@ -432,7 +434,7 @@ print({f"rank {rank}": action for rank, action in sorted(third_slot.items())})
 # 4. **Staleness.** In the asynchronous schedule, how many weight versions must
 #    stage 0 keep at once? Compare with the last stage.
 
-# %%
+# %% tags=["solution"]
 # Exercise 1, checked by the simulator: the smallest M with a GPipe bubble under 10% on S stages.
 target = 0.10
 smallest_m = next(m for m in range(1, 200) if mean_bubble(simulate(gpipe(S, m), costs)) < target - 1e-12)
@@ -443,7 +445,7 @@ print(f"S={S}: the bubble drops below {target:.0%} at M = {smallest_m} (on paper
 # Exercise 2, one answer: stage 2 at twice the cost. The formula assumed equal
 # stages; now the slow stage paces the pipeline and the others wait for it.
 
-# %%
+# %% tags=["solution"]
 from dataclasses import replace
 
 twice = lambda values: tuple(t * (2 if stage == 2 else 1) for stage, t in enumerate(values))  # noqa: E731
@@ -462,7 +464,7 @@ print(f"the slow stage idles least ({slow_bubbles[2]:.2f}); every other rank idl
 # messages. Each extra chunk per device is one more message per micro-batch
 # and hop.
 
-# %%
+# %% tags=["solution"]
 from workbench.planning.costs.clusters import load_cluster
 
 pcie = load_cluster("8xV100-PCIe")
@@ -483,7 +485,7 @@ print(f"free messages: every extra chunk helps; over PCIe the fastest is v={best
 # Exercise 4, one answer: the weight versions each stage of the asynchronous
 # schedule keeps at once (`versions_by_stage`).
 
-# %%
+# %% tags=["solution"]
 from workbench.scheduling.memory import versions_by_stage
 
 versions_kept = versions_by_stage(async_schedule)

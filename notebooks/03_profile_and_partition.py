@@ -25,7 +25,8 @@
 # every stage fits its device.
 #
 # This notebook profiles a ResNet-18 layer by layer on this machine, cuts it
-# with AMPA (GroPipe's automatic partitioner, exact) and with the classic
+# with AMPA (the automatic partitioner of GroPipe, exact; see the
+# [glossary](../docs/glossary.md)) and with the classic
 # baselines, projects the profile onto GPUs we do not have, and ends with the
 # **partition editor**: move a boundary yourself and watch the bottleneck,
 # the bubble, the iteration time and the memory move with it.

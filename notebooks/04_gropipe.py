@@ -124,7 +124,7 @@ balance_figure(ampa, title=f"AMPA's partition {ampa.partition}: time and memory 
 #   options; GroPipe's are `inner` (the schedule inside a group, `"1f1b"` or
 #   `"gpipe"`) and `delay` (0 or 1);
 # * `[[plan.layers]]` (optional): per-layer options for ranges of layers:
-#   data-parallel kind `dp`, tensor parallelism `tp` / `tp_degree`, and
+#   data-parallel kind `dp`, tensor parallelism ([glossary](../docs/glossary.md)) `tp` / `tp_degree`, and
 #   `recompute`.
 #
 # Every plan also has a short name that reads back to the same plan, here

@@ -33,6 +33,8 @@
 #    synchronous pipeline, shows the unstashed run diverge, checks from the
 #    recorded versions what each backward used, and measures how long each run
 #    trains before its validation accuracy reaches a target.
+#
+# Every term is defined in the [glossary](../docs/glossary.md), with the lesson that teaches it.
 
 # %% tags=["parameters"]
 # Parameters. WORKBENCH_SMOKE=1 (the test suite) asks for a short run.

@@ -34,6 +34,8 @@
 # 4. compares 2D, 1D and dense with the cost model (memory, communication),
 # 5. trains a tiny GPT-2 on a real $2 \times 2$ grid under `torchrun` and
 #    checks, step by step, that it computes exactly what one dense process computes.
+#
+# Every term is defined in the [glossary](../docs/glossary.md), with the lesson that teaches it.
 
 # %% tags=["parameters"]
 # Parameters. WORKBENCH_SMOKE=1 (set by the test suite) trains fewer steps.

@@ -41,6 +41,8 @@
 #
 # We plan twice: for **this machine** (4 processes sharing 2 CPU cores) and for
 # an **8-GPU server** (8 x V100 on PCIe, like the GroPipe paper's).
+#
+# Every term is defined in the [glossary](../docs/glossary.md), with the lesson that teaches it.
 
 # %% tags=["parameters"]
 # Parameters. WORKBENCH_SMOKE=1 (set by the test suite) profiles smaller models.

@@ -33,6 +33,8 @@
 # then runs the job for real on two "nodes" that are both this machine,
 # talking over loopback exactly as two hosts would over the network, and
 # submits it to Slurm where a cluster answers.
+#
+# Every term is defined in the [glossary](../docs/glossary.md), with the lesson that teaches it.
 
 # %% tags=["parameters"]
 # Parameters. WORKBENCH_SMOKE=1 (set by the test suite) trains fewer steps.
