@@ -240,7 +240,7 @@ assert best == max(stage_ms)  # the tour's cut 0-3|4-9 is one of the best
 # | [05_async_pipeline](05_async_pipeline.ipynb) | weight stashing and staleness in the asynchronous pipeline |
 # | [06_tensor_parallel_2d](06_tensor_parallel_2d.ipynb) | Megatron 1D by hand, SUMMA on a q x q grid, bytes per rank, and a real 2 x 2 run equal to dense |
 # | [07_planner](07_planner.ipynb) | which mix of strategies is fastest for this machine and for an 8-GPU server |
-# | [08_scale_out](08_scale_out.ipynb) | several nodes with torchrun, and Slurm |
+# | [08_scale_out](08_scale_out.ipynb) | several nodes with torchrun, and Slurm; which stage goes on which node |
 #
 # A word you do not know is in the [glossary](../docs/glossary.md), with the
 # lesson that teaches it and a guide to which strategy to start with.

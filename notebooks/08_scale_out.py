@@ -204,6 +204,28 @@ else:
           "would get")
 
 # %% [markdown]
+# ## 7. Which stage goes on which node
+#
+# Across nodes the links are slower than inside one, so where each pipeline
+# stage runs matters: a heavy boundary between two stages should not cross
+# the slow inter-node link. Here a 4-stage pipeline on 2 nodes of 2 devices. `place` searches every assignment of stages to nodes and keeps the one
+# with the least predicted communication; the naive node-major mapping is the
+# alternative it rejects when it is worse.
+
+# %%
+from workbench.core.costs import ClusterSpec, LinkSpec
+from workbench.planning.costs.clusters import get_cluster
+from workbench.planning.partitioning.placement import place
+from workbench.viz.placement import placement_figure
+
+two_nodes = ClusterSpec("2 nodes x 2", 2, 2, get_cluster("2x8xH100-IB").device, LinkSpec("nvlink", 5.0, 300.0),
+                        LinkSpec("ethernet", 20.0, 5.0))
+boundary_bytes = [2_000_000, 16_000_000, 500_000, 0]  # the middle boundary is the heavy one
+placement = place(boundary_bytes, two_nodes, num_microbatches=4)
+print(placement.table())
+placement_figure(placement, two_nodes)
+
+# %% [markdown]
 # ## Exercises
 #
 # 1. **Four nodes.** Predict what the dry run prints for the same job on 4
@@ -235,7 +257,8 @@ assert hosts_refusal is not None
 # and an sbatch script for two nodes, every mistake was refused with a
 # message, and the two loopback nodes trained as one job: both agents exited
 # cleanly, all four ranks report the same loss, and it fell. Where a Slurm
-# cluster answered, the job it ran succeeded with the same loss.
+# cluster answered, the job it ran succeeded with the same loss. The
+# placement keeps the heavy boundary inside a node and beats the naive one.
 
 # %%
 assert len(remote_dry.commands) == num_nodes and all("--rdzv-endpoint node-a:29400" in c for c in remote_dry.commands)
@@ -243,6 +266,8 @@ assert remote_dry.commands[1].startswith("ssh node-b")
 assert f"#SBATCH --nodes={num_nodes}" in sbatch_script and "srun --kill-on-bad-exit=1" in sbatch_script
 assert '--rdzv-id "$SLURM_JOB_ID"' in sbatch_script
 assert set(refusals) == set(mistakes), refusals
+assert two_nodes.node_of(placement.device_of[1]) == two_nodes.node_of(placement.device_of[2])
+assert placement.cost_ms < placement.naive_cost_ms
 assert status.state == "SUCCEEDED", status.text()
 assert status.exit_codes == {f"node{n}": 0 for n in range(num_nodes)}, status.exit_codes
 assert sorted(last_loss.index) == list(range(config.world_size)) and last_loss.nunique() == 1
