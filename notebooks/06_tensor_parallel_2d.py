@@ -242,7 +242,49 @@ go.Figure([go.Scatter(x=ranks, y=values, name=mode, mode="lines+markers") for mo
                   "yaxis": {"title": "GiB per rank", "rangemode": "tozero"}})
 
 # %% [markdown]
-# ## 5. A real 2 x 2 run, checked against dense
+# ## 5. Sequence and context parallelism: splitting the activations along the sequence
+#
+# 1D tensor parallelism splits the matrices, but the layer norms and
+# dropouts between them still see whole activations $[s, b, h]$ on every
+# rank. Per transformer layer, with $s$ tokens, batch $b$, hidden $h$ and $a$
+# heads in 16-bit, the activations kept for the backward are about
+# $sbh\,(34 + 5as/h)$ bytes (Korthikanti et al., 2022). With $t$-way tensor
+# parallelism only the split parts shrink, $sbh\,(10 + 24/t + 5as/(ht))$;
+# **sequence parallelism** also splits the layer norms and dropouts along
+# the sequence, over the same $t$ ranks, so everything shrinks,
+# $sbh\,(34/t + 5as/(ht))$, for the same communication (each all-reduce
+# becomes a reduce-scatter plus an all-gather). **Context parallelism** splits
+# the sequence over $c$ more ranks for the whole layer, attention included:
+# each rank keeps $1/c$ of the tokens and receives the others' keys and values
+# in a ring, so long contexts fit.
+
+# %%
+def layer_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False, c: int = 1) -> float:
+    """Activation bytes one transformer layer keeps per rank (16-bit; Korthikanti et al. 2022), the sequence split
+    over ``c`` context-parallel ranks."""
+    s = s / c
+    fixed = 34 / t if sp else 10 + 24 / t
+    return s * b * h * (fixed + 5 * a * s / (h * t))
+
+
+seqs = (1024, 4096, 16384)
+layouts = {"no split": {}, "TP 4": {"t": 4}, "TP 4 + SP": {"t": 4, "sp": True}, "TP 4 + SP, CP 4": {"t": 4, "sp": True, "c": 4}}
+per_layer = {name: [layer_activation_bytes(n, 1, 768, 12, **kw) / 2**20 for n in seqs] for name, kw in layouts.items()}
+for name, values in per_layer.items():
+    print(f"{name:<16}" + "  ".join(f"s={n}: {v:8.1f} MiB" for n, v in zip(seqs, values)))
+
+# %%
+fig = go.Figure([go.Scatter(x=list(seqs), y=values, name=name, mode="lines+markers") for name, values in per_layer.items()])
+fig.update_layout(title="GPT-2 small, one layer's activations per rank at batch 1", xaxis_type="log", yaxis_type="log",
+                  xaxis_title="sequence length s", yaxis_title="MiB per rank", template="plotly_white", height=340)
+assert all(a > b > c > d for a, b, c, d in zip(*per_layer.values()))  # each split keeps less
+long_ratio = per_layer["TP 4 + SP"][-1] / per_layer["TP 4 + SP, CP 4"][-1]
+assert 4 <= long_ratio <= 16  # context parallelism over 4: at least 4x less, up to 16x on the quadratic term
+print(f"at s={seqs[-1]}, context parallelism over 4 ranks keeps {long_ratio:.1f}x less per rank")
+fig
+
+# %% [markdown]
+# ## 6. A real 2 x 2 run, checked against dense
 #
 # `launch/tensor2d_gpt2.toml` trains a tiny GPT-2 (hidden 64, 2 blocks, byte
 # vocabulary) on a $2 \times 2$ grid. Its parallel plan is the `[plan]` table
