@@ -80,7 +80,7 @@ sizes = [2**16, 2**18, 2**20, 2**22, 2**24, 2**26]  # 64 KiB .. 64 MiB
 out = os.path.join(tempfile.mkdtemp(prefix="commbench-"), "link.json")
 subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                 "-m", "workbench.runtime.commbench", "--out", out, "--sizes", ",".join(map(str, sizes)),
-                "--iters", "4" if smoke else "8"], check=True, capture_output=True,
+                "--iters", "3" if smoke else "8"], check=True, capture_output=True,
                env={**os.environ, "OMP_NUM_THREADS": "1"})
 bench = json.load(open(out))
 measured = {m["bytes"]: m["min_ms"] for m in bench["measurements"]["allreduce"]}
