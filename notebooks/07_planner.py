@@ -337,7 +337,9 @@ assert shares[2 * server_batch] <= shares[server_batch] + 1e-9
 
 # %% tags=["solution"]
 # Exercise 2, one answer: delay 1 applies the all-reduce one iteration late, behind the next iteration's compute.
-names = {d: gro.name.replace(f"-d{gro.plan.pipeline.delay}", f"-d{d}") for d in (0, 1)}
+from dataclasses import replace
+
+names = {d: gro.plan.replace(pipeline=replace(gro.plan.pipeline, delay=d)).name for d in (0, 1)}
 both = plan(Workload(server_costs, server_batch), server_cluster, options=SearchOptions(strategies=list(names.values())))
 delays = {d: both[name].estimate for d, name in names.items()}
 for d, e in delays.items():

@@ -183,9 +183,13 @@ class Interpreter:
     def _backward_input(self, a: Action) -> None:
         stage = self.stages[a.stage]
         grad_output = None if stage.is_last else self._take_received(Op.RECV_B, a)
-        grad_input = stage.backward_input(a.microbatch, grad_output)
+        grad_input = stage.backward_input(a.microbatch, grad_output, params=self._differentiated(a))
         if grad_input is not None:
             self._grads[(a.stage, a.microbatch)] = grad_input
+        return None
+
+    def _differentiated(self, a: Action) -> list[torch.Tensor] | None:
+        """The tensors a split backward differentiates, where they are not the stage's own parameters (None)."""
         return None
 
     def _backward_weight(self, a: Action) -> None:

@@ -106,10 +106,16 @@ class StreamInterpreter(Interpreter):
             super()._forward(a)
         self._used_version = used
 
-    def _backward(self, a: Action) -> None:
+    def _begin_backward(self, a: Action) -> StageWeights:
+        """Before a backward (or its I or W): record the version its graph reads, and let it accumulate into the
+        live gradients."""
         weights = self.weights[a.stage]
         self._used_version = weights.read_version(a.microbatch)
         weights.before_backward(a.microbatch)
+        return weights
+
+    def _backward(self, a: Action) -> None:
+        weights = self._begin_backward(a)
         with weights.rebound(a.microbatch):  # a recomputing stage's replay runs on the forward's version
             super()._backward(a)
         weights.finish_backward(a.microbatch, a.version)
@@ -117,21 +123,15 @@ class StreamInterpreter(Interpreter):
     def _backward_input(self, a: Action) -> None:
         """I of a split backward, on the version the forward bound: its vectors' gradients go straight into the
         live gradients (as a fused backward's do), its matrices wait for W."""
-        weights = self.weights[a.stage]
-        self._used_version = weights.read_version(a.microbatch)
-        weights.before_backward(a.microbatch)
-        stage = self.stages[a.stage]
-        grad_output = None if stage.is_last else self._take_received(Op.RECV_B, a)
-        with weights.rebound(a.microbatch):
-            grad_input = stage.backward_input(a.microbatch, grad_output, params=weights.leaves(a.microbatch))
-        if grad_input is not None:
-            self._grads[(a.stage, a.microbatch)] = grad_input
+        with self._begin_backward(a).rebound(a.microbatch):
+            super()._backward_input(a)
+
+    def _differentiated(self, a: Action) -> list[torch.Tensor]:
+        return self.weights[a.stage].leaves(a.microbatch)
 
     def _backward_weight(self, a: Action) -> None:
         """W: the weight gradients from the graph I kept, on the same version; then the version is released."""
-        weights = self.weights[a.stage]
-        self._used_version = weights.read_version(a.microbatch)
-        weights.before_backward(a.microbatch)
+        weights = self._begin_backward(a)
         super()._backward_weight(a)
         weights.finish_backward(a.microbatch, a.version)
 

@@ -133,7 +133,7 @@ class GroPipe(ScheduledPipeline):
         self.optimizer().step()
         for p, grad in zip(self._params, accumulating):
             p.grad = grad
-        if self._free is not None and flat.dtype == self._params[0].dtype and flat.device == self._params[0].device:
+        if self._free is not None:  # one dtype and device: the buffer (or the gathered tensor) serves again
             self._free.append(flat.zero_())
 
     # -- state ------------------------------------------------------------------------
