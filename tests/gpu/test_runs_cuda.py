@@ -47,6 +47,7 @@ FP32_RUNS = [
     ("gropipe-2x2-1f1b-m4-d1", MLP, "dense"),  # 4 ranks; the reference applies the same one-step-stale update
     ("async-1x2-m4", MLP, "stashing"),
     ("async-1x2-m4-2bw-if2", MLP, "stashing"),
+    ("async-1x2-m4-split", MLP, "stashing"),  # I and W on the stashed version
     ("dp2-m2-L[0-1=fsdp;2-3=ddp]", MLP, "dense"),  # FSDP2 beside DDP, layer by layer
     ("tp1d-2-dp2-m2-L[0=ddp;1=fsdp.tp1d2.rc;2=ddp.tp1d2;3=zero2]", GPT2, "dense"),  # DTensor TP, FSDP2, ZeRO-2
     ("tp1d-2-dp1", GPT2, "cpu-run"),
