@@ -33,6 +33,8 @@ from typing import Any
 
 OUTCOMES = ("passed", "failed", "errors", "skipped")
 VERBOSE_LINE = re.compile(r"^(\S+::\S+)\s+(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+# pytest-xdist's verbose result: "[gw2] [ 84%] PASSED tests/...::test[id]"
+XDIST_LINE = re.compile(r"^\[gw\d+\]\s+\[\s*\d+%\]\s+(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\s+(\S+::\S+)")
 STARTED_LINE = re.compile(r"^(\S+::\S+)\s*$")
 SHORT_FAILURE = re.compile(r"^(?:FAILED|ERROR) (\S+::\S+|\S+\.py) - (.*)$")
 
@@ -86,24 +88,26 @@ def tier_from_junit(path: Path) -> dict[str, Any]:
 def tier_from_log(path: Path) -> dict[str, Any]:
     """The same from a ``pytest -v`` log (no JUnit XML: the run was stopped); names the test left running."""
     counts = dict.fromkeys(OUTCOMES, 0)
-    failed, skipped, running, messages = [], [], None, {}
+    failed, skipped, messages = [], [], {}
+    running: dict[str, None] = {}  # started, not finished, in order (several at once under xdist)
     for line in path.read_text(errors="replace").splitlines():
         short = SHORT_FAILURE.match(line)
         if short:
             messages[short.group(1)] = short.group(2)[:300]
-        match = VERBOSE_LINE.match(line)
-        if match:
-            name, word = match.groups()
+        match, xdist = VERBOSE_LINE.match(line), XDIST_LINE.match(line)
+        if match or xdist:
+            name, word = match.groups() if match else xdist.groups()[::-1]
             outcome = {"PASSED": "passed", "XFAIL": "passed", "XPASS": "passed", "FAILED": "failed",
                        "ERROR": "errors", "SKIPPED": "skipped"}[word]
             counts[outcome] += 1
             (failed if outcome in ("failed", "errors") else skipped if outcome == "skipped" else []).append(name)
-            running = None
+            running.pop(name, None)
         elif STARTED_LINE.match(line):
-            running = line.strip()
+            running[line.strip()] = None
     return {"source": "log", **counts, "total": sum(counts.values()),
             "failed_tests": [{"name": n, "message": messages.get(n, "")} for n in failed],
-            "skipped_tests": [{"name": n, "reason": ""} for n in skipped], "running_when_stopped": running}
+            "skipped_tests": [{"name": n, "reason": ""} for n in skipped],
+            "running_when_stopped": ", ".join(running) or None}
 
 
 def read_tier(out: Path) -> dict[str, Any] | None:

@@ -136,6 +136,20 @@ def test_summary_names_the_test_a_time_limit_cut_short_beside_the_junit_counts(t
     assert summary["status"] == "failed"
 
 
+def test_summary_reads_xdist_logs_and_names_every_test_still_running(tmp_path):
+    started = ["tests/gpu/test_runs_cuda.py::test_fp32[dp2-m2]", "tests/gpu/test_runs_cuda.py::test_fp32[tp2d-2x2-dp1]",
+               "tests/gpu/test_runs_cuda.py::test_bf16[pp2-1f1b-m4]"]
+    log = "".join(f"{name} \n" for name in started)
+    log += f"[gw0] [ 33%] PASSED {started[0]} \n[gw1] [ 67%] FAILED {started[2]} \n"
+    (tmp_path / "tier.log").write_text(log + "!!!!!!!!!!!!!!!!!!!! KeyboardInterrupt !!!!!!!!!!!!!!!!!!!!\n")
+    (tmp_path / "phases.tsv").write_text(PHASES + "tier\ttimeout\t300\trc 124, limit 300s\n")
+    tier = summarise(tmp_path)["tier"]
+    assert (tier["source"], tier["passed"], tier["failed"]) == ("log", 1, 1)
+    assert tier["running_when_stopped"] == started[1]
+    (tmp_path / "tier.log").write_text(log + f"[gw2] [100%] PASSED {started[1]} \n")
+    assert summarise(tmp_path)["tier"]["running_when_stopped"] is None  # all finished: nothing was cut short
+
+
 def test_summary_passes_when_every_phase_and_test_passed(tmp_path):
     (tmp_path / "junit.xml").write_text(
         '<testsuites><testsuite><testcase classname="tests.gpu.test_a" name="test_one"/>'
