@@ -50,6 +50,7 @@ ALLOWED = {
     "widgets": {"core", "scheduling", "planning", "viz", "jobs", "models", "profiling"},
     "jobs": {"core", "scheduling", "planning", "viz"},
     "cli": {"core", "scheduling", "planning", "models", "profiling", "runtime", "jobs", "viz", "widgets"},
+    "lessons": {"core", "scheduling", "planning", "models", "profiling", "runtime", "jobs", "viz", "widgets"},
 }
 
 
