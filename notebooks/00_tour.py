@@ -62,10 +62,66 @@ trace_dir = Path(os.environ.get("WORKBENCH_TOUR_DIR", project / "runs" / "tour")
 # %%
 import json
 
+from IPython.display import Markdown, display
+
 import workbench
 from workbench import Event, Partition, Schedule, Timeline, Topology, parse_action
 
 print(f"workbench {workbench.__version__}")
+
+# %% [markdown]
+# ## Why split at all: what training holds in memory
+#
+# Training keeps four things on a device: the **weights**; one **gradient**
+# per weight; the **optimizer state** (Adam keeps two running averages per
+# weight); and the **activations**, what the forward pass saves for the
+# backward pass, which grow with the batch. The first three are arithmetic on
+# the parameter count: in fp32 with Adam, 4 + 4 + 8 = 16 bytes per parameter.
+# Activations depend on the model's code, so the workbench counts them: it
+# builds the model on torch's **meta device** (shapes and dtypes, no storage)
+# and adds up what autograd saves in one forward pass and its loss.
+#
+# First a small GPT, profiled for real, to check that the count on the meta
+# device is what a real pass keeps:
+
+# %%
+from workbench.lessons.memory import memory_figure, memory_story, memory_table, training_memory
+from workbench.profiling import profile
+
+tiny_profile = profile("gpt2-tiny", 8, progress=False)  # real tensors, every layer timed and counted
+tiny = training_memory("gpt2-tiny", 8)  # the same model and batch on the meta device
+profiled_saved = sum(layer.saved_bytes for layer in tiny_profile.layers)
+print(f"gpt2-tiny, batch 8: the profiler saw {profiled_saved:,} bytes saved for backward; "
+      f"the meta device counts {tiny.activations:,}")
+assert profiled_saved == tiny.activations
+
+# %% [markdown]
+# The meta device needs no memory, so the same count works for a model no
+# laptop could build: GPT-2 small, and a 7B-class GPT (the same code with
+# hidden size 4096, 32 layers and 2,048-token sequences).
+
+# %%
+seven_b = {"n_embd": 4096, "n_layer": 32, "n_head": 32, "n_positions": 2048, "seq_len": 2048}
+small = training_memory("gpt2-small", 8)
+large = training_memory("gpt2-small", 1, label="GPT, 7B class", **seven_b)
+rows = [tiny, small, large]
+display(Markdown(memory_table(rows)))
+memory_figure(rows, device_gib=80).show()
+display(Markdown(memory_story(small, large, device_gib=80)))
+
+# %% [markdown]
+# There are three basic ways to split the work over devices, each drawn below
+# for two devices and a model of four layers. **Data parallelism** gives every
+# device the whole model and a part of the batch, and averages the gradients.
+# **Pipeline parallelism** gives each device some of the layers and streams
+# the batch through them. **Tensor parallelism** splits every layer's weight
+# matrices, so the devices work on each layer together. The lessons take them
+# one at a time, then mix them.
+
+# %%
+from workbench.lessons.pictures import strategy_pictures
+
+strategy_pictures().show()
 
 # %% [markdown]
 # ## 1. An action is one instruction with a short name
@@ -191,6 +247,10 @@ print(f"{len(timeline)} events over {timeline.makespan:.0f} ms")
 for rank, bubble in bubbles.items():
     print(f"  rank {rank}: bubble {bubble:.0%} (GPipe formula: {expected_bubble:.0%})")
 
+# %% [markdown]
+# The same timeline as a Chrome trace: one slice per event.
+
+# %%
 trace_path = timeline.save_chrome_trace(trace_dir / "gpipe_by_hand.json")
 trace = json.loads(trace_path.read_text())
 slices = [entry for entry in trace["traceEvents"] if entry["ph"] == "X"]
@@ -245,12 +305,16 @@ assert best == max(stage_ms)  # the tour's cut 0-3|4-9 is one of the best
 # A word you do not know is in the [glossary](../docs/glossary.md), with the
 # lesson that teaches it and a guide to which strategy to start with.
 #
-# The last cell below checks that everything this tour showed actually holds.
+# The last two cells below check that everything this tour showed actually holds.
 
 # %%
+assert large.state > 80 * 2**30 > small.total  # the 7B-class model's state alone overflows one 80 GiB device
+assert tiny.params == sum(layer.num_params for layer in tiny_profile.layers)
 grid_rows = grid.splitlines()[2:]  # below the header and its rule
 assert len(grid_rows) == 8, f"GPipe with S=2, M=3 takes 2*(M+S-1) = 8 steps, the grid shows {len(grid_rows)}"
 assert all(text == back for text, back in round_trips.items()), round_trips
+
+# %%
 assert from_text == gpipe and from_json == gpipe
 computed = {(a.stage, a.op.value, a.microbatch) for rank in range(gpipe.num_ranks) for a in gpipe.actions(rank)}
 assert computed == {(s, op, m) for s in range(2) for op in "FB" for m in range(3)}
