@@ -36,7 +36,13 @@
 
 # %% tags=["parameters"]
 # Parameters: the pipeline we study. The lesson is small enough to run as is;
-# WORKBENCH_SMOKE=1 (set by the test suite) changes nothing here.
+# WORKBENCH_SMOKE=1 (set by the test suite) only shortens the real runs of section 6.
+import os
+
+from workbench.lessons.runs import lesson_run_root
+
+smoke = os.environ.get("WORKBENCH_SMOKE") == "1"
+run_root = lesson_run_root()  # WORKBENCH_RUN_ROOT, or the project's runs/
 num_stages = 4          # S: devices in the pipeline
 num_microbatches = 8    # M: micro-batches per iteration
 num_chunks = 2          # v: model chunks per device for the interleaved schedule
@@ -266,33 +272,15 @@ for name, result, formula, schedule in rows:
 # run back to back.
 
 # %%
-from workbench import ParallelPlan
-from workbench.scheduling.registry import schedule_for
+from workbench.lessons.schedules import zero_bubble_table, zero_bubble_uniform
 
 zb_kinds = ("1f1b", "zbh1", "zbh2", "zbv")
-
-
-def zb_uniform(kind: str):
-    """Simulated on F = I = W = 1 ms: (result, bubble ms, steady bubble ms of the worst rank, peak micro-batches)."""
-    plan = ParallelPlan.parse(f"pp{S}-{kind}-m{M}")
-    c = plan.chunks
-    unit = StageCosts.uniform(plan.num_virtual_stages, forward_ms=1.0 / c, input_grad_ms=1.0 / c,
-                              weight_grad_ms=1.0 / c, activation_bytes=2 // c)  # a stage's micro-batch: 2 bytes
-    result = simulate(schedule_for(plan), unit)
-    bubble = result.metrics["makespan_ms"] - M * 3.0  # a rank computes M x (F + I + W)
-    steady = max(result.metrics["steady_bubble_ms"])
-    peak = max(row["activations"] for row in result.memory) / 2
-    return result, bubble, steady, peak
-
-
-zb_results = {kind: zb_uniform(kind) for kind in zb_kinds}
+# per kind: (result, bubble ms, steady bubble ms of the worst rank, peak micro-batches) on F = I = W = 1 ms
+zb_results = {kind: zero_bubble_uniform(S, M, kind) for kind in zb_kinds}
 zb_formulas = {"1f1b": ("(S-1)(F+I+W)", (S - 1) * 3.0, S), "zbh1": ("(S-1)(F+I-W)", (S - 1) * 1.0, S),
                "zbh2": ("0 steady", 0.0, 2 * S - 1), "zbv": ("0 steady", 0.0, S)}
 print(f"S={S}, M={M}, F = I = W = 1 ms")
-print(f"{'kind':<6}{'bubble ms':>11}{'steady ms':>11}{'formula':>15}{'= ms':>6}{'peak':>6}{'formula':>9}")
-for kind, (result, bubble, steady, peak) in zb_results.items():
-    text, value, peak_formula = zb_formulas[kind]
-    print(f"{kind:<6}{bubble:>11.2f}{steady:>11.2f}{text:>15}{value:>6.1f}{peak:>6.1f}{peak_formula:>9}")
+print(zero_bubble_table(zb_results, zb_formulas))
 for kind, (text, value, peak_formula) in zb_formulas.items():
     _, bubble, steady, peak = zb_results[kind]
     assert abs((steady if "steady" in text else bubble) - value) < 1e-9 and peak == peak_formula, kind
@@ -310,21 +298,13 @@ timeline_figure(zb_results["zbh1"][0].timeline, title=f"ZB-H1, {S} stages x {M} 
 # The profile measures that price, and the simulation pays it.
 
 # %%
-import os
-import statistics
-
 import torch
 
 from workbench.core.config import RunConfig
-from workbench.core.partition import Partition
-from workbench.jobs import LaunchSpec, launch_sweep
 from workbench.profiling import profile
 from workbench.runtime.batches import run_model
 
 torch.set_num_threads(1)  # each rank runs one thread; profile like one
-smoke = os.environ.get("WORKBENCH_SMOKE") == "1"
-run_root = os.environ.get("WORKBENCH_RUN_ROOT") or os.path.join(  # the project's runs/, from any folder
-    next(d for d in (os.getcwd(), os.path.dirname(os.getcwd())) if os.path.isdir(os.path.join(d, "launch"))), "runs")
 zb_m = 4
 zb_base = {"model": {"name": "gpt2-tiny", "overrides": {"n_layer": 6, "n_embd": 128, "n_head": 4, "seq_len": 64,
                                                        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}},
@@ -332,19 +312,22 @@ zb_base = {"model": {"name": "gpt2-tiny", "overrides": {"n_layer": 6, "n_embd": 
            "training": {"global_batch": 32, "steps": 6 if smoke else 20, "seed": 0,
                         "optimizer": {"name": "sgd", "lr": 0.05}}}
 zb_model = run_model(RunConfig.from_dict({**zb_base, "plan": f"pp2-1f1b-m{zb_m}"}))
+
+# %% [markdown]
+# The profile, at the micro-batch size of the runs, says what the backward
+# costs fused and split into I + W; then each plan is cut into equal stages
+# (four chunks for ZB-V), costed from the profile and simulated.
+
+# %%
+from workbench import ParallelPlan
+from workbench.lessons.schedules import backward_cost, backward_cost_text, simulate_from_profile
+
 zb_micro = zb_base["training"]["global_batch"] // zb_m
 zb_profile = profile(zb_model, batch=zb_micro, progress=False)
-fused = sum(layer.backward_ms for layer in zb_profile.layers)
-split = sum(layer.input_grad_ms + layer.weight_grad_ms for layer in zb_profile.layers)
-print(f"{zb_profile.num_layers} layers at micro-batch {zb_micro}: forward {sum(l.forward_ms for l in zb_profile.layers):.2f} ms, "
-      f"backward {fused:.2f} ms, I + W {split:.2f} ms ({split / fused:.2f} x the fused backward)")
-
+zb_backward = backward_cost(zb_profile)
+print(backward_cost_text(zb_profile, zb_micro))
 zb_plans = {kind: ParallelPlan.parse(f"pp2-{kind}-m{zb_m}") for kind in (*zb_kinds, "zbauto")}
-zb_simulated = {}
-for kind, plan in zb_plans.items():
-    partition = Partition.uniform(zb_profile.num_layers, plan.num_virtual_stages)
-    stage_costs = StageCosts.from_model(zb_profile, partition, zb_micro, optimizer="sgd")
-    zb_simulated[kind] = simulate(schedule_for(plan, stage_costs=stage_costs), stage_costs).metrics["iteration_ms"]
+zb_simulated = simulate_from_profile(zb_profile, zb_plans, zb_micro, optimizer="sgd")
 for kind, ms in zb_simulated.items():
     print(f"{kind:<7} simulated iteration {ms:7.2f} ms ({zb_simulated['1f1b'] / ms:.3f} x 1F1B's speed)")
 assert zb_simulated["zbauto"] <= zb_simulated["zbh1"] + 1e-9  # the automatic schedule never loses to ZB-H1
@@ -356,22 +339,17 @@ assert zb_simulated["zbauto"] <= zb_simulated["zbh1"] + 1e-9  # the automatic sc
 # steps after the first two.
 
 # %%
+from workbench.jobs import LaunchSpec, launch_sweep
+from workbench.lessons.schedules import measured_runs, measured_table
+
 zb_jobs = dict(zip(zb_plans, launch_sweep([
     LaunchSpec(config={**zb_base, "plan": plan.name, "name": f"zb-{kind}"}, run_root=run_root)
     for kind, plan in zb_plans.items()])))
 for kind in zb_plans:
     state = zb_jobs[kind].wait(timeout=300).state
     assert state == "SUCCEEDED", (kind, zb_jobs[kind].status().text())
-zb_measured, zb_losses = {}, {}
-for kind, job in zb_jobs.items():
-    frame = job.metrics()
-    per_step = frame.groupby("step")["step_ms"].max()
-    zb_measured[kind] = statistics.median(per_step[per_step.index >= 2])
-    zb_losses[kind] = frame[frame["rank"] == frame["rank"].max()].sort_values("step")["loss"].tolist()
-print(f"{'kind':<7}{'measured ms':>12}{'simulated ms':>14}{'sim / meas':>11}{'vs 1F1B':>9}")
-for kind in zb_plans:
-    print(f"{kind:<7}{zb_measured[kind]:>12.2f}{zb_simulated[kind]:>14.2f}{zb_simulated[kind] / zb_measured[kind]:>11.2f}"
-          f"{zb_measured['1f1b'] / zb_measured[kind]:>9.3f}")
+zb_measured, zb_losses = measured_runs(zb_jobs, from_step=2)  # median step (slower rank); the last rank's losses
+print(measured_table(zb_measured, zb_simulated))
 # splitting the backward changes when gradients are computed, not what they are: the same losses
 for kind, losses in zb_losses.items():
     assert len(losses) == len(zb_losses["1f1b"]) and all(
@@ -380,18 +358,9 @@ for kind, losses in zb_losses.items():
 # %%
 from IPython.display import Markdown, display
 
-zb_best = min(zb_measured, key=zb_measured.get)
-h1_measured = zb_measured["1f1b"] / zb_measured["zbh1"]
-h1_simulated = zb_simulated["1f1b"] / zb_simulated["zbh1"]
-errors = {kind: abs(zb_simulated[kind] / zb_measured[kind] - 1) for kind in zb_plans}
-display(Markdown(
-    f"On this machine the split backward costs **{split / fused:.2f} x** the fused one in the profile. "
-    f"ZB-H1 ran at **{h1_measured:.2f} x** 1F1B's speed (the simulation from the profile said {h1_simulated:.2f} x): "
-    + ("the bubble it saves outweighs what the split costs. " if h1_measured > 1 else
-       "what the split costs outweighs the bubble it saves at this size. ")
-    + f"The fastest plan measured was **{zb_best}** ({zb_measured[zb_best]:.1f} ms per step). "
-    f"The simulation was within {100 * max(errors.values()):.0f}% of every measured step "
-    f"(worst: {max(errors, key=errors.get)}). Every plan trained on the same losses as 1F1B to within 1e-4."))
+from workbench.lessons.schedules import zero_bubble_summary
+
+display(Markdown(zero_bubble_summary(zb_backward, zb_measured, zb_simulated)))
 
 # %% [markdown]
 # ## 7. Play with it
@@ -494,12 +463,13 @@ print(f"stage 0 keeps {versions_kept[0]}: its forwards run furthest ahead of the
       f"each backward right after its forward and keeps {versions_kept[S - 1]}")
 
 # %% [markdown]
-# The last cell checks what this lesson claimed: naive model parallelism
-# idles each device $(S-1)/S$ of the step and is no faster than one device;
-# on equal stages the simulated bubbles equal the formulas, 1F1B keeps fewer micro-batches alive than GPipe
-# with the same bubble, interleaving and asynchrony shrink the bubble, and the
-# asynchronous schedule's backward passes use their forward's weights; and
-# what the answers to exercises 2, 3 and 4 said.
+# The last two cells check what this lesson claimed. The first: naive model
+# parallelism idles each device $(S-1)/S$ of the step and is no faster than
+# one device; on equal stages the simulated bubbles equal the formulas, 1F1B
+# keeps fewer micro-batches alive than GPipe with the same bubble, and
+# interleaving and asynchrony shrink the bubble. The second: the
+# asynchronous schedule's backward passes use their forward's weights, and
+# what the explorer and the answers to the exercises said.
 
 # %%
 assert abs(mean_bubble(naive_result) - naive_formula) < 1e-9
@@ -510,17 +480,19 @@ assert abs(mean_bubble(interleaved_result) - interleaved_formula) < 1e-9
 assert abs(mean_bubble(async_result) - async_formula) < 1e-9
 assert in_flight["gpipe"] == [M] * S and in_flight["1f1b"] == [min(S - s, M) for s in range(S)]
 assert max(in_flight["1f1b"]) / M == min(S, M) / M  # S/M of the batch's activations, against all of it
-assert slow_bubbles[2] == min(slow_bubbles) and all(b > gpipe_formula for r, b in enumerate(slow_bubbles) if r != 2)
-assert versions_kept[0] == max(versions_kept.values()) > versions_kept[S - 1] == 1
-assert all(a > b for a, b in zip(ideal_ms, ideal_ms[1:])) and networked_ms[-1] > min(networked_ms)
 for s in range(S):  # S - s - 1 warm-up forwards, then F B F B ...: S - s forwards before the first backward
     ops = [a.op.value for a in one_f_one_b_schedule.actions(s)]
     assert ops.index("B") == min(S - s, M), (s, ops)
 assert interleaved_result.metrics["iteration_ms"] < one_f_one_b_result.metrics["iteration_ms"]
 assert async_result.metrics["iteration_ms"] < one_f_one_b_result.metrics["iteration_ms"]
+
+# %%
 forward_versions = {(a.stage, a.microbatch, a.iteration): a.version for a in async_schedule.actions(0) if a.op.value == "F"}
 assert all(forward_versions[(a.stage, a.microbatch, a.iteration)] == a.version
            for a in async_schedule.actions(0) if a.op.value == "B")
+assert slow_bubbles[2] == min(slow_bubbles) and all(b > gpipe_formula for r, b in enumerate(slow_bubbles) if r != 2)
+assert versions_kept[0] == max(versions_kept.values()) > versions_kept[S - 1] == 1
+assert all(a > b for a, b in zip(ideal_ms, ideal_ms[1:])) and networked_ms[-1] > min(networked_ms)
 assert smallest_m == on_paper
 explorer_formula, _ = explorer.formula_value()
 assert abs(explorer.simulated_bubble_fraction(explorer.result) - explorer_formula) < 1e-9

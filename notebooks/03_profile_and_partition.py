@@ -187,41 +187,19 @@ for label, state in (("AMPA's cut", at_ampa), ("moved", moved)):
 # rate. But an iteration also fills and drains the pipeline, and during the
 # fill and the drain the other stages' times count too, and so do the
 # transfers between stages. So a cut with a slightly slower bottleneck can
-# simulate a shorter iteration. `shortest_iteration` has the editor evaluate
-# every cut into `num_stages` stages and returns the one with the shortest
-# simulated iteration; first this model (what it prints depends on this
+# simulate a shorter iteration. `shortest_iteration`
+# (`workbench.lessons.partitioning`) has the editor evaluate every cut into
+# `num_stages` stages and returns the one with the shortest simulated
+# iteration; first this model (what it prints depends on this
 # machine's profile), then a small model made up so that it happens.
 
 # %%
-from itertools import combinations
-
 from workbench.core.costs import LayerCost, ModelCosts
-from workbench.core.partition import Partition
+from workbench.lessons.partitioning import compare_cuts, shortest_iteration
 from workbench.viz.timeline import timeline_figure
 
-
-def shortest_iteration(editor):
-    """AMPA's cut and the cut with the shortest simulated iteration among those that fit in memory."""
-    cuts = combinations(range(1, editor.costs.num_layers), editor.num_virtual_stages - 1)
-    states = [editor.evaluate(Partition.from_cuts(list(cut), editor.costs.num_layers)) for cut in cuts]
-    cap = editor.memory_cap
-    fitting = [s for s in states if cap is None or max(s.result.stage_memory_bytes) <= cap]
-    # AMPA is exact for the bottleneck, so no cut has a faster one
-    assert min(s.bottleneck_ms for s in fitting) >= editor.optimum.bottleneck_ms - 1e-9
-    return editor.evaluate(editor.optimum.partition), min(fitting, key=lambda s: s.iteration_ms)
-
-
-def compare(ampa_state, shortest) -> str:
-    head = (f"AMPA's cut {ampa_state.partition}: bottleneck {ampa_state.bottleneck_ms:.2f} ms, "
-            f"iteration {ampa_state.iteration_ms:.2f} ms")
-    if shortest.iteration_ms >= ampa_state.iteration_ms:
-        return head + "; no other cut simulates a shorter iteration"
-    return (head + f"; the cut {shortest.partition} simulates a shorter iteration, {shortest.iteration_ms:.2f} ms "
-            f"({1 - shortest.iteration_ms / ampa_state.iteration_ms:.1%} less), with a slower bottleneck, "
-            f"{shortest.bottleneck_ms:.2f} ms ({shortest.gap:+.1%})")
-
-
-print(compare(*shortest_iteration(editor)))
+# every cut is evaluated; shortest_iteration raises if one had a faster bottleneck than AMPA's (it is exact)
+print(compare_cuts(*shortest_iteration(editor)))
 
 # %% [markdown]
 # The made-up model has six layers; the first three hand big activations on
@@ -235,7 +213,7 @@ made_up = ModelCosts("made-up", profile_batch, "synthetic", tuple(
 made_up_editor = PartitionEditor(made_up, num_stages=3, num_microbatches=num_microbatches, schedule="1f1b",
                                  cluster="local-cpu", models=[])
 made_up_ampa, made_up_shortest = shortest_iteration(made_up_editor)
-print(compare(made_up_ampa, made_up_shortest))
+print(compare_cuts(made_up_ampa, made_up_shortest))
 assert made_up_shortest.iteration_ms < made_up_ampa.iteration_ms  # the case the text describes
 assert made_up_shortest.bottleneck_ms > made_up_ampa.bottleneck_ms
 timeline_figure([made_up_ampa.sim.timeline, made_up_shortest.sim.timeline], compare="side",
