@@ -45,8 +45,7 @@
 # Every term is defined in the [glossary](../docs/glossary.md), with the lesson that teaches it.
 
 # %% tags=["parameters"]
-# Parameters. WORKBENCH_SMOKE=1 (set by the test suite) profiles smaller models.
-import os
+import os  # parameters; WORKBENCH_SMOKE=1 (set by the test suite) profiles smaller models
 
 smoke = os.environ.get("WORKBENCH_SMOKE") == "1"
 local_model = "gpt2-tiny"                                   # a transformer, so 2D tensor parallelism is an option
@@ -63,7 +62,6 @@ mix_batch = 256
 mix_fractions = (1.0, 0.5, 0.3, 0.2, 0.1)                   # section 5's budgets: shares of what pure DP needs
 
 # %%
-import plotly.graph_objects as go
 import torch
 from IPython.display import Markdown, display
 
@@ -256,63 +254,42 @@ except ValueError as error:
 # tenth of it.
 
 # %%
+from workbench.lessons.planner import budget_sweep, gain_figure, mix_story
+
 mix_device = load_cluster(server_cluster)
 mix_costs = project(profile(build_model(mix_model, **mix_overrides) if mix_overrides else mix_model, batch=8,
                             repeats=1, progress=False), mix_device.device)
-roomy = search_hybrid(mix_costs, mix_device, mix_batch)
-dp_need_gib = roomy.best["dp"].memory_bytes / 2**30
-sweep = {}
-for fraction in mix_fractions:
-    found = search_hybrid(mix_costs, mix_device, mix_batch, budget_bytes=fraction * dp_need_gib * 2**30)
-    if "per-layer" in found.best and "uniform" in found.best:
-        sweep[fraction] = found
-rows = [(f, r.budget_bytes / 2**30, r.best["per-layer"], r.best["uniform"], r.gain("uniform")) for f, r in sweep.items()]
-for f, budget, mine, theirs, gain in rows:
-    print(f"budget {budget:6.2f} GiB ({f:.0%} of pure DP's): per-layer {mine.iteration_ms:8.1f} ms, best uniform "
-          f"{theirs.iteration_ms:8.1f} ms ({theirs.name[:40]}), gain {gain:+.1%}")
-fraction, budget_gib, best_mix, best_uniform, best_gain = max(rows, key=lambda row: row[4])
-go.Figure(go.Scatter(x=[r[1] for r in rows], y=[100 * r[4] for r in rows], mode="lines+markers"),
-          layout={"title": "Per-layer plan's gain over the best uniform plan", "xaxis_title": "budget per device (GiB)",
-                  "yaxis_title": "throughput gain (%)", "height": 320})
+sweep, rows = budget_sweep(mix_costs, mix_device, mix_batch, mix_fractions)
+for r in rows:
+    print(f"budget {r.budget_gib:6.2f} GiB ({r.fraction:.0%} of pure DP's): per-layer {r.mix.iteration_ms:8.1f} ms, "
+          f"best uniform {r.uniform.iteration_ms:8.1f} ms ({r.uniform.name[:40]}), gain {r.gain:+.1%}")
+widest = max(rows, key=lambda r: r.gain)  # the budget where mixing gains most
+gain_figure(rows)
 
 # %%
-def runs(layers):
-    """Consecutive layers with equal options: (first, last, option)."""
-    out, start = [], 0
-    texts = [layer_option_text(l) for l in layers]
-    for i in range(1, len(layers) + 1):
-        if i == len(layers) or texts[i] != texts[start]:
-            out.append((start, i - 1, texts[start]))
-            start = i
-    return out
-
-
-mix_layers = best_mix.layers()
-lines = []
-for first, last, option in runs(mix_layers):
-    span = mix_costs.layers[first:last + 1]
-    params = sum(l.param_bytes for l in span) / 2**20
-    saved = sum((l.saved_bytes or l.activation_bytes) for l in span) / mix_costs.batch_size / 2**20
-    names = span[0].name if first == last else f"{span[0].name} ... {span[-1].name}"
-    lines.append(f"- **{names}**: {option} ({params:.0f} MiB of parameters, {saved:.1f} MiB saved per sample)")
-uniform_option = layer_option_text(best_uniform.layers()[1])
-changed = sum(layer_option_text(a) != layer_option_text(b) for a, b in zip(mix_layers, best_uniform.layers()))
-mine_b, theirs_b = best_mix.breakdown(), best_uniform.breakdown()
-comm = lambda b: b["tp_comm_ms"] + b["dp_comm_ms"] + b["transition_ms"]  # noqa: E731
-display(Markdown(
-    f"At **{budget_gib:.2f} GiB** per device the per-layer plan `{best_mix.name}` takes "
-    f"**{best_mix.iteration_ms:.1f} ms** an iteration against **{best_uniform.iteration_ms:.1f} ms** for the best "
-    f"uniform plan `{best_uniform.name}`: **{best_gain:+.1%}** throughput. With all of pure DP's memory the gain is "
-    f"{sweep[1.0].gain('uniform'):+.1%}: when everything fits, one option is enough. The mix:\n\n" + "\n".join(lines) +
-    f"\n\nThe uniform plan gives every block *{uniform_option}*; the mix changes the option of {changed} of "
-    f"{len(mix_layers)} layers. On its slowest stage the mix computes for {mine_b['compute_ms']:.1f} ms "
-    f"({mine_b['compute_ms'] - theirs_b['compute_ms']:+.1f} ms against the uniform plan: recomputation) and "
-    f"communicates for {comm(mine_b):.1f} ms ({comm(mine_b) - comm(theirs_b):+.1f} ms: sharding and tensor "
-    f"parallelism), using {best_mix.memory_bytes / 2**30:.2f} of the {budget_gib:.2f} GiB. Each layer takes the "
-    f"option that buys the memory it must give up most cheaply; a uniform plan must give every layer the option "
-    f"its hungriest layer needs."))
-layer_strip_figure(mix_layers, stage_memory_gib=best_mix.breakdown()["stage_memory_gib"], budget_gib=budget_gib,
+story, changed = mix_story(widest, sweep[1.0].gain("uniform"), mix_costs)
+display(Markdown(story))
+best_mix, mix_layers = widest.mix, widest.mix.layers()
+layer_strip_figure(mix_layers, stage_memory_gib=best_mix.breakdown()["stage_memory_gib"], budget_gib=widest.budget_gib,
                    title=f"{best_mix.name[:70]}")
+
+# %% [markdown]
+# ## 6. Which strategy should I use?
+#
+# Practitioners start from four rules of thumb. Each holds only under
+# conditions, so here each is put to the per-layer search, on transformer
+# shapes whose layers are costed from their FLOPs and bytes on the preset's
+# GPU (no profile needed: a 33B-class model plans in a second). The last
+# column is the planner's answer, computed when this cell runs; "no" would
+# mean the rule fails on these numbers. The [glossary's
+# guide](../docs/glossary.md#which-strategy-should-i-use) has the longer
+# list, and `workbench plan` answers for your own model and cluster.
+
+# %%
+from workbench.lessons.guide import check_rules, guide_table
+
+rules = check_rules()
+display(Markdown(guide_table(rules)))
 
 # %% [markdown]
 # ## Exercises
@@ -357,9 +334,11 @@ assert delays[1].exposed_comm_ms <= delays[0].exposed_comm_ms + 1e-9
 simulated = [p for p in local.plans if p.estimate.method != "projected"]
 assert [p.estimate.iteration_ms for p in simulated] == sorted(p.estimate.iteration_ms for p in simulated)
 for p in local.plans + server.plans:
-    e = p.estimate
+    e = p.estimate  # every breakdown adds up, every name parses back
     assert abs(e.compute_ms + e.bubble_ms + e.exposed_comm_ms - e.iteration_ms) < 1e-6 * e.iteration_ms, p.name
     assert ParallelPlan.parse(p.name) == p.plan
+
+# %%
 assert config.world_size == local_world and config.training.global_batch == local_batch
 assert load_cluster("local").shared_compute and load_cluster(server_cluster).world_size == 8
 assert dp.exposed_comm_ms > 0 and gro.estimate.iteration_ms > 0
@@ -369,10 +348,14 @@ if nothing_fits is not None:
 else:
     assert all(p.estimate.memory_gib <= memory_cap_gib for p in tight.plans)
     assert "dp8" in {row["name"] for row in tight.infeasible}  # data parallelism needs the whole model per device
-for f, budget, mine, theirs, gain in rows:  # the per-layer search never loses to a template it also costs
-    assert mine.iteration_ms <= theirs.iteration_ms + 1e-9 and mine.memory_bytes <= budget * 2**30 * (1 + 1e-9)
+print("ranking, breakdowns, names, configs and budgets OK")
+
+# %%
+for r in rows:  # the per-layer search never loses to a template it also costs
+    assert r.mix.iteration_ms <= r.uniform.iteration_ms + 1e-9 and r.mix.memory_bytes <= r.budget_gib * 2**30 * (1 + 1e-9)
 assert abs(sweep[1.0].gain("uniform")) < 0.01, "with pure DP's memory one option should be (nearly) enough"
-assert best_gain > 0.05 and fraction < 1.0, "under a tight budget the mix should win clearly"
+assert widest.gain > 0.05 and widest.fraction < 1.0, "under a tight budget the mix should win clearly"
 assert len({layer_option_text(l) for l in mix_layers}) > 1 and changed > 0, "the winning plan mixes options"
-assert best_mix.memory_bytes <= budget_gib * 2**30 * (1 + 1e-9)
+assert best_mix.memory_bytes <= widest.budget_gib * 2**30 * (1 + 1e-9)
+assert all(rule.holds for rule in rules), [rule.evidence for rule in rules if not rule.holds]
 print(f"planner OK: {len(local.plans)} local plans (best {local.best.name}), {len(server.plans)} server plans")
