@@ -46,9 +46,9 @@
 
 # %% tags=["parameters"]
 # Parameters. WORKBENCH_SMOKE=1 (set by the test suite) trains fewer steps.
-import os
+from workbench.lessons.runs import is_smoke_run, lesson_run_root
 
-smoke = os.environ.get("WORKBENCH_SMOKE") == "1"
+smoke = is_smoke_run()
 model_name = "vgg-tiny"     # 2 convolutions and 3 large fully connected layers
 num_groups = 2              # G: pipelines, data-parallel across each other
 num_stages = 2              # S: stages per pipeline
@@ -58,26 +58,18 @@ delay = 1                   # 0: exact synchronous all-reduce; 1: applied one it
 train_steps = 12 if smoke else 40
 eval_every = 4 if smoke else 5  # steps between evaluations on held-out digits
 target_accuracy = 0.75      # the validation accuracy whose time to reach section 7 compares
-editor_launch_steps = 200   # steps of a run started with the editor's Launch button (about a minute)
 optimizer = {"name": "adam", "lr": 0.001}
-run_root = os.environ.get("WORKBENCH_RUN_ROOT") or os.path.join(  # the project's runs/, from any folder
-    next(d for d in (os.getcwd(), os.path.dirname(os.getcwd())) if os.path.isdir(os.path.join(d, "launch"))), "runs")
+run_root = lesson_run_root()  # WORKBENCH_RUN_ROOT, or the project's runs/
 
 # %%
-from pathlib import Path
-
 import torch
 
 from workbench import ParallelPlan
-from workbench.core.config import RunConfig
-from workbench.core.plan import GroPipe
 from workbench.planning import get_cluster, partition
 from workbench.profiling import profile
-from workbench.scheduling import StageCosts, schedule_for, simulate
 from workbench.viz.balance import balance_figure
 from workbench.viz.timeline import timeline_figure
 
-REPO_ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "launch").is_dir())
 torch.set_num_threads(1)  # each training process runs one thread; profile like one of them
 cluster = get_cluster("local-cpu")
 group_batch = global_batch // num_groups
@@ -131,15 +123,13 @@ balance_figure(ampa, title=f"AMPA's partition {ampa.partition}: time and memory 
 # `gropipe-2x2-1f1b-m4-d1@...` (groups x stages, inner schedule, micro-batches,
 # delay, and the partition after the `@`); a config accepts the name in place
 # of the table (`plan = "gropipe-2x2-1f1b-m4-d1"`).
-#
-# The plan also gives the very schedule the runtime will execute (each group
-# a 1F1B pipeline, then one all-reduce per stage across the groups). The
-# simulator takes it, the profiled stage costs for micro-batches of this size,
-# and this machine's measured links. With `delay = 1` the all-reduce launched
-# at the end of an iteration is waited for only at the next step, so it
-# overlaps the next iteration.
 
 # %%
+from workbench.core.config import RunConfig
+from workbench.core.plan import GroPipe
+from workbench.lessons.runs import repo_root
+
+REPO_ROOT = repo_root()  # the project folder, which holds launch/
 base = RunConfig.from_toml(REPO_ROOT / "launch" / "gropipe_vgg.toml")
 gropipe_plan = ParallelPlan(mesh={"dp": num_groups, "pp": num_stages}, pipeline=GroPipe(inner="1f1b", delay=delay),
                             microbatches=num_microbatches, partition=str(ampa.partition))
@@ -149,17 +139,21 @@ config = base.replace(model=model_name, plan=gropipe_plan, training={
 print("plan:", config.plan.name, "| world size", config.world_size)
 print(config.plan.to_dict())
 assert ParallelPlan.parse(config.plan.name) == config.plan
+
+# %% [markdown]
+# The plan also gives the very schedule the runtime will execute (each group
+# a 1F1B pipeline, then one all-reduce per stage across the groups). The
+# simulator takes it, the profiled stage costs for micro-batches of this size,
+# and this machine's measured links. With `delay = 1` the all-reduce launched
+# at the end of an iteration is waited for only at the next step, so it
+# overlaps the next iteration.
+
+# %%
+from workbench.lessons.gropipe import simulate_gropipe
+from workbench.scheduling import StageCosts, schedule_for, simulate
+
 stage_costs = StageCosts.from_model(costs, ampa.partition, microbatch_size)
-
-
-def simulate_gropipe(d: int, iterations: int):
-    """``iterations`` GroPipe iterations of this plan with all-reduce delay ``d``, simulated on this machine."""
-    schedule = schedule_for(config.plan.replace(pipeline=GroPipe(inner="1f1b", delay=d)),
-                            first_iteration=1, num_iterations=iterations)
-    return simulate(schedule, stage_costs, cluster)  # all-reduces on the cluster's collective link
-
-
-prior = {d: simulate_gropipe(d, 1) for d in (0, 1)}
+prior = {d: simulate_gropipe(config.plan, stage_costs, cluster, delay=d) for d in (0, 1)}  # one iteration each
 for d in (0, 1):
     print(f"delay {d}: one simulated iteration {prior[d].metrics['iteration_ms']:.1f} ms, exposed all-reduce "
           f"{max(prior[d].metrics['exposed_comm_ms']):.2f} ms on the worst rank")
@@ -182,32 +176,17 @@ timeline_figure(prior[delay].timeline, title=f"Simulated GroPipe iteration, {num
 # we measure how much of each one runs under the next iteration's compute.
 
 # %%
+from workbench.lessons.gropipe import hidden_allreduce, hidden_allreduce_text, longest_allreduce_rank
+
 num_sim_iterations = 4
-runs = {d: simulate_gropipe(d, num_sim_iterations) for d in (0, 1)}
+runs = {d: simulate_gropipe(config.plan, stage_costs, cluster, delay=d, iterations=num_sim_iterations) for d in (0, 1)}
 per_iteration = {d: runs[d].metrics["iteration_ms"] for d in (0, 1)}  # the makespan over the iterations
 print(f"{num_sim_iterations} iterations: delay 0 takes {runs[0].metrics['makespan_ms']:.1f} ms "
       f"({per_iteration[0]:.1f} ms each), delay 1 {runs[1].metrics['makespan_ms']:.1f} ms "
       f"({per_iteration[1]:.1f} ms each, {1 - per_iteration[1] / per_iteration[0]:.0%} less)")
-
-
-def hidden_allreduce(timeline, rank: int) -> list[tuple[int, float, float, float]]:
-    """Per all-reduce of ``rank``: its iteration, start, end, and the ms of the next iteration's F/B under it."""
-    out = []
-    for ar in (e for e in timeline.events if e.rank == rank and e.op == "AR"):
-        after = [e for e in timeline.events
-                 if e.rank == rank and e.op in ("F", "B") and e.iteration == ar.iteration + 1]
-        out.append((ar.iteration, ar.start, ar.end,
-                    sum(max(0.0, min(ar.end, e.end) - max(ar.start, e.start)) for e in after)))
-    return out
-
-
-slowest_rank = max(range(config.world_size), key=lambda r: max(
-    e.duration for e in runs[1].timeline.events if e.rank == r and e.op == "AR"))
-hidden = hidden_allreduce(runs[1].timeline, slowest_rank)
-for iteration, start, end, under in hidden:
-    print(f"rank {slowest_rank}: the all-reduce of iteration {iteration} runs {start:.1f}-{end:.1f} ms"
-          + (f", {under:.1f} ms of it under iteration {iteration + 1}'s forward and backward passes" if under
-             else ": the last iteration, nothing after it to hide behind"))
+slowest_rank = longest_allreduce_rank(runs[1].timeline)
+hidden = hidden_allreduce(runs[1].timeline, slowest_rank)  # per all-reduce: (iteration, start, end, ms hidden)
+print(hidden_allreduce_text(hidden, slowest_rank))
 assert runs[1].metrics["makespan_ms"] < runs[0].metrics["makespan_ms"], per_iteration
 assert all(under > 0 for *_, under in hidden[:-1]) and hidden[-1][3] == 0, hidden
 timeline_figure(runs[1].timeline, title=f"{num_sim_iterations} simulated GroPipe iterations with delay 1: each "
@@ -224,6 +203,7 @@ timeline_figure(runs[1].timeline, title=f"{num_sim_iterations} simulated GroPipe
 # %%
 from workbench.widgets.partition_editor import PartitionEditor
 
+editor_launch_steps = 200  # steps of a run started with the Launch button (about a minute)
 editor = PartitionEditor(costs, num_stages=num_stages, num_microbatches=num_microbatches, schedule="gropipe",
                          groups=num_groups, delay=delay, cluster="local-cpu", launch_steps=editor_launch_steps,
                          run_root=run_root)
@@ -296,20 +276,15 @@ timeline_figure([predicted, measured], names=["simulated", "measured"],
 # %%
 from IPython.display import Markdown, display
 
+from workbench.lessons.gropipe import core_sharing_text
 from workbench.planning import Budget, SearchOptions, Workload, plan as plan_strategies
 
 shared_plan = plan_strategies(Workload(costs, global_batch), "local", Budget(world_size=config.world_size),
                               SearchOptions(strategies=[config.plan], background_load=0.0))
 shared = shared_plan[config.plan.name].estimate.iteration_ms
 alone = prior[delay].metrics["iteration_ms"]
-display(Markdown(
-    f"The profile with a core per process predicts **{alone:.1f} ms** an iteration; the run measured "
-    f"**{measured.makespan:.1f} ms**, {measured.makespan / alone:.1f}x that. Sharing the 2 cores among "
-    f"{config.world_size} processes, as the planner's `local` cluster models it with no other work on the "
-    f"machine, predicts **{shared:.1f} ms** "
-    f"({shared / alone:.1f}x the profile). That leaves a factor of {measured.makespan / shared:.2f} between "
-    f"the shared-core estimate and the measurement: contention the model does not see (collectives and "
-    f"compute competing for the same cores, the processes' scheduling), measured here, not modelled."))
+display(Markdown(core_sharing_text(alone=alone, shared=shared, measured=measured.makespan,
+                                   processes=config.world_size, cores=2)))
 
 # %% [markdown]
 # ## 6. The same training with DistributedDataParallel
@@ -325,38 +300,20 @@ display(Markdown(
 # lot early in training, when the weights move fast.
 
 # %%
+from workbench.lessons.gropipe import loss_comparison_text, throughput_text
+from workbench.lessons.runs import loss_figure, median_samples_per_s, rank_losses
+
 assert ddp_config.plan.name == "dp4"  # the plan the text above names; launched with the lesson run (section 4)
 ddp_status = ddp_job.wait(timeout=400)
 print(ddp_status.text())
 ddp_metrics = ddp_job.metrics()
-ddp_losses = ddp_metrics[ddp_metrics["rank"] == 0].sort_values("step")["loss"].tolist()
-
-
-def median_throughput(frame) -> float:
-    """Median samples/s of rank 0 over the steps after the first (which includes warm-up)."""
-    rows = frame[(frame["rank"] == 0) & (frame["step"] > 1)]
-    return float(rows["samples_per_s"].median())
-
-
-throughput = {"GroPipe": median_throughput(metrics), "DDP": median_throughput(ddp_metrics)}
+ddp_losses = rank_losses(ddp_metrics)
 print(f"step-1 loss: GroPipe {gropipe_losses[0]:.5f}, DDP {ddp_losses[0]:.5f}")
-end = {name: sum(losses[-3:]) / 3 for name, losses in (("GroPipe", gropipe_losses), ("DDP", ddp_losses))}
-display(Markdown(
-    f"Both start from the same loss ({gropipe_losses[0]:.3f}). After {train_steps} steps the mean of the last "
-    f"three losses is **{end['GroPipe']:.3f}** for GroPipe with delay {delay} and **{end['DDP']:.3f}** for DDP: "
-    + ("GroPipe ends higher" if end["GroPipe"] > end["DDP"] else "GroPipe ends lower")
-    + f" by {abs(end['GroPipe'] - end['DDP']):.3f}"
-    + (f", {end['GroPipe'] / end['DDP']:.1f}x DDP's loss. " if end["GroPipe"] > end["DDP"] else ". ")
-    + "Both fell from their first step (the check below asserts it); a delayed update trades some progress per "
-    "step for hiding the all-reduce."))
-print(f"median throughput: GroPipe {throughput['GroPipe']:.0f} samples/s, DDP {throughput['DDP']:.0f} samples/s "
-      f"(ratio {throughput['GroPipe'] / throughput['DDP']:.2f}; on two shared cores this ranks nothing, see the text)")
-
-import plotly.graph_objects as go
-
-go.Figure([go.Scatter(y=gropipe_losses, name=f"GroPipe {num_groups}x{num_stages}, delay {delay}", mode="lines+markers"),
-           go.Scatter(y=ddp_losses, name="DDP x4", mode="lines+markers")],
-          layout={"title": "Training loss per step", "xaxis_title": "step - 1", "yaxis_title": "loss", "height": 320})
+display(Markdown(loss_comparison_text(gropipe_losses, ddp_losses, steps=train_steps, delay=delay)))
+# median samples/s of rank 0 over the steps after the first (which includes warm-up)
+throughput = {"GroPipe": median_samples_per_s(metrics), "DDP": median_samples_per_s(ddp_metrics)}
+print(throughput_text(throughput))
+loss_figure({f"GroPipe {num_groups}x{num_stages}, delay {delay}": gropipe_losses, "DDP x4": ddp_losses}, height=320)
 
 # %% [markdown]
 # Four processes on two cores are oversubscribed, so the throughput ratio
@@ -387,46 +344,19 @@ go.Figure([go.Scatter(y=gropipe_losses, name=f"GroPipe {num_groups}x{num_stages}
 # machine's load.
 
 # %%
+from workbench.lessons.gropipe import delay_comparison_text
+from workbench.lessons.targets import accuracy_figure, reach_text
+
 print("plan:", other_config.plan.name)  # launched with the lesson run (section 4)
 other_status = other_job.wait(timeout=400)
 print(other_status.text())
-
 by_delay = {delay: job, other_delay: other_job}
 runs_to_target = {f"GroPipe, delay {d}": by_delay[d] for d in (0, 1)} | {"DDP": ddp_job}
 evals = {label: run.evals() for label, run in runs_to_target.items()}
 reach = {label: run.status().time_to_target for label, run in runs_to_target.items()}
-accuracy_figure = go.Figure(
-    [go.Scatter(x=frame["train_s"], y=frame["accuracy"], name=label, mode="lines+markers")
-     for label, frame in evals.items()],
-    layout={"title": f"Validation accuracy, evaluated every {eval_every} steps",
-            "xaxis_title": "training seconds (step times, evaluations excluded)",
-            "yaxis_title": "validation accuracy", "yaxis_range": [0, 1], "height": 360})
-accuracy_figure.add_hline(y=target_accuracy, line_dash="dash", annotation_text=f"target {target_accuracy:.0%}")
-display(accuracy_figure)
-
-
-def reach_text(label: str) -> str:
-    r = reach[label]
-    if r["reached"]:
-        return f"**{label}** reached it at step {r['step']} ({r['train_s']:.1f} s of training)"
-    best = "" if r["best"] is None else f", best {r['best']:.1%}"
-    return f"**{label}** did not reach it in {train_steps} steps{best}"
-
-
-step_ms = {label: 1e3 * frame["train_s"].iloc[-1] / train_steps for label, frame in evals.items()}
-d0, d1 = reach["GroPipe, delay 0"], reach["GroPipe, delay 1"]
-text = (f"Target: {target_accuracy:.0%} validation accuracy. " + "; ".join(reach_text(label) for label in reach)
-        + ". A step took " + ", ".join(f"{ms:.0f} ms ({label})" for label, ms in step_ms.items())
-        + " on average.")
-if d0["reached"] and d1["reached"]:
-    ratio = d1["train_s"] / d0["train_s"]
-    text += (f" Delay 1 needed {d1['step'] / d0['step']:.1f}x the steps of delay 0 and "
-             f"{ratio:.2f}x its training seconds: the hidden all-reduce "
-             + ("did not make up for the late gradients." if ratio > 1 else "paid for the late gradients."))
-accuracy_gap = (evals["GroPipe, delay 0"]["accuracy"] - evals["DDP"]["accuracy"]).abs().max()
-text += (" GroPipe with delay 0 and DDP make the same update at every step; their evaluated accuracies "
-         + ("are equal at every evaluation." if accuracy_gap == 0 else f"differ by at most {accuracy_gap:.3f}."))
-display(Markdown(text))
+display(accuracy_figure(evals, target_accuracy, eval_every))
+display(Markdown(reach_text(reach, target_accuracy, train_steps) + " "
+                 + delay_comparison_text(evals, reach, train_steps)))
 
 # %% [markdown]
 # ## Exercises
@@ -467,10 +397,12 @@ assert bubble8 < bubble4
 # AMPA's slowest stage is no slower than the uniform cut's, both lesson
 # runs finished and their loss fell (the mean of the last three steps against
 # the first), they agree on the first step, and the calibrated prediction is
-# within the stated factor of 3 of the measurement. Every run evaluated on
-# schedule (accuracies in [0, 1], training seconds growing) and reports its
-# time to the configured target; delay 0 and DDP agree at their first
-# evaluation (the same updates), and in the full run both reach the target.
+# within the stated factor of 3 of the measurement. Then the evaluations:
+# every run evaluated on schedule (accuracies in [0, 1], training seconds
+# growing) and reports its time to the configured target
+# (`check_evaluations` raises otherwise); delay 0 and DDP agree at their
+# first evaluation (the same updates), and in the full run both reach the
+# target.
 
 # %%
 assert ampa.bottleneck_ms <= by_algorithm["uniform"].bottleneck_ms + 1e-9
@@ -482,18 +414,15 @@ assert abs(gropipe_losses[0] - ddp_losses[0]) < 1e-4, (gropipe_losses[0], ddp_lo
 assert 1 / 3 <= prediction_ratio <= 3, prediction_ratio
 assert alone < shared, (alone, shared)  # sharing cores can only slow the estimate down
 assert editor.state is not None and editor.state.gap >= -1e-9
+
+# %%
+from workbench.lessons.targets import check_evaluations
+
 assert other_status.state == "SUCCEEDED", other_status.text()
-eval_steps = sorted(set(range(eval_every, train_steps + 1, eval_every)) | {train_steps})
-for label, frame in evals.items():
-    assert frame["step"].tolist() == eval_steps, (label, frame)
-    assert frame["accuracy"].between(0, 1).all() and frame["train_s"].is_monotonic_increasing, (label, frame)
-    assert runs_to_target[label].status().last_eval["step"] == train_steps, label
-    r = reach[label]
-    assert r["metric"] == "accuracy" and r["target"] == target_accuracy, r
-    assert r["reached"] == (r["step"] is not None) and r["best"] == frame["accuracy"].max(), r
+check_evaluations(runs_to_target, evals, reach, steps=train_steps, every=eval_every, target=target_accuracy)
 first_val_loss = {label: float(frame["val_loss"].iloc[0]) for label, frame in evals.items()}
 assert abs(first_val_loss["GroPipe, delay 0"] - first_val_loss["DDP"]) < 1e-2, first_val_loss
 if not smoke:  # 40 steps: delay 0 (and so DDP) is well above the target by then
-    assert d0["reached"] and reach["DDP"]["reached"], reach
+    assert reach["GroPipe, delay 0"]["reached"] and reach["DDP"]["reached"], reach
 print(f"GroPipe lesson OK: partition {ampa.partition}, loss {gropipe_losses[0]:.3f} -> {gropipe_losses[-1]:.3f} "
       f"(DDP {ddp_losses[0]:.3f} -> {ddp_losses[-1]:.3f}), predicted / measured {prediction_ratio:.2f}")
