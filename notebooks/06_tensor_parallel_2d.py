@@ -39,25 +39,22 @@
 
 # %% tags=["parameters"]
 # Parameters. WORKBENCH_SMOKE=1 (set by the test suite) trains fewer steps.
-import os
+from workbench.lessons.runs import is_smoke_run, lesson_run_root
 
-smoke = os.environ.get("WORKBENCH_SMOKE") == "1"
+smoke = is_smoke_run()
 q = 2                                  # grid side: q x q = 4 ranks
 train_steps = 4 if smoke else 12       # steps of the real 2x2 run
-run_root = os.environ.get("WORKBENCH_RUN_ROOT") or os.path.join(  # the project's runs/, from any folder
-    next(d for d in (os.getcwd(), os.path.dirname(os.getcwd())) if os.path.isdir(os.path.join(d, "launch"))), "runs")
+run_root = lesson_run_root()           # WORKBENCH_RUN_ROOT, or the project's runs/
 
 # %%
-from pathlib import Path
-
 import numpy as np
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from workbench import Topology
+from workbench.lessons.runs import repo_root
 from workbench.viz.topology import topology_figure
 
-REPO_ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "launch").is_dir())
+REPO_ROOT = repo_root()  # the project folder, which holds launch/
 
 # %% [markdown]
 # ## 1. First, 1D: Megatron's split of an MLP
@@ -116,23 +113,14 @@ topology_figure(grid, color_by="tp_row", title=f"A {q} x {q} tensor-parallel gri
 # numpy, one step at a time.
 
 # %%
+from workbench.lessons.tensor_parallel import blocks
+
 rng = np.random.default_rng(0)
 rows, inner, cols = 4 * q, 6 * q, 2 * q
 A, B = rng.standard_normal((rows, inner)), rng.standard_normal((inner, cols))
-
-
-def blocks(matrix: np.ndarray) -> list[list[np.ndarray]]:
-    """The q x q blocks of ``matrix``: blocks[i][j] lives on rank (i, j)."""
-    return [np.hsplit(band, q) for band in np.vsplit(matrix, q)]
-
-
-A_blocks, B_blocks = blocks(A), blocks(B)
+A_blocks, B_blocks = blocks(A, q), blocks(B, q)  # A_blocks[i][j] lives on rank (i, j)
 C_blocks = [[np.zeros((rows // q, cols // q)) for _ in range(q)] for _ in range(q)]
-broadcasts = []  # per step: which rank sent which block
-for t in range(q):
-    row_senders = {i: (i, t) for i in range(q)}    # A_{it} travels along row i
-    col_senders = {j: (t, j) for j in range(q)}    # B_{tj} travels along column j
-    broadcasts.append((row_senders, col_senders))
+for t in range(q):  # rank (i, t) broadcasts A_{it} along row i, rank (t, j) broadcasts B_{tj} down column j
     for i in range(q):
         for j in range(q):
             C_blocks[i][j] += A_blocks[i][t] @ B_blocks[t][j]
@@ -146,26 +134,11 @@ print(f"SUMMA on a {q}x{q} grid in {q} steps: largest difference from A @ B = {s
 # sends both is purple).
 
 # %%
-def summa_step_figure() -> go.Figure:
-    fig = make_subplots(rows=1, cols=q, subplot_titles=[f"step t = {t}" for t in range(q)],
-                        horizontal_spacing=0.06)
-    for t, (row_senders, col_senders) in enumerate(broadcasts):
-        role = np.zeros((q, q))
-        for i, j in row_senders.values():
-            role[i, j] += 1
-        for i, j in col_senders.values():
-            role[i, j] += 2
-        text = [[f"r{i * q + j}<br>A{i}{t}·B{t}{j}" for j in range(q)] for i in range(q)]
-        fig.add_trace(go.Heatmap(z=role, text=text, texttemplate="%{text}", zmin=0, zmax=3, showscale=False,
-                                 colorscale=[[0, "#eeeeee"], [1 / 3, "#1f77b4"], [2 / 3, "#ff7f0e"], [1, "#9467bd"]],
-                                 xgap=3, ygap=3, hoverinfo="skip"), row=1, col=t + 1)
-    fig.update_yaxes(autorange="reversed", showticklabels=False)
-    fig.update_xaxes(showticklabels=False)
-    fig.update_layout(title="SUMMA: broadcasts and block products per step", height=320, margin={"t": 80})
-    return fig
+from workbench.lessons.tensor_parallel import summa_broadcasts, summa_step_figure
 
-
-summa_step_figure()
+for t, (row_senders, col_senders) in enumerate(summa_broadcasts(q)):
+    print(f"step {t}: A blocks from {sorted(row_senders.values())}, B blocks from {sorted(col_senders.values())}")
+summa_step_figure(q)
 
 # %% [markdown]
 # The runtime does exactly this for every linear layer of the model, forward
@@ -195,26 +168,13 @@ timeline_figure(step_result.timeline, title=f"One 2D tensor-parallel step on a {
 # has low latency and memory is what limits you.
 
 # %%
-from workbench.planning.costs.tensor_costs import (TransformerShape, activation_bytes_per_rank, collective_calls,
-                                                   param_bytes_per_rank)
+from workbench.lessons.tensor_parallel import comparison_table, memory_figure, per_rank_comparison
+from workbench.planning.costs.tensor_costs import TransformerShape
 
 gpt2_small = TransformerShape(hidden=768, heads=12, layers=12, vocab=50257, positions=1024, batch=8, seq=1024)
-MIB = 2**20
-comparison = {}
-for mode, degree, ranks in (("dense", 1, 1), ("1d", q * q, q * q), ("2d", q, q * q)):
-    comparison[mode] = {
-        "ranks": ranks,
-        "params_mib": param_bytes_per_rank(gpt2_small, mode, degree) / MIB,
-        "activations_mib": activation_bytes_per_rank(gpt2_small, mode, degree) / MIB,
-        "collective_calls": 0 if mode == "dense" else collective_calls(gpt2_small, mode, degree)["total"],
-    }
-print(f"{'mode':<7}{'ranks':>6}{'params MiB/rank':>17}{'activations MiB/rank':>22}{'collective calls/step':>23}")
-for mode, row in comparison.items():
-    print(f"{mode:<7}{row['ranks']:>6}{row['params_mib']:>17.1f}{row['activations_mib']:>22.1f}"
-          f"{row['collective_calls']:>23}")
-go.Figure([go.Bar(name=name, x=list(comparison), y=[row[key] for row in comparison.values()])
-           for name, key in (("parameters", "params_mib"), ("activations", "activations_mib"))],
-          layout={"title": "GPT-2 small, memory per rank (MiB)", "barmode": "group", "height": 320})
+comparison = per_rank_comparison(gpt2_small, q)  # param_bytes_per_rank, activation_bytes_per_rank, collective_calls
+print(comparison_table(comparison))
+memory_figure(comparison, "GPT-2 small, memory per rank (MiB)")
 
 # %% [markdown]
 # Calls are what a slow-to-start link pays for; bytes are what a busy link
@@ -315,19 +275,14 @@ job.monitor()
 # %%
 import torch
 
-from workbench.models import build_model
-from workbench.runtime.batches import global_batches
+from workbench.lessons.tensor_parallel import dense_twin
 from workbench.runtime.strategies.base import make_optimizer
-from workbench.runtime.strategies.tensor2d.train import TensorParallelConfig, dense_gpt2
-from workbench.runtime.strategies.tensor_parallel import GPT2_SIZES
 
 torch.set_num_threads(1)
-sequence = build_model(config.model.name, seed=config.training.seed, **config.model.overrides)
-dense = dense_gpt2(TensorParallelConfig(mode="dense", seed=config.training.seed, device="cpu",
-                                        **{k: int(sequence.config[k]) for k in GPT2_SIZES}))
+dense, batches = dense_twin(config)  # the model the grid was cut from, and the run's batches in order
 optimizer = make_optimizer(list(dense.parameters()), config)
 dense_losses = []
-for _, (token_ids, _targets) in zip(range(config.training.steps), global_batches(config, sequence)):
+for _, (token_ids, _targets) in zip(range(config.training.steps), batches):
     optimizer.zero_grad(set_to_none=True)
     loss = dense(token_ids, labels=token_ids).loss  # next-token loss over [B, s] byte ids
     loss.backward()

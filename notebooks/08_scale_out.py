@@ -40,24 +40,24 @@
 # Parameters. WORKBENCH_SMOKE=1 (set by the test suite) trains fewer steps.
 import os
 
-smoke = os.environ.get("WORKBENCH_SMOKE") == "1"
+from workbench.lessons.runs import is_smoke_run, lesson_run_root
+
+smoke = is_smoke_run()
 num_nodes = 2
 train_steps = 12 if smoke else 30
 optimizer = {"name": "adam", "lr": 0.001}
-run_root = os.environ.get("WORKBENCH_RUN_ROOT") or os.path.join(  # the project's runs/, from any folder
-    next(d for d in (os.getcwd(), os.path.dirname(os.getcwd())) if os.path.isdir(os.path.join(d, "launch"))), "runs")
+run_root = lesson_run_root()  # WORKBENCH_RUN_ROOT, or the project's runs/
 # a Slurm job's run directory must be on storage every node sees (home or scratch, never /tmp)
 shared_run_root = os.environ.get("WORKBENCH_SHARED_RUN_ROOT", os.path.expanduser("~/workbench-runs"))
 
 # %%
-from pathlib import Path
-
 from workbench.core.config import RunConfig
 from workbench.core.rundir import COMMAND_FILE
 from workbench.jobs import LaunchSpec, SlurmOptions, launch
+from workbench.lessons.runs import repo_root
 from workbench.viz.topology import topology_figure
 
-REPO_ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "launch").is_dir())
+REPO_ROOT = repo_root()  # the project folder, which holds launch/
 
 # %% [markdown]
 # ## 1. The job: GroPipe, one group per node
@@ -176,32 +176,21 @@ print(f"loss {losses[0]:.3f} -> {losses[-1]:.3f} over {len(losses)} steps; last 
 # of section 3 is what `sbatch` would get.
 
 # %%
-import shutil
-import subprocess
+from workbench.lessons.scale_out import slurm_nodes, slurm_spec
 
-answer = subprocess.run(["sinfo", "-h", "-o", "%D %t"], capture_output=True, text=True, timeout=30) \
-    if shutil.which("sinfo") else None
-usable = ("idle", "mix", "alloc", "comp")
-cluster_nodes = sum(int(line.split()[0]) for line in answer.stdout.splitlines()
-                    if len(line.split()) == 2 and line.split()[1].rstrip("*~#") in usable) \
-    if answer is not None and answer.returncode == 0 else 0
-if cluster_nodes:
-    nodes = num_nodes if cluster_nodes >= num_nodes else 1
-    live_spec = spec.replace(nnodes=nodes, nproc_per_node=config.world_size // nodes, dist_backend="gloo",
-                             run_root=shared_run_root if nodes > 1 else run_root,
-                             slurm=SlurmOptions(time="00:10:00"))
+cluster_nodes, why = slurm_nodes()  # usable nodes (idle, mixed, allocated, completing) in sinfo's answer, or 0
+if cluster_nodes:  # on the spec's nodes when there are enough, else on one; over gloo; in Slurm's default partition
+    live_spec = slurm_spec(spec, cluster_nodes, shared_run_root=shared_run_root, run_root=run_root)
     slurm_job = launch(live_spec, backend="slurm")
     slurm_job.backend.min_poll_s = 1.0  # ask the controller every second while we wait here (a monitor: every 5 s)
-    print(f"submitted to Slurm: job {slurm_job.launch_info['slurm_job_id']}, {nodes} node(s) x "
+    print(f"submitted to Slurm: job {slurm_job.launch_info['slurm_job_id']}, {live_spec.nnodes} node(s) x "
           f"{live_spec.nproc_per_node} processes")
     slurm_status = slurm_job.wait(timeout=400)
     print(slurm_status.text())
     slurm_loss = slurm_job.metrics().query("rank == 0").sort_values("step")["loss"].iloc[-1]
     print(f"last loss {slurm_loss:.5f} through Slurm, {losses[-1]:.5f} on the loopback nodes")
 else:
-    why = "sinfo is not installed" if answer is None else (answer.stderr.strip().splitlines() or ["no nodes"])[-1]
-    print(f"no Slurm cluster answered here ({why}): nothing was submitted; section 3's script is what sbatch "
-          "would get")
+    print(f"no Slurm cluster answered here ({why}): nothing was submitted; section 3's script is what sbatch would get")
 
 # %% [markdown]
 # ## 7. Which stage goes on which node
@@ -255,10 +244,11 @@ assert hosts_refusal is not None
 # %% [markdown]
 # The checks: the dry run rendered one `ssh`-wrapped command per remote node
 # and an sbatch script for two nodes, every mistake was refused with a
-# message, and the two loopback nodes trained as one job: both agents exited
-# cleanly, all four ranks report the same loss, and it fell. Where a Slurm
-# cluster answered, the job it ran succeeded with the same loss. The
-# placement keeps the heavy boundary inside a node and beats the naive one.
+# message, and the placement keeps the heavy boundary inside a node and beats
+# the naive one; then the run: the two loopback nodes trained as one job:
+# both agents exited cleanly, all four ranks report the same loss, and it
+# fell. Where a Slurm cluster answered, the job it ran succeeded with the
+# same loss.
 
 # %%
 assert len(remote_dry.commands) == num_nodes and all("--rdzv-endpoint node-a:29400" in c for c in remote_dry.commands)
@@ -268,6 +258,8 @@ assert '--rdzv-id "$SLURM_JOB_ID"' in sbatch_script
 assert set(refusals) == set(mistakes), refusals
 assert two_nodes.node_of(placement.device_of[1]) == two_nodes.node_of(placement.device_of[2])
 assert placement.cost_ms < placement.naive_cost_ms
+
+# %%
 assert status.state == "SUCCEEDED", status.text()
 assert status.exit_codes == {f"node{n}": 0 for n in range(num_nodes)}, status.exit_codes
 assert sorted(last_loss.index) == list(range(config.world_size)) and last_loss.nunique() == 1
