@@ -10,6 +10,9 @@
   it that uses the word anyway (a preview) links to the glossary in the
   cell where the word first appears, so a reader who meets it early finds
   its definition there. The tour previews everything and links the glossary.
+* Every code cell of every notebook is at most :data:`MAX_CELL_LINES` lines:
+  a cell shows the call that matters, and the tables, sentences and figures
+  built from its numbers live in ``workbench/lessons/``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from notebook_files import REPO_ROOT, read_notebook
 NOTEBOOKS = REPO_ROOT / "notebooks"
 GLOSSARY = REPO_ROOT / "docs" / "glossary.md"
 LESSONS = sorted(p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+MAX_CELL_LINES = 15
 
 
 def _cells(name: str):
@@ -90,3 +94,11 @@ def test_terms_are_taught_where_the_glossary_says_and_previews_link_the_glossary
         assert first is None or "glossary.md" in first, (
             f"{earlier} uses {term!r} before {teacher} teaches it, without a link to the glossary where it first "
             f"does:\n{first}")
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")))
+def test_no_code_cell_is_longer_than_fifteen_lines(name):
+    long = {index: len(cell.source.splitlines()) for index, cell in enumerate(_cells(name))
+            if cell.cell_type == "code" and len(cell.source.splitlines()) > MAX_CELL_LINES}
+    assert not long, (f"{name}: code cells over {MAX_CELL_LINES} lines (cell index: lines): {long}; move what builds "
+                      "tables, sentences or figures into workbench/lessons/")
