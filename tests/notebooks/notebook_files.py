@@ -13,21 +13,30 @@ import importlib.util
 import sys
 from pathlib import Path
 
-import jupytext
 import nbformat
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def load_nbsync():
-    """scripts/nbsync.py as a module (scripts/ is not a package)."""
-    name = "workbench_scripts_nbsync"
+def load_script(stem: str):
+    """scripts/STEM.py as a module (scripts/ is not a package)."""
+    name = f"workbench_scripts_{stem}"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "scripts" / "nbsync.py")
+        spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "scripts" / f"{stem}.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return sys.modules[name]
+
+
+def load_nbsync():
+    """scripts/nbsync.py as a module."""
+    return load_script("nbsync")
+
+
+def load_lesson_runs():
+    """scripts/lesson_runs.py as a module: the executor the notebook tests and the site build share."""
+    return load_script("lesson_runs")
 
 
 def notebook_paths() -> list[Path]:
@@ -37,6 +46,4 @@ def notebook_paths() -> list[Path]:
 
 def read_notebook(path: Path) -> nbformat.NotebookNode:
     """The notebook at ``path``, or, while only its paired script exists, the notebook jupytext builds from it."""
-    if path.exists():
-        return nbformat.read(path, as_version=4)
-    return jupytext.read(path.with_suffix(".py"), fmt="py:percent")
+    return load_lesson_runs().read_notebook(path)

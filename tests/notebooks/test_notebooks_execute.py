@@ -11,38 +11,30 @@ repository's ignored ``runs/`` (not /tmp: a multi-node spec refuses node-local
 storage), which is checked afterwards (every run ended and left no process
 behind) and removed.
 Notebooks are found by ``scripts/nbsync.py`` (a notebook whose ``.ipynb``
-is not written yet runs from its py:percent script).
+is not written yet runs from its py:percent script). They are executed by
+``scripts/lesson_runs.py``, which the site build shares: a notebook that
+passes here is saved, executed and stamped with its source's hash, under
+the ignored ``build/lessons/``, where ``scripts/build_site.py`` takes it
+instead of executing it again.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
-import time
 from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
-from notebook_files import REPO_ROOT, notebook_paths, read_notebook
-from workbench.jobs import list_runs, reap
+from notebook_files import load_lesson_runs, notebook_paths
 
 NOTEBOOKS = notebook_paths()
-NOTEBOOK_TIMEOUT_S = 300
+lesson_runs = load_lesson_runs()
+NOTEBOOK_TIMEOUT_S = lesson_runs.TIMEOUT_S
 
 
-def _execute(notebook: nbformat.NotebookNode, cwd: Path, run_root: Path | None = None,
-             shared_run_root: Path | None = None) -> nbformat.NotebookNode:
-    client = NotebookClient(notebook, timeout=NOTEBOOK_TIMEOUT_S, kernel_name="python3",
-                            resources={"metadata": {"path": str(cwd)}}, store_widget_state=False)
-    env = {**os.environ, "WORKBENCH_SMOKE": "1", "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
-    if run_root is not None:
-        env["WORKBENCH_RUN_ROOT"] = str(run_root)
-    if shared_run_root is not None:
-        env["WORKBENCH_SHARED_RUN_ROOT"] = str(shared_run_root)
-    return client.execute(env=env)
+def _execute(notebook: nbformat.NotebookNode, cwd: Path, run_root: Path | None = None) -> nbformat.NotebookNode:
+    return lesson_runs.execute(notebook, cwd, run_root)
 
 
 def _stdout(cell: nbformat.NotebookNode) -> str:
@@ -72,26 +64,22 @@ def test_notebook_runs_to_the_end(path, request):
             slurm = request.getfixturevalue("slurm_cluster")
         except pytest.skip.Exception as reason:  # no cluster here: the notebook takes its dry-run path
             print(f"{path.name} without Slurm: {reason}")
-    run_root = REPO_ROOT / "runs" / f"notebook-test-{os.getpid()}-{path.stem}"
-    # what a notebook's cluster examples write must not be on node-local storage, even when the checkout is
-    shared_run_root = Path.home() / ".cache" / "workbench" / f"notebook-test-{os.getpid()}-{path.stem}"
-    began = time.monotonic()
-    try:
-        executed = _execute(read_notebook(path), path.parent, run_root, shared_run_root)
-    finally:
-        leftovers = reap(run_root, force=True)
-        runs = list_runs(run_root)
-        shutil.rmtree(run_root, ignore_errors=True)
-        shutil.rmtree(shared_run_root, ignore_errors=True)
-    print(f"{path.name}: {time.monotonic() - began:.0f} s, {len(runs)} run(s) launched")
-    code_cells = [cell for cell in executed.cells if cell.cell_type == "code"]
-    assert code_cells, f"{path.name} has no code cells"
-    assert all(cell.execution_count is not None for cell in code_cells), "some cells did not run"
-    errors = [out for cell in code_cells for out in cell.outputs if out.output_type == "error"]
-    assert errors == []
-    assert any("assert " in cell.source for cell in code_cells[-2:]), f"{path.name} should check its results at the end"
-    assert leftovers == [], f"{path.name} left runs with live processes: {leftovers}"
-    if slurm is not None:
-        assert "submitted to Slurm" in "".join(map(_stdout, code_cells)), f"{path.name} did not use the running cluster"
-    unfinished = [run for run in runs if run["backend"] != "dryrun" and run["state"] not in ("SUCCEEDED", "FAILED", "CANCELLED")]
-    assert unfinished == [], f"{path.name} left runs that never ended: {unfinished}"
+    source_stamp = lesson_runs.stamp(path)  # of the source as it is executed, not as it may be by the end
+    with lesson_runs.holding(path):  # a site build that needs this lesson waits for it
+        run = lesson_runs.run_lesson(path, "notebook-test")
+        executed, runs, leftovers = run.executed, run.runs, run.leftovers
+        print(f"{path.name}: {run.seconds:.0f} s, {len(runs)} run(s) launched")
+        code_cells = [cell for cell in executed.cells if cell.cell_type == "code"]
+        assert code_cells, f"{path.name} has no code cells"
+        assert all(cell.execution_count is not None for cell in code_cells), "some cells did not run"
+        assert lesson_runs.error_outputs(executed) == []
+        assert any("assert " in cell.source for cell in code_cells[-2:]), \
+            f"{path.name} should check its results at the end"
+        assert leftovers == [], f"{path.name} left runs with live processes: {leftovers}"
+        if slurm is not None:
+            assert "submitted to Slurm" in "".join(map(_stdout, code_cells)), \
+                f"{path.name} did not use the running cluster"
+        unfinished = [launched for launched in runs if launched["backend"] != "dryrun"
+                      and launched["state"] not in ("SUCCEEDED", "FAILED", "CANCELLED")]
+        assert unfinished == [], f"{path.name} left runs that never ended: {unfinished}"
+        lesson_runs.save(executed, path, source_stamp=source_stamp)  # for the site (scripts/build_site.py)
