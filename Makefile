@@ -18,7 +18,7 @@ OUT ?= bench/gpu/latest
 # is cheaper than compiling the whole venv at install (81 s here).
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: install lab test test-quick test-gpu gpu-check gpu-wheels bench clean help
+.PHONY: install lab test test-quick test-gpu gpu-check gpu-wheels bench site clean help
 
 help:
 	@echo "make lab    - set up .venv and start JupyterLab on 127.0.0.1 with the tour notebook"
@@ -29,6 +29,7 @@ help:
 	@echo "               (default bench/gpu/latest; uses the first Python whose torch sees CUDA, never reinstalls torch)"
 	@echo "make gpu-wheels - download into .whl/ the wheels the lent GPU image lacks (for an offline gpu-check)"
 	@echo "make bench  - set up .venv and run the benchmarks in bench/"
+	@echo "make site   - build the static site (docs and executed lessons, offline) into site/; open site/index.html"
 
 $(STAMP): pyproject.toml scripts/install.sh
 	bash scripts/install.sh $(VENV) $(PYTHON)
@@ -74,5 +75,10 @@ gpu-wheels: install
 bench: install
 	OMP_NUM_THREADS=1 $(BIN)/python bench/run_all.py
 
+# The docs and every lesson executed in its short mode, as a static site that needs no network (mkdocs.yml). A lesson
+# that the notebook tests executed since it last changed is not executed again (build/lessons/).
+site: install
+	OMP_NUM_THREADS=1 $(BIN)/python scripts/build_site.py
+
 clean:
-	rm -rf $(VENV) .pytest_cache test-artifacts
+	rm -rf $(VENV) .pytest_cache test-artifacts site build/lessons build/site-src
