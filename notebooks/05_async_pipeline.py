@@ -38,9 +38,9 @@
 
 # %% tags=["parameters"]
 # Parameters. WORKBENCH_SMOKE=1 (the test suite) asks for a short run.
-import os
+from workbench.lessons.runs import is_smoke_run, lesson_run_root
 
-smoke = os.environ.get("WORKBENCH_SMOKE") == "1"
+smoke = is_smoke_run()
 steps = 30 if smoke else 150  # training steps of each real run
 stages = 4
 microbatches = 4
@@ -48,8 +48,7 @@ train_microbatches = 1  # per step in the real runs: stage 0's backward comes th
 learning_rate = 0.4
 eval_every = 5 if smoke else 10  # steps between evaluations on the held-out digits
 target_accuracy = 0.85  # the validation accuracy whose time to reach is compared
-run_root = os.environ.get("WORKBENCH_RUN_ROOT") or os.path.join(  # the project's runs/, from any folder
-    next(d for d in (os.getcwd(), os.path.dirname(os.getcwd())) if os.path.isdir(os.path.join(d, "launch"))), "runs")
+run_root = lesson_run_root()  # WORKBENCH_RUN_ROOT, or the project's runs/
 
 # %%
 from workbench.scheduling.generators import async_1f1b, one_f_one_b
@@ -143,7 +142,6 @@ print("no cap:", unlimited.inflight, " 80% of that memory:", capped.inflight)
 # %%
 from workbench import ParallelPlan
 from workbench.jobs import LaunchSpec, launch_sweep
-from workbench.runtime.events import load_measured_timeline
 
 base = {"model": "mlp", "data": {"kind": "digits"},
         "training": {"global_batch": 32, "steps": steps, "optimizer": {"name": "sgd", "lr": learning_rate}},
@@ -156,19 +154,15 @@ print(ParallelPlan.parse(runs["async, no stash"]).to_dict())
 jobs = dict(zip(runs, launch_sweep([
     LaunchSpec(config={**base, "plan": plan_name, "name": label.split()[0].replace(",", "")}, run_root=run_root)
     for label, plan_name in runs.items()])))
-for label, plan_name in runs.items():
-    print(f"{label} ({plan_name}) ->", jobs[label].wait(timeout=300).state)
 
 # %%
-import plotly.graph_objects as go
+from workbench.lessons.runs import loss_figure, rank_losses
 
-losses = {}
-for label, job in jobs.items():
-    frame = job.metrics()
-    losses[label] = frame[frame["rank"] == 0]["loss"].tolist()
-go.Figure([go.Scatter(y=v, name=k) for k, v in losses.items()],
-          layout=dict(title="loss per step (same samples); a diverged curve leaves the plot",
-                      xaxis_title="step", yaxis_title="loss", yaxis_range=[0, 3.5]))
+for label, plan_name in runs.items():
+    print(f"{label} ({plan_name}) ->", jobs[label].wait(timeout=300).state)
+losses = {label: rank_losses(job.metrics()) for label, job in jobs.items()}  # rank 0's, step by step
+loss_figure(losses, title="loss per step (same samples); a diverged curve leaves the plot", x_title="step",
+            mode="lines", yaxis_range=[0, 3.5])
 
 # %% [markdown]
 # The synchronous run and the stashed one both learn; the stashed one pays a
@@ -197,17 +191,11 @@ go.Figure([go.Scatter(y=v, name=k) for k, v in losses.items()],
 # the stage has overwritten the weights in the meantime.
 
 # %%
-def versions(job):
-    used = {}
-    for e in load_measured_timeline(job.run_dir).events:
-        if e.op in ("F", "B"):
-            used.setdefault((e.stage, e.iteration, e.microbatch), {})[e.op] = e.version
-    return used
-
+from workbench.lessons.async_pipeline import weight_versions
 
 mismatched = {}
 for label in ("async", "async, no stash"):
-    used = versions(jobs[label])
+    used = weight_versions(jobs[label].run_dir)  # (stage, iteration, micro-batch) -> {"F": version, "B": version}
     mismatched[label] = sum(v["F"] != v["B"] for v in used.values())
     print(f"{label:<16} {len(used)} micro-batch x stage pairs, backward on another version than forward: "
           f"{mismatched[label]}")
@@ -229,39 +217,14 @@ for label, value in final.items():
 # %%
 from IPython.display import Markdown, display
 
+from workbench.lessons.async_pipeline import stash_cost_text
+from workbench.lessons.targets import accuracy_figure, reach_text
+
 evals = {label: job.evals() for label, job in jobs.items()}
 reach = {label: job.status().time_to_target for label, job in jobs.items()}
-accuracy_figure = go.Figure(
-    [go.Scatter(x=frame["train_s"], y=frame["accuracy"], name=label, mode="lines+markers")
-     for label, frame in evals.items()],
-    layout=dict(title=f"validation accuracy, evaluated every {eval_every} steps",
-                xaxis_title="training seconds (step times, evaluations excluded)",
-                yaxis_title="validation accuracy", yaxis_range=[0, 1]))
-accuracy_figure.add_hline(y=target_accuracy, line_dash="dash", annotation_text=f"target {target_accuracy:.0%}")
-display(accuracy_figure)
-
-
-def listing(items: list[str]) -> str:
-    return " and ".join(items) if len(items) < 3 else ", ".join(items[:-1]) + " and " + items[-1]
-
-
-reached = [label for label, r in reach.items() if r["reached"]]
-missed = [label for label, r in reach.items() if not r["reached"]]
-parts = []
-if reached:
-    parts.append("reached by " + listing([
-        f"**{label}** at step {reach[label]['step']} ({reach[label]['train_s']:.2f} s of training)"
-        for label in reached]))
-if missed:
-    parts.append(f"not reached in {steps} steps by " + listing([
-        f"**{label}** (best {reach[label]['best']:.1%})" if reach[label]["best"] is not None else f"**{label}**"
-        for label in missed]))
-text = f"The target of {target_accuracy:.0%} validation accuracy was " + "; ".join(parts) + "."
+display(accuracy_figure(evals, target_accuracy, eval_every))
 sync, stashed = reach["1f1b (sync)"], reach["async"]
-if sync["reached"] and stashed["reached"]:
-    text += (f" The stashed asynchronous run needed {stashed['step'] / sync['step']:.1f}x the steps of the "
-             f"synchronous one and {stashed['train_s'] / sync['train_s']:.1f}x its training seconds.")
-display(Markdown(text))
+display(Markdown(reach_text(reach, target_accuracy, steps) + stash_cost_text(sync, stashed)))
 
 # %% [markdown]
 # ## 4. Where pipelining pays on this machine
@@ -303,33 +266,21 @@ pays_jobs = dict(zip(pays_runs, launch_sweep([
 for label, plan_name in pays_runs.items():
     print(f"{label} ({plan_name}) ->", pays_jobs[label].wait(timeout=600).state)
 
+# %% [markdown]
+# Each run's throughput is rank 0's median samples per second after the
+# warm-up steps, set against naive model parallelism's and against the ideal
+# of each way of running.
 
-def samples_per_s(job) -> float:
-    """Median samples/s of rank 0 after the warm-up steps."""
-    frame = job.metrics()
-    return float(frame[(frame["rank"] == 0) & (frame["step"] > pays_skip)]["samples_per_s"].median())
+# %%
+from workbench.lessons.async_pipeline import speedup_figure, speedup_text
+from workbench.lessons.runs import median_samples_per_s
 
-
-pays = {label: samples_per_s(job) for label, job in pays_jobs.items()}
+pays = {label: median_samples_per_s(job.metrics(), after_step=pays_skip) for label, job in pays_jobs.items()}
 speedup = {label: pays[label] / pays["naive"] for label in pays}
 S_pays, M_pays = 2, pays_microbatches
 ideal = {"naive": 1.0, "1F1B": S_pays * M_pays / (M_pays + S_pays - 1), "async": float(S_pays)}
-pays_figure = go.Figure(
-    [go.Bar(x=list(speedup), y=list(speedup.values()), name="measured",
-            text=[f"{v:.2f}x" for v in speedup.values()], textposition="outside"),
-     go.Bar(x=list(ideal), y=list(ideal.values()), name="ideal (no cost for smaller micro-batches)",
-            opacity=0.4)],
-    layout=dict(title="ResNet-18 at 96x96 on two ranks: throughput over naive model parallelism",
-                yaxis_title="x naive model parallelism", barmode="group"))
-display(pays_figure)
-display(Markdown(
-    f"Measured on this machine: naive model parallelism trained **{pays['naive']:.1f} samples/s**, 1F1B "
-    f"**{speedup['1F1B']:.2f}x** that (ideal {ideal['1F1B']:.2f}x) and the asynchronous pipeline "
-    f"**{speedup['async']:.2f}x** (ideal {ideal['async']:.0f}x). "
-    + ("The asynchronous pipeline, which never flushes, gained the most. " if speedup["async"] >= speedup["1F1B"]
-       else "1F1B gained more than the asynchronous pipeline in this run. ")
-    + f"1F1B reached {speedup['1F1B'] / ideal['1F1B']:.0%} of its ideal and the asynchronous pipeline "
-      f"{speedup['async'] / ideal['async']:.0%} of its own."))
+display(speedup_figure(speedup, ideal, "ResNet-18 at 96x96 on two ranks: throughput over naive model parallelism"))
+display(Markdown(speedup_text(pays["naive"], speedup, ideal)))
 
 # %% [markdown]
 # ## Exercises
@@ -372,13 +323,14 @@ assert in_flight_microbatches(split) == in_flight_microbatches(fused) and ends["
 # The asynchronous stream keeps the pipeline full (fewer idle units than 1F1B
 # per iteration), stashing costs one weight copy on every stage but the last,
 # the capped choice fits its cap, the synchronous and stashed runs learned, the recorded versions say
-# stashing did its job while the unstashed run did not, every run evaluated
-# on schedule (accuracies in [0, 1], training seconds growing) and reports its
-# time to the configured target, and (in the full run) the unstashed run
-# diverged: its final loss is above its first, or NaN, and it never reached
-# the target, which the synchronous and the stashed runs both did. On
-# ResNet-18 at 96x96 both 1F1B and the asynchronous pipeline trained faster
-# than naive model parallelism.
+# stashing did its job while the unstashed run did not, and on ResNet-18 at
+# 96x96 both 1F1B and the asynchronous pipeline trained faster than naive
+# model parallelism. Then the evaluations: every run evaluated on schedule
+# (accuracies in [0, 1], training seconds growing) and reports its time to
+# the configured target (`check_evaluations` raises otherwise), and (in the
+# full run) the unstashed run diverged: its final loss is above its first, or
+# NaN, and it never reached the target, which the synchronous and the stashed
+# runs both did.
 
 # %%
 assert async_sim.metrics["iteration_ms"] < sync_sim.metrics["iteration_ms"]
@@ -392,14 +344,11 @@ assert all(job.status().state == "SUCCEEDED" for job in pays_jobs.values())
 # faster than naive, as the text above says; by how much depends on what else the machine's two cores run (a
 # quiet machine: bench/bench_pipeline_gap.py in bench/RESULTS.md)
 assert speedup["1F1B"] > 1.0 and speedup["async"] > 1.0, speedup
-eval_steps = sorted(set(range(eval_every, steps + 1, eval_every)) | {steps})
-for label, frame in evals.items():
-    assert frame["step"].tolist() == eval_steps, (label, frame)
-    assert frame["accuracy"].between(0, 1).all() and frame["train_s"].is_monotonic_increasing, (label, frame)
-    assert jobs[label].status().last_eval["step"] == steps, label
-    r = reach[label]
-    assert r["metric"] == "accuracy" and r["target"] == target_accuracy, r
-    assert r["reached"] == (r["step"] is not None) and r["best"] == frame["accuracy"].max(), r
+
+# %%
+from workbench.lessons.targets import check_evaluations
+
+check_evaluations(jobs, evals, reach, steps=steps, every=eval_every, target=target_accuracy)
 if not smoke:  # the divergence takes tens of steps to build up
     assert not final["async, no stash"] <= losses["async, no stash"][0], final
     assert sync["reached"] and stashed["reached"] and not reach["async, no stash"]["reached"], reach
