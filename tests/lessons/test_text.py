@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.lessons.text import listing, plural, text_table
+from workbench.lessons.text import listing, text_table
 
 
 def test_listing_joins_items_as_a_sentence_does():
@@ -12,12 +12,6 @@ def test_listing_joins_items_as_a_sentence_does():
     assert listing(["a"]) == "a"
     assert listing(["a", "b"]) == "a and b"
     assert listing(["a", "b", "c", "d"]) == "a, b, c and d"
-
-
-def test_plural_takes_the_word_for_one_and_the_plural_otherwise():
-    assert plural(1, "version") == "version"
-    assert plural(2, "version") == "versions"
-    assert plural(0, "batch", "batches") == "batches"
 
 
 def test_text_table_aligns_the_header_with_the_columns():

@@ -17,11 +17,6 @@ def listing(items: Sequence[str]) -> str:
     return ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def plural(count: float, word: str, many: str | None = None) -> str:
-    """``word`` when ``count`` is 1, else its plural (``many``, or ``word`` + ``s``)."""
-    return word if count == 1 else (many or word + "s")
-
-
 def text_table(header: Sequence[str], rows: Iterable[Sequence[Any]], formats: Sequence[str]) -> str:
     """A fixed-width table: ``formats`` are format specs per column (``"<22"``, ``">9.3f"``); the header takes
     each column's alignment and width, without its precision or type."""
