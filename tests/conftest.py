@@ -1,5 +1,6 @@
 """Suite-wide settings: small thread counts, GPU tests skipped without CUDA (unless rehearsed, see tests/gpu)."""
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -40,7 +41,21 @@ EXCLUSIVE_NOTEBOOKS = {"05_async_pipeline.ipynb"}
 
 def _exclusive(item) -> bool:
     path = _notebook(item)
-    return bool(item.get_closest_marker("exclusive")) or (path is not None and path.name in EXCLUSIVE_NOTEBOOKS)
+    return bool(item.get_closest_marker("exclusive")) or (path is not None and path.name in EXCLUSIVE_NOTEBOOKS) \
+        or (bool(item.get_closest_marker("site")) and _site_executes_an_exclusive_lesson())
+
+
+def _site_executes_an_exclusive_lesson() -> bool:
+    """Whether building the site now would execute one of EXCLUSIVE_NOTEBOOKS (scripts/build_site.py executes the
+    lessons that build/lessons/ holds no fresh executed copy of)."""
+    name = "workbench_scripts_lesson_runs"  # as tests/notebooks/notebook_files.py loads it
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / "lesson_runs.py")
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    lesson_runs = sys.modules[name]
+    lessons = [ROOT / "notebooks" / lesson for lesson in sorted(EXCLUSIVE_NOTEBOOKS)]
+    return any(lesson_runs.load_fresh(path) is None for path in lessons if lesson_runs.source_path(path).exists())
 
 
 @pytest.hookimpl(hookwrapper=True)
