@@ -8,6 +8,7 @@ nothing. A failure names the notebook and the fix (`python scripts/nbsync.py --f
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -117,8 +118,10 @@ def test_a_notebook_that_launches_runs_sends_them_where_workbench_run_root_says(
     """The suite runs every notebook with WORKBENCH_RUN_ROOT set and checks the runs there; a notebook that chose
     its own folder would leave its runs in the project's runs/ unchecked."""
     source = "\n".join(cell.source for cell in read_notebook(notebook).cells if cell.cell_type == "code")
-    if "launch(" not in source:
+    if not re.search(r"\blaunch(_sweep)?\(", source):
         return
-    assert 'os.environ.get("WORKBENCH_RUN_ROOT")' in source and "run_root=run_root" in source, notebook.name
+    # workbench.lessons.runs.lesson_run_root() is WORKBENCH_RUN_ROOT when set (tests/lessons/test_runs.py)
+    reads_it = 'os.environ.get("WORKBENCH_RUN_ROOT")' in source or "run_root = lesson_run_root()" in source
+    assert reads_it and "run_root=run_root" in source, notebook.name
     assert all("run_root=run_root" in line or "run_root=shared_run_root" in line
                for line in source.splitlines() if "run_root=" in line and "LaunchSpec(" in line), notebook.name
