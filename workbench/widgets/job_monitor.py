@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas  # noqa: F401  plotly imports it lazily on the monitor's thread; a notebook's main thread importing it
+# at the same moment (Job.metrics) then finds a partially initialised module: importing it here first avoids the race
 
 from ..core.fields import check_int
 from ..core.rundir import CONFIG_FILE
