@@ -24,6 +24,9 @@ ONE_WORKER_GROUPS = {"browser": "jupyterlab", "lab": "jupyterlab"}
 
 
 def pytest_collection_modifyitems(config, items):
+    # the site's tests last: by then the notebook tests have left most lessons executed for the site to take
+    items[:] = [item for item in items if not item.get_closest_marker("site")] + \
+        [item for item in items if item.get_closest_marker("site")]
     for item in items:
         room = item.path.parent.name
         if room in ONE_WORKER_GROUPS:
