@@ -54,8 +54,8 @@ OTHER_WORKERS := $(if $(filter file,$(origin TEST_WORKERS)),0,$(TEST_WORKERS))
 # a second time (scripts/build_site.py executes only what is missing or stale).
 test: install
 	bash scripts/ensure_chromium.sh
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) -m "not site" $(PYTEST_ARGS)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m site $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) -m "not site" --durations=25 $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 WORKBENCH_COLD_RANKS=1 $(BIN)/python -m pytest -m site $(PYTEST_ARGS)
 
 # The edit loop's tier: the tests that launch no run and open no browser (the whole suite is make test).
 test-quick: install
