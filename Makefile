@@ -51,11 +51,13 @@ OTHER_WORKERS := $(if $(filter file,$(origin TEST_WORKERS)),0,$(TEST_WORKERS))
 
 # The site's tests (marked site) come second, in a session of their own: by then the first has executed every
 # lesson and left its copy in build/lessons/, so the site is built from those copies instead of executing lessons
-# a second time (scripts/build_site.py executes only what is missing or stale).
+# a second time (scripts/build_site.py executes only what is missing or stale). Only the files that hold them are
+# collected: collecting the whole tree again cost about 20 s.
+SITE_TESTS := $(shell grep -rl --include='test_*.py' 'pytest.mark.site' tests)
 test: install
 	bash scripts/ensure_chromium.sh
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) -m "not site" --durations=25 $(PYTEST_ARGS)
-	OMP_NUM_THREADS=1 WORKBENCH_COLD_RANKS=1 $(BIN)/python -m pytest -m site $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 WORKBENCH_COLD_RANKS=1 $(BIN)/python -m pytest -m site $(SITE_TESTS) $(PYTEST_ARGS)
 
 # The edit loop's tier: the tests that launch no run and open no browser (the whole suite is make test).
 test-quick: install
