@@ -150,10 +150,13 @@ def test_a_requeued_job_resumes_from_its_checkpoint_and_ends_with_the_loss_of_it
     slurm("scontrol", "requeue", job_id)
     wait_for(lambda: "Restarts=1" in slurm("scontrol", "show", "job", "-o", job_id), timeout=60, poll=0.25,
              what="Slurm to requeue the job")
-    # Slurm holds a requeued job back for two minutes before it may start again; let it go now
-    wait_for(lambda: subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
-                                    capture_output=True).returncode == 0, timeout=30, poll=0.5,
-             what="the requeued job to accept a new start time")
+    # Slurm holds a requeued job back for two minutes before it may start again; let it go now. The hold can be
+    # set after a first release (while the old attempt is still completing), so release it until it runs.
+    def running_again() -> bool:
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], capture_output=True)
+        return "JobState=RUNNING" in slurm("scontrol", "show", "job", "-o", job_id)
+
+    wait_for(running_again, timeout=200, poll=1.0, what="the requeued job to run again")
     status = job.wait(timeout=240)
     twin = jobs["local"].wait(timeout=180)
     assert status.state == "SUCCEEDED", status.text()
