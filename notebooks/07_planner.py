@@ -279,7 +279,7 @@ layer_strip_figure(mix_layers, stage_memory_gib=best_mix.breakdown()["stage_memo
 # Practitioners start from four rules of thumb. Each holds only under
 # conditions, so here each is put to the per-layer search, on transformer
 # shapes whose layers are costed from their FLOPs and bytes on the preset's
-# GPU (no profile needed: a 33B-class model plans in a second). The last
+# GPU (no profile needed, so a 33B-class model plans here too). The last
 # column is the planner's answer, computed when this cell runs; "no" would
 # mean the rule fails on these numbers. The [glossary's
 # guide](../docs/glossary.md#which-strategy-should-i-use) has the longer

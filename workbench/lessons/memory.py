@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 import torch
 
+from ..models.data import sample_batch
 from ..models.sequence import LayerSequence
 from ..models.zoo import get_entry
 from ..viz.style import apply_layout, palette_color
@@ -75,20 +76,6 @@ def build_on(device: str, model: str, **overrides) -> LayerSequence:
         return entry.to_sequence(entry.build(config), model, config)
 
 
-def _batch(seq: LayerSequence, batch: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    spec = seq.input_spec
-    if spec is None:
-        raise ValueError(f"model {seq.model_name!r} has no input_spec: its batch cannot be made")
-    shape = (batch, *spec.shape)
-    if spec.dtype.is_floating_point:
-        inputs = torch.randn(shape, device=device, dtype=spec.dtype)
-    else:
-        inputs = torch.randint(0, spec.high or 2, shape, device=device, dtype=spec.dtype)
-    target_shape = shape if seq.task != "image-classification" and not spec.dtype.is_floating_point else (batch,)
-    targets = torch.randint(0, spec.num_targets or 2, target_shape, device=device)
-    return inputs, targets
-
-
 def saved_activation_bytes(seq: LayerSequence, batch: int) -> int:
     """Bytes autograd keeps for the backward pass of one training forward (loss included) at ``batch``:
     every distinct saved tensor once (a view through its base), parameters excluded. Works on meta models."""
@@ -102,7 +89,7 @@ def saved_activation_bytes(seq: LayerSequence, batch: int) -> int:
             kept[id(base)] = base
         return tensor
 
-    inputs, targets = _batch(seq, batch, device)
+    inputs, targets = (t.to(device) for t in sample_batch(seq, batch))  # made on the host, moved (meta: shapes)
     seq.train()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         seq.loss_fn(seq(inputs), targets)
