@@ -45,6 +45,10 @@ MIXED = "tp1d-2-dp2-m2-L[0=ddp;1=fsdp.tp1d2.rc;2=ddp.tp1d2.strided.rc;3=zero2]"
 # stage 0 (ranks 0, 1): embeddings DDP, block 0 2-way TP, block 1 FSDP;
 # stage 1 (ranks 2, 3): block 2 zero2 recomputed, block 3 FSDP x 2-way TP, head DDP
 PIPELINED = "pp2-1f1b-m4-tp1d2-L[0=ddp;1=ddp.tp1d2;2=fsdp;3=zero2.rc;4=fsdp.tp1d2;5=ddp]"
+# the same layers under split backwards: ZB-H1 (every backward split in I and W) and DualPipeV (a V of two chunks
+# per rank, whole backwards and split ones mixed on one stage)
+SPLIT = {"zbh1": "pp2-zbh1-m4-tp1d2-L[0=ddp;1=ddp.tp1d2;2=fsdp;3=zero2.rc;4=fsdp.tp1d2;5=ddp]",
+         "dualpipev": "pp2-dualpipev-m4-tp1d2-L[0=zero2;1=fsdp.tp1d2;2=ddp;3=fsdp.rc;4=ddp;5=fsdp]"}
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +56,8 @@ def sweep(tmp_path_factory):
     """Both 4-rank runs in one sweep."""
     deeper = merge_changes(GPT2, {"model": {"overrides": {**GPT2["model"]["overrides"], "n_layer": 4}}})
     return Sweep(tmp_path_factory.mktemp("layerwise"), {"mixed": (4, {"plan": MIXED, **GPT2}),
-                                                       "pipelined": (4, {"plan": PIPELINED, **deeper})})
+                                                       "pipelined": (4, {"plan": PIPELINED, **deeper}),
+                                                       **{k: (4, {"plan": p, **deeper}) for k, p in SPLIT.items()}})
 
 
 @pytest.mark.multiproc
@@ -76,6 +81,20 @@ def test_mixed_layers_in_a_two_stage_pipeline_equal_reference(sweep):
     assert realized_layers(run_dir, 1) == {0: ("replicate", 1, False), 1: ("replicate", 2, False),
                                            2: ("fsdp", 1, False)}
     assert realized_layers(run_dir, 2) == {3: ("zero2", 1, True), 4: ("fsdp", 2, False), 5: ("replicate", 1, False)}
+
+
+@pytest.mark.multiproc
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind", sorted(SPLIT))
+def test_mixed_layers_under_a_split_backward_equal_reference(sweep, kind):
+    """FSDP2's reductions, which a whole backward's hooks run, happen after the weight passes instead."""
+    config, run_dir = sweep.run(kind), sweep.dir(kind)
+    assert config.plan.pipeline.split_backward
+    assert_equals_reference(run_dir, config)
+    ops = {e["op"] for e in read_events(run_dir, 0) if e["kind"] == "stage"}
+    assert ops >= {"I", "W"} and ("B" in ops) == (kind == "dualpipev")
+    assert realized_layers(run_dir, 2)[4] == (("fsdp", 2, False) if kind == "zbh1" else ("replicate", 1, False))
 
 
 def test_the_status_shows_each_rank_s_layers_as_run():
@@ -114,7 +133,7 @@ def test_dispatch_sends_per_layer_and_sharded_plans_to_the_layerwise_runtime(pla
      ["'layers[1].tp_degree'", "option 'ddp.tp1d4'", "does not divide the 2 attention heads", "[2]"]),
     ({"plan": "async-1x2-m4-L[0-1=ddp;2-3=fsdp]"}, ["'pipeline.kind'", "'async'", "1f1b"]),
     ({"plan": "torchpp2-1f1b-m4-fsdp"}, ["'pipeline.kind'", "kind 'torch' runs one option for all layers"]),
-    ({"plan": "pp2-zbh1-m4-fsdp"}, ["'pipeline.kind'", "kind 'zbh1' runs one option for all layers"]),
+    ({"plan": "pp2-zbauto-m4-fsdp"}, ["'pipeline.kind'", "'zb-auto' builds its schedule from stage costs", "zbh1"]),
 ])
 def test_what_the_layerwise_runtime_cannot_run_is_refused_before_launch(fields, words):
     with pytest.raises(ValueError) as info:

@@ -206,10 +206,14 @@ class RunConfig:
             self._check_heads()
 
     def _check_layerwise(self) -> None:
-        """What the layer-by-layer runtime runs: GPipe / 1F1B / interleaved or no pipeline, 1D tensor parallelism."""
+        """What the layer-by-layer runtime runs: its pipeline kinds (``per_layer``) or none, 1D tensor parallelism."""
         plan = self.plan
         if not plan.pipeline.per_layer:
             kinds = ", ".join(k for k, cls in PIPELINE_KINDS.items() if cls.per_layer and k != "none")
+            if plan.pipeline.uses_costs:
+                raise plan_error("pipeline.kind", plan.pipeline.kind, f"kind {plan.pipeline.kind!r} builds its "
+                                 f"schedule from stage costs profiled before the run on whole stages, which per-layer "
+                                 f"options change; run them with one of {kinds} (plan {plan.name!r})")
             raise plan_error("pipeline.kind", plan.pipeline.kind, f"per-layer options, sharded data parallelism "
                              f"and tensor parallelism inside a pipeline run with the {kinds} schedules or without "
                              f"a pipeline; kind {plan.pipeline.kind!r} runs one option for all layers "

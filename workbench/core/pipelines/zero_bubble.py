@@ -36,6 +36,7 @@ class ZBH1(OnePipeline):
     kind: ClassVar[str] = "zbh1"
     token: ClassVar[str] = "zbh1"
     split_backward: ClassVar[bool] = True
+    per_layer: ClassVar[bool] = True
     inner: ClassVar[bool] = True
 
     def uniform_bubble(self, stages: int, microbatches: int, backward: float = 2.0,
@@ -53,6 +54,7 @@ class ZBH2(OnePipeline):
     kind: ClassVar[str] = "zbh2"
     token: ClassVar[str] = "zbh2"
     split_backward: ClassVar[bool] = True
+    per_layer: ClassVar[bool] = True
     inner: ClassVar[bool] = True
 
     def uniform_bubble(self, stages: int, microbatches: int, backward: float = 2.0,
@@ -93,6 +95,7 @@ class ZBV(_VShape):
     kind: ClassVar[str] = "zbv"
     token: ClassVar[str] = "zbv"
     split_backward: ClassVar[bool] = True
+    per_layer: ClassVar[bool] = True
 
 
 @register_kind
@@ -104,6 +107,7 @@ class DualPipeV(_VShape):
     kind: ClassVar[str] = "dualpipev"
     token: ClassVar[str] = "dualpipev"
     split_backward: ClassVar[bool] = True
+    per_layer: ClassVar[bool] = True
 
     def check(self, plan: Any) -> None:
         super().check(plan)

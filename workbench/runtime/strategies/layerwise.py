@@ -10,7 +10,7 @@ unmodified layers of this rank's stage(s) with torch's FSDP2, DTensor and
 checkpoint; the stage is then an ordinary :class:`~workbench.runtime.stage.Stage`
 whose module moves activations between layer layouts and hands the whole
 stage micro-batch to the next stage, so the scheduled pipeline interpreter
-(GPipe, 1F1B, interleaved) runs it as it runs any stage, each rank talking to
+(GPipe, 1F1B, interleaved, zero-bubble) runs it as it runs any stage, each rank talking to
 the rank of the next stage in its own position. Without a pipeline, the one
 stage runs forward and backward per micro-batch.
 
@@ -67,6 +67,7 @@ from ..interpreter import Interpreter, MicrobatchData
 from ..layer_parallel import (Layout, ParallelLayer, Relayout, SavedActivations, StageMeshes, check_realized,
                               dense_parameters, held_unsharded_bytes, layout_of, local_bytes, parallelize_layer,
                               realized_options)
+from ..layer_parallel.split import DataParallelModules
 from ..stage import Stage, output_shapes
 from .base import RunContext, Strategy, global_mean_loss, make_optimizer
 
@@ -105,11 +106,18 @@ class _CountedStage(Stage):
     in the last accumulation round, ``sync_round``) lets them all-reduce; the
     backwards before it accumulate locally. Fully sharded and zero2 layers
     reduce-scatter every micro-batch (their gradients stay sharded).
+
+    Where the schedule splits this stage's backward into I and W (zero-bubble
+    kinds), :attr:`split` drives the layers' FSDP2 modules by hand, with the
+    same reductions: sharded layers after every W (or whole backward),
+    replicated ones after the stage's last (:mod:`~workbench.runtime.layer_parallel.split`).
     """
 
     replicated: tuple[nn.Module, ...] | list[nn.Module] = ()
-    last_backward: int | None = None  # None: every backward synchronises (a split backward schedule)
+    last_backward: int | None = None  # None: a split backward schedule (``split`` reduces)
     sync_round: bool = True
+    split: DataParallelModules | None = None
+    last_gradient: tuple[Op, int] | None = None  # the stage's last W (or whole backward B) in an iteration
 
     def _run(self, inputs: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:
         memory: _MemoryCount = self.memory  # type: ignore[attr-defined]
@@ -123,7 +131,23 @@ class _CountedStage(Stage):
             sync = self.sync_round and microbatch == self.last_backward
             for module in self.replicated:
                 module.set_requires_gradient_sync(sync)  # type: ignore[operator]
-        return super().backward(microbatch, grad_output)
+        grad_input = super().backward(microbatch, grad_output)
+        if self.split is not None:  # a whole backward in a split schedule (DualPipeV runs both)
+            self.split.reduce(last=(Op.BACKWARD, microbatch) == self.last_gradient)
+        return grad_input
+
+    def backward_input(self, microbatch: int, grad_output: torch.Tensor | None = None,
+                       params: list[torch.Tensor] | None = None) -> torch.Tensor | None:
+        if params is None and self.split is not None:
+            params = self.split.parameters()
+        return super().backward_input(microbatch, grad_output, params)
+
+    def backward_weight(self, microbatch: int) -> None:
+        if self.split is not None:
+            self.split.unshard()
+        super().backward_weight(microbatch)
+        if self.split is not None:
+            self.split.reduce(last=(Op.BACKWARD_WEIGHT, microbatch) == self.last_gradient)
 
 
 class _MemoryCount:
@@ -263,11 +287,14 @@ class Layerwise(Strategy):
             self.stages[v] = _CountedStage(index=v, module=module, device=ctx.device, is_first=v == 0,
                                            is_last=is_last, loss_fn=loss_fn, loss_scale=loss_scale,
                                            autocast_dtype=ctx.autocast_dtype)
-        last_backward = self._last_backwards(plan.microbatches)
+        last_backward, last_gradient = self._last_backwards(plan.microbatches), self._last_gradients()
         for v, stage in self.stages.items():
-            stage.replicated = [layer.module for layer in stage.module.parallel_layers  # type: ignore[union-attr]
-                                if layer.plan.dp == "replicate" and hasattr(layer.module, "set_requires_gradient_sync")]
+            wrapped = [(layer.module, layer.plan.dp) for layer in stage.module.parallel_layers  # type: ignore[union-attr]
+                       if hasattr(layer.module, "set_requires_gradient_sync")]
+            stage.replicated = [module for module, kind in wrapped if kind == "replicate"]
             stage.last_backward = last_backward.get(v)
+            if v in last_gradient:
+                stage.split, stage.last_gradient = DataParallelModules(wrapped), last_gradient[v]
         self._report = []
         for layer in self.layers:
             realized = realized_options(layer)
@@ -296,6 +323,13 @@ class Layerwise(Strategy):
             if a.op is Op.BACKWARD and a.stage not in split and a.microbatch is not None:
                 out[a.stage] = a.microbatch
         return out
+
+    def _last_gradients(self) -> dict[int, tuple[Op, int]]:
+        """Per stage of this rank whose backward the schedule splits, the last action that adds gradients (a W,
+        or a whole backward where the schedule mixes both) and its micro-batch."""
+        split = {a.stage for a in self.actions if a.op is Op.BACKWARD_WEIGHT}
+        return {a.stage: (a.op, a.microbatch) for a in self.actions
+                if a.stage in split and a.op in (Op.BACKWARD, Op.BACKWARD_WEIGHT) and a.microbatch is not None}
 
     # -- what ran --------------------------------------------------------------------------------
     def layers_report(self) -> list[dict[str, Any]]:
