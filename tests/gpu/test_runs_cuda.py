@@ -50,6 +50,7 @@ FP32_RUNS = [
     ("async-1x2-m4-split", MLP, "stashing"),  # I and W on the stashed version
     ("dp2-m2-L[0-1=fsdp;2-3=ddp]", MLP, "dense"),  # FSDP2 beside DDP, layer by layer
     ("tp1d-2-dp2-m2-L[0=ddp;1=fsdp.tp1d2.rc;2=ddp.tp1d2;3=zero2]", GPT2, "dense"),  # DTensor TP, FSDP2, ZeRO-2
+    ("pp2-zbh1-m4-L[0=fsdp;1=ddp;2=zero2;3=fsdp]", MLP, "dense"),  # FSDP2's reductions after I and W, on streams
     ("tp1d-2-dp1", GPT2, "cpu-run"),
     ("tp2d-2x2-dp1", GPT2, "cpu-run"),  # the SUMMA grid: 4 ranks
 ]
