@@ -283,8 +283,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--fine-grained", action="store_true",
                    help="also search per-layer plans: every layer its own data-parallel kind (DDP, ZeRO-2, FSDP), "
                         "tensor-parallel degree and recomputation, by dynamic programming under the memory cap, "
-                        "with the pipeline degree, micro-batches and partition around it; the JSON gives every plan "
-                        "its 'layers' and compares the best with pure DP, pure FSDP, 3D and the best uniform plan")
+                        "with the pipeline degree, schedule (1F1B, ZB-H1 or ZB-H2), micro-batches and partition "
+                        "around it; the JSON gives every plan its 'layers' and compares the best with pure DP, "
+                        "pure FSDP, 3D and the best uniform plan")
     p.add_argument("--emit-config", metavar="PATH.toml",
                    help="write the best plan's run config (model with its --model-arg overrides, plan with its "
                         "partition, batch) as TOML, ready for `workbench run`, headed by this command and the plan's "

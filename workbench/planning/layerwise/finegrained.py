@@ -19,8 +19,10 @@ either keeps its saved activations for every in-flight micro-batch or
 keeps only its output and recomputes its forward in the backward pass. The
 result is a per-layer :class:`~workbench.core.plan.ParallelPlan` that marks
 exactly the recomputed layers, which the layer-by-layer runtime runs as
-planned (GPipe, 1F1B and interleaved pipelines; GroPipe and the
-asynchronous pipeline run one option for all layers, so they get none).
+planned (the pipeline kinds marked ``per_layer``; GroPipe and the
+asynchronous pipeline run one option for all layers, so they get none). A
+split backward (the zero-bubble kinds) pays the recomputed forwards before
+its input gradient.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Sequence
 
-from ...scheduling.stagecosts import layer_times_ms
+from ...scheduling.stagecosts import StageCosts, layer_times_ms
 from ..partitioning.ampa import solve
 from ..costs.estimate import CostContext, Estimate, _stage_costs, simulate_strategy
 from .layer_dp import bucket_dp
@@ -52,6 +54,17 @@ def _free(layer: int, before: int, after: int) -> float:
     return 0.0
 
 
+def _recomputed(base: StageCosts, extra_ms: Sequence[float]) -> dict[str, tuple[float, ...]]:
+    """The stages' backward times with each stage's recomputed forwards (``extra_ms``) added: to the fused
+    backward, and of a split backward to the input gradient the recomputation precedes, so that a zero-bubble
+    schedule pays them too (on the first stage to the weight gradient: nothing waits for its input gradient, so
+    :meth:`~workbench.scheduling.stagecosts.StageCosts.from_model` counts its whole split backward as W)."""
+    on_input = [x if k else 0.0 for k, x in enumerate(extra_ms)]
+    return {"backward_ms": tuple(b + x for b, x in zip(base.backward_ms, extra_ms)),
+            "input_grad_ms": tuple(i + x for i, x in zip(base.input_grad_ms, on_input)),
+            "weight_grad_ms": tuple(w + x - y for w, x, y in zip(base.weight_grad_ms, extra_ms, on_input))}
+
+
 def selective_recompute_plans(ctx: CostContext, strategies: Sequence[ParallelPlan],
                               infeasible: list[dict[str, Any]]) -> list[Estimate]:
     """Pipelines listed as not fitting, made to fit by recomputing the fewest layers (one plan per strategy)."""
@@ -60,7 +73,7 @@ def selective_recompute_plans(ctx: CostContext, strategies: Sequence[ParallelPla
     out = []
     for strategy in strategies:
         if not strategy.pipeline.per_layer or strategy.name not in missing or cap is None:
-            continue  # the layer-by-layer runtime recomputes per layer inside GPipe, 1F1B and interleaved pipelines
+            continue  # the layer-by-layer runtime recomputes per layer inside the pipelines marked per_layer
         proj = ctx.projection(strategy)
         result = solve(proj, None)
         microbatch = ctx.global_batch // strategy.dp // strategy.microbatches
@@ -88,8 +101,7 @@ def selective_recompute_plans(ctx: CostContext, strategies: Sequence[ParallelPla
             kept_bytes.append(int(sum(options[i][o][1] for i, o in enumerate(picks)) / in_flight_mb))
         else:
             base = _stage_costs(ctx, strategy, result.partition, microbatch)  # solo times, like extra_ms
-            sc = replace(base, backward_ms=tuple(bw + x for bw, x in zip(base.backward_ms, extra_ms)),
-                         activation_bytes=tuple(kept_bytes))
+            sc = replace(base, activation_bytes=tuple(kept_bytes), **_recomputed(base, extra_ms))
             # the plan says exactly which layers recompute; the layer-by-layer runtime runs exactly those
             labelled = strategy.with_layers(tuple(LayerPlan(recompute=layer in chosen_layers)
                                                   for layer in range(ctx.costs.num_layers)))

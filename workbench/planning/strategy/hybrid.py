@@ -15,25 +15,49 @@ Approach (Galvatron's outer loop, with the workbench's partitioner):
   can;
 * micro-batches ``m``: ``pp``, ``2 pp`` and ``4 pp`` (one without a
   pipeline) where the global batch splits into whole samples per rank;
-  the schedule is 1F1B: in this model GPipe costs the same time and holds
-  more activations (all ``m`` in flight against ``pp - k``), so it never
-  wins;
+* the schedule (``schedules``, :data:`SCHEDULES`): 1F1B, ZB-H1 and ZB-H2,
+  each a search of its own, its stages holding the micro-batches its
+  schedule keeps in flight on them (1F1B ``min(pp - k, m)`` on stage k,
+  ZB-H1 ``min(pp, m)`` on every stage, its deferred W's, ZB-H2
+  ``min(2 pp - 1, m)``), so the extra activations count against the budget. The
+  zero-bubble kinds split every backward into the input gradient I and the
+  weight gradient W and pay both: a layer's backward is its I + W (the
+  profile's measured pair, which may cost more than the fused backward B;
+  unmeasured, B shared out, which sums to B). Stage searches that hold as
+  many micro-batches and cost the backward alike are shared between
+  schedules (ZB-H1's first stage is 1F1B's where I + W = B). ZB-H2 with
+  fewer than ``2 pp - 1`` micro-batches cannot run ahead: it is ZB-H1's
+  schedule at ZB-H1's memory or more, so it is not searched beside ZB-H1.
+  1F1B is searched first; a zero-bubble schedule then only where it can
+  beat the best plan so far (per template): its slowest stage takes at
+  least an even share of the layers' fastest times. GPipe costs 1F1B's
+  time in this model and holds more activations (all ``m`` in flight
+  against ``pp - k``), so it never wins;
 * the partition: first the split that balances each layer's fastest time
   (the bottleneck AMPA minimises, on the per-layer choices' costs), then
   the split that balances the chosen plan's own per-layer times. When a
   stage of the first split cannot fit even at its leanest, the split that
-  balances time among those whose every stage fits at its leanest (stage k
-  holds ``min(pp - k, m)`` micro-batches in flight, read off 1F1B's
-  schedule, so early stages take
-  fewer layers: Galvatron-BMW's memory balance, as a constraint), and if
+  balances time among those whose every stage fits at its leanest (with
+  the micro-batches the schedule keeps in flight on it: under 1F1B early
+  stages take fewer layers, Galvatron-BMW's memory balance, as a
+  constraint), and if
   none does, the split that balances the leanest memory itself; and the
   splits of the :data:`TEMPLATE_SPLITS` fastest template pipelines. All
   candidates are searched and the fastest feasible kept;
 * iteration time of a plan: the slowest stage's whole iteration (its
   ``m`` micro-batches, data-parallel communication included) plus the
-  fill and drain, ``(pp - 1)`` times the slowest stage's per-micro-batch
-  time, plus the activations and gradients sent across stage boundaries
-  on the way in and out.
+  fill and drain, plus the activations and gradients sent across stage
+  boundaries on the way in and out. The fill and drain reads F, I and W of
+  the stage slowest per micro-batch (its tensor-parallel and layout
+  changes on F and I in proportion; a weight gradient communicates
+  nothing): 1F1B ``(pp - 1)(F + I + W)``, that stage's whole
+  per-micro-batch time; ZB-H1 ``(pp - 1)(F + I - W)``, never less than
+  ``(pp - 1)`` forwards (the last stage starts that late in any flushed
+  schedule) nor ``(pp - 1)`` input gradients (the wave that drains it), so
+  never more than 1F1B's; ZB-H2 ``(pp - 1) F``, no bubble in the steady
+  state, while the weight gradients it defers cover the drain
+  (:func:`~.hybrid_stages.fill_drain_ms`, which also gives the rest; the
+  simulator's numbers for these schedules on equal stages).
 
 Templates (:data:`TEMPLATES`) are the same search with one strategy for
 every layer: pure DP, pure FSDP (ZeRO-3), Megatron-style 3D (pipeline x
@@ -59,16 +83,16 @@ from typing import Callable, Sequence
 from ...core.costs import ClusterSpec, LayerCost, ModelCosts
 from ...core.fields import check_int, number
 from ...core.partition import Partition
-from ...core.plan import GroPipe, NoPipeline, OneFOneB, ParallelPlan
-from .hybrid_partitions import _partitions, _split
-from .hybrid_results import (TEMPLATE_SPLITS, TEMPLATE_TEXT, TEMPLATES, HybridEstimate, HybridResult, StageEstimate,
-                             _template_names, as_estimate, template_of)
-from .hybrid_stages import _evaluate, _microbatch_options, _pp_options, _Search, _timed
+from ...core.plan import ZBH1, ZBH2, GroPipe, NoPipeline, OneFOneB, ParallelPlan
+from .hybrid_partitions import _fastest_times, _partitions, _split
+from .hybrid_results import (SCHEDULE_TEXT, SCHEDULES, TEMPLATE_SPLITS, TEMPLATE_TEXT, TEMPLATES, HybridEstimate,
+                             HybridResult, StageEstimate, _template_names, as_estimate, template_of)
+from .hybrid_stages import _evaluate, _microbatch_options, _pp_options, _Search, _timed, fill_drain_ms
 from ..layerwise.layer_strategies import LayerKind, LayerStrategy, layer_kinds, stage_strategies
 from ..layerwise.stage_search import assignment_cost
 
 __all__ = ["StageEstimate", "HybridEstimate", "HybridResult", "search_hybrid", "cost_plan", "as_estimate",
-           "TEMPLATES", "TEMPLATE_TEXT", "template_of"]
+           "TEMPLATES", "TEMPLATE_TEXT", "SCHEDULES", "SCHEDULE_TEXT", "template_of", "fill_drain_ms"]
 
 
 def search_hybrid(costs: ModelCosts, cluster: ClusterSpec, global_batch: int, *, budget_bytes: float | None = None,
@@ -77,18 +101,21 @@ def search_hybrid(costs: ModelCosts, cluster: ClusterSpec, global_batch: int, *,
                   dp_kinds: Sequence[str] = ("replicate", "zero2", "fsdp"), tp_kinds: Sequence[str] = ("1d",),
                   recompute: Sequence[bool] = (False, True), max_tp: int | None = None, optimizer: str = "adam",
                   kinds: Sequence[LayerKind] | Callable[[LayerCost], LayerKind] | None = None,
-                  progress: Callable[[str], None] | None = None) -> HybridResult:
+                  progress: Callable[[str], None] | None = None,
+                  schedules: Sequence[str] = SCHEDULES) -> HybridResult:
     """The fastest per-layer plan and the best plan of each template (see the module docstring).
 
     ``budget_bytes``: memory per device (default: the device's). ``max_tp``:
     the largest tensor-parallel degree (default: the devices of one node,
     so TP never crosses the slow link). ``templates``: which of
-    :data:`TEMPLATES` to search. ValueError for bad input; a template that
-    nothing fits is absent from ``best`` and its closest miss is in
-    ``misses``.
+    :data:`TEMPLATES` to search. ``schedules``: which pipeline schedules of
+    :data:`SCHEDULES` a pipeline may run. ValueError for bad input; a
+    template that nothing fits is absent from ``best`` and its closest miss
+    is in ``misses``.
     """
     started = time.perf_counter()
     world, budget = _checked_inputs(costs, cluster, global_batch, world_size, templates, budget_bytes)
+    schedules = _checked_schedules(schedules)
     limit = max_tp if max_tp is not None else 1 << (cluster.devices_per_node.bit_length() - 1)
     pool_options = dict(dp_kinds=tuple(dp_kinds), tp_kinds=tuple(tp_kinds), recompute=tuple(recompute), max_tp=limit)
     stage_strategies(1, **pool_options)  # bad options fail here, with their own message
@@ -105,10 +132,7 @@ def search_hybrid(costs: ModelCosts, cluster: ClusterSpec, global_batch: int, *,
                          f"degree in {pps} on {world} devices; use a multiple of {world}")
     tried: dict[tuple, set[tuple]] = {}
     several_nodes = world > cluster.devices_per_node
-    for i, (pp, m) in enumerate(configs):
-        if progress:
-            progress(f"pipeline degree {pp}, {m} micro-batches ({i + 1}/{len(configs)})")
-        plans += _search_shape(search, templates, pp, m, tried, several_nodes, limit)
+    plans += _search_shapes(search, templates, configs, schedules, tried, several_nodes, limit, progress)
     if "per-layer" in templates:  # the best templates' own splits, searched per layer too
         plans += _on_template_splits(search, plans, tried, several_nodes)
     best = _best_per_template(plans, templates)
@@ -141,9 +165,62 @@ def _checked_inputs(costs: ModelCosts, cluster: ClusterSpec, global_batch: int, 
     return world, budget
 
 
+def _checked_schedules(schedules: Sequence[str]) -> tuple[str, ...]:
+    """The schedules to search, each once; ValueError naming ``schedules`` unless some of :data:`SCHEDULES`."""
+    given = list(schedules) if isinstance(schedules, (list, tuple)) else None
+    if not given or any(k not in SCHEDULES for k in given):
+        raise ValueError(f"schedules must be a non-empty list of pipeline schedules among {', '.join(SCHEDULES)}, "
+                         f"got {schedules!r}")
+    return tuple(dict.fromkeys(given))
+
+
+def _schedules_of(pp: int, m: int, schedules: tuple[str, ...]) -> list[str]:
+    """The schedules searched at ``pp`` stages and ``m`` micro-batches: none but the plain one without a
+    pipeline; ZB-H2 not beside ZB-H1 where it cannot run ahead of it (``m < 2 pp - 1``: ZB-H1's schedule at as
+    much memory or more)."""
+    if pp == 1:
+        return [OneFOneB.kind]
+    return [k for k in schedules if not (k == ZBH2.kind and m < 2 * pp - 1 and ZBH1.kind in schedules)]
+
+
+def _search_shapes(search: _Search, templates: Sequence[str], configs: list[tuple[int, int]],
+                   schedules: tuple[str, ...], tried: dict[tuple, set[tuple]], several_nodes: bool, limit: int,
+                   progress: Callable[[str], None] | None) -> list[HybridEstimate]:
+    """The plans of every pipeline degree and micro-batch count: first without a pipeline and with 1F1B, then
+    with the zero-bubble schedules, each only where it can beat the best plan so far of what it searches for
+    (:func:`_beaten`)."""
+    shapes = [(pp, m, kind) for pp, m in configs for kind in _schedules_of(pp, m, schedules)]
+    shapes.sort(key=lambda shape: shape[2] != OneFOneB.kind)  # stable: 1F1B's shapes in their order first
+    plans: list[HybridEstimate] = []
+    bests: dict[str, HybridEstimate] = {}
+    for i, (pp, m, kind) in enumerate(shapes):
+        if progress:
+            progress(f"pipeline degree {pp}, {m} micro-batches{f', {kind}' if pp > 1 else ''} "
+                     f"({i + 1}/{len(shapes)})")
+        search.schedule = kind
+        best = None if kind == OneFOneB.kind else {name: p.iteration_ms for name, p in bests.items()}
+        found = _search_shape(search, templates, pp, m, tried, several_nodes, limit, best)
+        _best_per_template(found, templates, bests)
+        plans += found
+    return plans
+
+
+def _beaten(search: _Search, pp: int, m: int, strategy: LayerStrategy | None, names: Sequence[str],
+            best: dict[str, float] | None) -> bool:
+    """Whether no plan of this shape (per layer, or of a template's ``strategy``) can beat the best of ``names``
+    so far: its slowest stage takes at least an even share of the layers' fastest times, or the slowest layer's,
+    before any fill, drain or transfer."""
+    if best is None or not all(name in best for name in names):
+        return False
+    times = _fastest_times(search, pp, m, strategy)
+    bound = max(sum(times) / pp, max(times))
+    return all(bound > best[name] * (1 + 1e-9) for name in names)
+
+
 def _search_shape(search: _Search, templates: Sequence[str], pp: int, m: int, tried: dict[tuple, set[tuple]],
-                  several_nodes: bool, limit: int) -> list[HybridEstimate]:
-    """The plans of one pipeline degree and micro-batch count: per layer and per template strategy."""
+                  several_nodes: bool, limit: int, best: dict[str, float] | None = None) -> list[HybridEstimate]:
+    """The plans of one pipeline degree, micro-batch count and the search's schedule: per layer and per template
+    strategy (with ``best``, the iteration times to beat per template, only those that can)."""
     plans: list[HybridEstimate] = []
     n = search.world // pp
     # across nodes the mesh's TP size decides which ranks a stage gets. A pipeline's stage is one
@@ -158,11 +235,13 @@ def _search_shape(search: _Search, templates: Sequence[str], pp: int, m: int, tr
         mesh_sizes = [1 << e for e in range(n.bit_length()) if 1 << e <= min(n, limit)]
     for mesh_tp in mesh_sizes:
         search.mesh_tp = mesh_tp
-        if "per-layer" in templates:
-            plans += _partitions(search, "per-layer", None, pp, m, tried.setdefault((pp, m, mesh_tp), set()))
+        if "per-layer" in templates and not _beaten(search, pp, m, None, ["per-layer"], best):
+            plans += _partitions(search, "per-layer", None, pp, m,
+                                 tried.setdefault((pp, m, mesh_tp, search.schedule), set()))
         if set(templates) - {"per-layer"}:
             for strategy in search.pool(n):
-                if _template_names(strategy, pp, templates):  # the pool holds degrees up to mesh_tp
+                names = _template_names(strategy, pp, templates)  # the pool holds degrees up to mesh_tp
+                if names and not _beaten(search, pp, m, strategy, names, best):
                     plans += _partitions(search, "uniform", strategy, pp, m, set())
     return plans
 
@@ -175,7 +254,8 @@ def _on_template_splits(search: _Search, plans: list[HybridEstimate], tried: dic
                     key=lambda p: p.iteration_ms)[:TEMPLATE_SPLITS]:
         bounds = tuple((s.first, s.last) for s in p.stages)
         search.mesh_tp = p.plan.tp if several_nodes else None
-        key = (p.plan.pp, p.plan.microbatches, search.mesh_tp)
+        search.schedule = p.plan.pipeline.kind
+        key = (p.plan.pp, p.plan.microbatches, search.mesh_tp, search.schedule)
         if bounds not in tried.setdefault(key, set()):
             tried[key].add(bounds)
             found = _evaluate(search, "per-layer", None, p.plan.pp, p.plan.microbatches, list(bounds))
@@ -183,9 +263,11 @@ def _on_template_splits(search: _Search, plans: list[HybridEstimate], tried: dic
     return found_plans
 
 
-def _best_per_template(plans: list[HybridEstimate], templates: Sequence[str]) -> dict[str, HybridEstimate]:
-    """The fastest plan of each template (ties by name); a uniform plan also counts as a per-layer one."""
-    best: dict[str, HybridEstimate] = {}
+def _best_per_template(plans: list[HybridEstimate], templates: Sequence[str],
+                       best: dict[str, HybridEstimate] | None = None) -> dict[str, HybridEstimate]:
+    """The fastest plan of each template (ties by name), of ``plans`` and those already in ``best`` (updated); a
+    uniform plan also counts as a per-layer one."""
+    best = {} if best is None else best
     for p in plans:
         names = ["per-layer"] if p.source is None else _template_names(p.source, p.plan.pp, templates)
         if "per-layer" in templates:
@@ -202,17 +284,17 @@ def cost_plan(costs: ModelCosts, cluster: ClusterSpec, global_batch: int, plan: 
     """What the per-layer model predicts for one given plan (as :func:`search_hybrid` costs its candidates):
     iteration time, its breakdown and each stage's memory per device (not checked against a budget).
 
-    The plan runs without a pipeline, with 1F1B, or as GroPipe's groups without delay; its partition is
-    ranges, or ``uniform`` (equal layer counts). ValueError for what the model does not cost.
+    The plan runs without a pipeline, with 1F1B, ZB-H1 or ZB-H2, or as GroPipe's 1F1B groups without delay;
+    its partition is ranges, or ``uniform`` (equal layer counts). ValueError for what the model does not cost.
     """
     plan = ParallelPlan.parse(plan) if isinstance(plan, str) else plan
     if not isinstance(plan, ParallelPlan):
         raise ValueError(f"plan must be a ParallelPlan or a plan name, got {type(plan).__name__}")
     spec_ = plan.pipeline
-    if not (isinstance(spec_, (NoPipeline, OneFOneB)) or (isinstance(spec_, GroPipe) and spec_.delay == 0
-                                                           and spec_.inner == "1f1b")):
-        raise ValueError(f"plan {plan.name!r}: the per-layer model costs plans without a pipeline, with 1F1B, or "
-                         f"GroPipe's 1F1B groups without delay; not {spec_.kind!r}")
+    if not (isinstance(spec_, (NoPipeline, OneFOneB, ZBH1, ZBH2)) or (isinstance(spec_, GroPipe) and spec_.delay == 0
+                                                                       and spec_.inner == "1f1b")):
+        raise ValueError(f"plan {plan.name!r}: the per-layer model costs plans without a pipeline, with 1F1B, ZB-H1 "
+                         f"or ZB-H2, or GroPipe's 1F1B groups without delay; not {spec_.kind!r}")
     if plan.tp_kind == "2d":
         raise ValueError(f"plan {plan.name!r}: the per-layer model costs 1D tensor parallelism only")
     world, pp, m = plan.world_size, plan.pp, plan.microbatches
@@ -235,6 +317,7 @@ def cost_plan(costs: ModelCosts, cluster: ClusterSpec, global_batch: int, plan: 
         raise ValueError(f"plan {plan.name!r}: its partition does not cover the model's {num} layers")
     search = _Search(costs, cluster, global_batch, world, math.inf, {}, optimizer, layer_kinds(costs.layers, kinds))
     search.mesh_tp = plan.tp if world > cluster.devices_per_node else None
+    search.schedule = spec_.kind if isinstance(spec_, (ZBH1, ZBH2)) else OneFOneB.kind
     layers = plan.layers_for(num)
     assignments = []
     for k, (a, b) in enumerate(bounds):

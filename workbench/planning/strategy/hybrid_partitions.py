@@ -116,10 +116,13 @@ def _fastest_times(search: _Search, pp: int, m: int, strategy: LayerStrategy | N
 
 
 def _least_memory(search: _Search, pp: int, m: int, strategy: LayerStrategy | None) -> list[tuple[float, float]]:
-    """Per layer (state bytes, activation bytes per in-flight micro-batch) of its leanest option."""
-    return _per_layer(search, pp, m, pp - 1, strategy,  # the last stage holds one micro-batch in flight
-                      lambda costs: min(((c.state_bytes, c.activation_bytes) for c in costs),
-                                        key=lambda sa: sa[0] + pp * sa[1]))
+    """Per layer (state bytes, activation bytes per in-flight micro-batch) of its leanest option: the least
+    memory on the fullest stage (at least ``pp`` micro-batches in flight; ZB-H2's ``2 pp - 1``)."""
+    counts = search.in_flight(pp, m)
+    held, last = max(pp, *counts), counts[-1]  # costed on the last stage, which holds the fewest
+    return _per_layer(search, pp, m, pp - 1, strategy,
+                      lambda costs: min(((c.state_bytes, c.activation_bytes / last) for c in costs),
+                                        key=lambda sa: sa[0] + held * sa[1]))
 
 
 def _per_layer(search: _Search, pp: int, m: int, stage: int, strategy: LayerStrategy | None,

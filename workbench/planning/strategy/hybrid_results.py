@@ -16,9 +16,11 @@ from ..layerwise.layer_strategies import LayerStrategy
 from ..layerwise.stage_search import StageAssignment
 
 __all__ = ["StageEstimate", "HybridEstimate", "HybridResult", "as_estimate", "TEMPLATES", "TEMPLATE_TEXT",
-           "TEMPLATE_SPLITS", "template_of"]
+           "TEMPLATE_SPLITS", "SCHEDULES", "SCHEDULE_TEXT", "template_of"]
 
 TEMPLATES = ("per-layer", "uniform", "dp", "fsdp", "3d")
+SCHEDULES = ("1f1b", "zbh1", "zbh2")  # the pipeline schedules the search costs (pipeline kinds)
+SCHEDULE_TEXT = {"1f1b": "1F1B", "zbh1": "ZB-H1", "zbh2": "ZB-H2"}
 TEMPLATE_SPLITS = 4  # the fastest template pipelines whose partitions the per-layer search also tries
 TEMPLATE_TEXT = {"per-layer": "per-layer mix (dynamic programming)",
                  "uniform": "uniform plan (one strategy for every layer; layers its TP cannot split keep its DP kind)",
@@ -109,6 +111,7 @@ class HybridEstimate:
         mem = self.memory_bytes
         return {"name": self.name, "iteration_ms": self.iteration_ms, "throughput": self.throughput,
                 "memory_gib": mem / 2**30, "template": self.template, "method": "per-layer model",
+                "schedule": self.plan.pipeline.kind,
                 "partition": self.plan.partition, **self.breakdown(), "layers": self.layers()}
 
 

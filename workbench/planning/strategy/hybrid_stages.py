@@ -3,24 +3,36 @@ into a timed plan.
 
 A stage's ranks follow the plan's mesh (data parallelism outermost), its
 assignment is the per-layer programme's (:func:`~workbench.planning.layerwise.stage_search.search_stage`)
-or a template's one strategy; a split becomes a
-:class:`~workbench.core.plan.ParallelPlan` and its iteration time (slowest
-stage, fill and drain, boundary transfers). Pure Python.
+or a template's one strategy, under the schedule being searched (its
+micro-batches in flight per stage; a zero-bubble schedule's split backward);
+a split becomes a :class:`~workbench.core.plan.ParallelPlan` and its
+iteration time (slowest stage, the schedule's fill and drain, boundary
+transfers). Pure Python.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ...core.costs import ClusterSpec, ModelCosts
-from ...core.plan import NoPipeline, OneFOneB, ParallelPlan
+from ...core.plan import PIPELINE_KINDS, NoPipeline, OneFOneB, ParallelPlan
 from ...core.topology import Topology
 from ...scheduling.registry import stage_memory
 from .hybrid_results import TEMPLATES, HybridEstimate, StageEstimate, _template_names
 from ..layerwise.layer_strategies import LayerKind, LayerStrategy, stage_strategies
 from ..layerwise.stage_search import NoFit, StageAssignment, StageSpec, assignment_cost, search_stage
+
+# what stage s of a zero-bubble schedule of S stages and m micro-batches keeps in flight (tested against the walk of
+# its schedule, stage_memory, which takes seconds for tens of stages): ZB-H1 1F1B's warm-up plus the s weight
+# gradients it defers, ZB-H2 its 2S - 1 warm-up forwards
+IN_FLIGHT: dict[str, Callable[[int, int, int], int]] = {
+    "zbh1": lambda stages, s, m: min(stages, m),
+    "zbh2": lambda stages, s, m: min(2 * stages - 1, m),
+}
+
 
 class _Search:
     """The state of one :func:`search_hybrid` call: the stage searches are cached across partitions, each stage's
@@ -43,15 +55,27 @@ class _Search:
         self.boundaries: dict[tuple, float] = {}  # a boundary's transfers, forward and backward (_p2p_ms)
         self.splits: dict[tuple, list[tuple[int, int]] | None] = {}  # per (weights, parts): templates repeat them
         self.cost_tables: dict = {}  # the stages' layer costs, shared where they cost a layer alike
-        self.rebased: dict[int, ModelCosts] = {}
+        self.rebased: dict[tuple[int, bool], ModelCosts] = {}
+        # the pipeline schedule being searched (a kind of SCHEDULES), and whether its split backward costs other
+        # than the fused one on some layer (a measured I + W that is not B): then its stages are searched anew
+        self.schedule = OneFOneB.kind
+        self.split_costs = any(sum(l.split_backward_ms) != l.backward_ms for l in costs.layers)
+
+    @property
+    def splitting(self) -> bool:
+        """Whether the schedule being searched runs split backwards whose cost differs from the fused ones."""
+        return self.split_costs and _splits(self.schedule)
 
     def costs_at(self, batch: int) -> ModelCosts:
-        """The profile at ``batch`` samples a device (its batch fit's times there, cached); without a fit, as is."""
-        if self.costs.batch_fit is None:
+        """The profile at ``batch`` samples a device (its batch fit's times there, cached; without a fit, as is),
+        with every layer's backward its I + W where the schedule splits it (:func:`_split_profile`)."""
+        split = self.splitting
+        if self.costs.batch_fit is None and not split:
             return self.costs
-        if batch not in self.rebased:
-            self.rebased[batch] = self.costs.at_batch(batch)
-        return self.rebased[batch]
+        if (batch, split) not in self.rebased:
+            rebased = self.costs if self.costs.batch_fit is None else self.costs.at_batch(batch)
+            self.rebased[batch, split] = _split_profile(rebased) if split else rebased
+        return self.rebased[batch, split]
 
     def pool(self, devices: int) -> tuple[LayerStrategy, ...]:
         key = (devices, self.mesh_tp)
@@ -72,14 +96,19 @@ class _Search:
         return self.placed[pp, stage, t]
 
     def in_flight(self, pp: int, m: int) -> tuple[int, ...]:
-        """Micro-batches each stage holds at once: what 1F1B's schedule keeps on it (one stage: one)."""
-        if (pp, m) not in self.held:
-            self.held[pp, m] = stage_memory(ParallelPlan.for_pipeline(OneFOneB.kind, pp, m)).in_flight
-        return self.held[pp, m]
+        """Micro-batches each stage holds at once: what the schedule being searched keeps on it (one stage: one),
+        read off the schedule, or for the zero-bubble kinds its closed form (:data:`IN_FLIGHT`)."""
+        kind = self.schedule if pp > 1 else OneFOneB.kind
+        if (kind, pp, m) not in self.held:
+            closed = IN_FLIGHT.get(kind)
+            self.held[kind, pp, m] = tuple(closed(pp, s, m) for s in range(pp)) if closed else \
+                stage_memory(ParallelPlan.for_pipeline(kind, pp, m)).in_flight
+        return self.held[kind, pp, m]
 
     def spec(self, pp: int, m: int, stage: int, first: int, last: int) -> StageSpec:
-        """The stage as the search sees it (made once per stage, so it keeps the layer costs it has computed)."""
-        key = (pp, m, stage, first, last, self.mesh_tp)
+        """The stage as the search sees it (made once per stage, so it keeps the layer costs it has computed):
+        schedules that hold as many micro-batches on it and cost its backward alike share it."""
+        key = (pp, m, stage, first, last, self.mesh_tp, self.in_flight(pp, m)[stage], self.splitting)
         if key not in self.specs:
             self.specs[key] = self._spec(pp, m, stage, first, last).share_costs(self.cost_tables)
         return self.specs[key]
@@ -94,8 +123,10 @@ class _Search:
 
     def stage(self, template: str, strategy: LayerStrategy | None, pp: int, m: int, stage: int, first: int,
               last: int) -> StageAssignment | str:
-        """The best assignment of one stage (or why none fits), cached."""
-        key = (template, strategy, self.mesh_tp, pp, m, stage, first, last)
+        """The best assignment of one stage (or why none fits), cached: a schedule that holds as many
+        micro-batches on it and costs its backward alike (ZB-H1's first stage, 1F1B's) finds the same."""
+        key = (template, strategy, self.mesh_tp, pp, m, stage, first, last, self.in_flight(pp, m)[stage],
+               self.splitting)
         if key in self.cache:
             return self.cache[key]
         spec = self.spec(pp, m, stage, first, last)
@@ -120,7 +151,21 @@ class _Search:
     def _miss(self, template: str, need: float, reason: str, pp: int, m: int) -> None:
         """Keep, per template, the failure that needs the least memory."""
         if template not in self.misses or need < self.misses[template][0]:
-            self.misses[template] = (need, f"pipeline degree {pp}, {m} micro-batches: {reason}")
+            schedule = f" ({self.schedule})" if pp > 1 else ""
+            self.misses[template] = (need, f"pipeline degree {pp}{schedule}, {m} micro-batches: {reason}")
+
+
+def _splits(kind: str) -> bool:
+    """Whether pipeline kind ``kind`` runs split backwards (input gradient I and weight gradient W apart)."""
+    return bool(getattr(PIPELINE_KINDS.get(kind), "split_backward", False))
+
+
+def _split_profile(costs: ModelCosts) -> ModelCosts:
+    """The profile with every layer's backward its split one, I + W (:attr:`LayerCost.split_backward_ms`: measured,
+    else the fused backward shared out, which sums to it): what a zero-bubble schedule pays."""
+    layers = tuple(l if sum(l.split_backward_ms) == l.backward_ms else replace(l, backward_ms=sum(l.split_backward_ms))
+                   for l in costs.layers)
+    return replace(costs, layers=layers)
 
 
 def _template_layers(strategy: LayerStrategy, kinds: list[LayerKind]) -> list[LayerStrategy]:
@@ -154,9 +199,9 @@ def _pp_options(world: int, num_layers: int, given: Sequence[int] | None) -> lis
 
 
 def _to_plan(assignments: list[StageAssignment], bounds: list[tuple[int, int]], pp: int, m: int, world: int,
-             mesh_tp: int | None) -> ParallelPlan:
+             mesh_tp: int | None, schedule: str = OneFOneB.kind) -> ParallelPlan:
     """The ParallelPlan of a search result: mesh dp x pp x tp (tp the largest degree, or the mesh's when it
-    decided placement); a pipeline is 1F1B over stages of one tensor-parallel unit each."""
+    decided placement); a pipeline runs ``schedule`` over stages of one tensor-parallel unit each."""
     strategies = [s for a in assignments for s in a.strategies]
     layers = tuple(s.to_layer_plan() for s in strategies)
     distinct = set({id(l): l for l in layers}.values())  # a strategy's LayerPlan is one object
@@ -165,7 +210,7 @@ def _to_plan(assignments: list[StageAssignment], bounds: list[tuple[int, int]], 
         raise ValueError("a plan's layers use one tensor-parallel kind (1D or 2D), not both")
     n = world // pp
     # a pipeline's stage is one tensor-parallel unit of n ranks when placement is free (one node): layers use
-    # part of it for TP and the rest as their data-parallel group, and the pipeline is a plain 1F1B one
+    # part of it for TP and the rest as their data-parallel group, and the pipeline is a plain one of its kind
     t = mesh_tp or (n if pp > 1 and not tp_kinds else max(l.tp_degree for l in distinct))
     if tp_kinds == {"2d"}:
         q = math.isqrt(t)
@@ -177,7 +222,7 @@ def _to_plan(assignments: list[StageAssignment], bounds: list[tuple[int, int]], 
     if pp == 1:
         pipeline: Any = NoPipeline()
     else:
-        pipeline = OneFOneB()  # n == t: the stage is one tensor-parallel unit (search_hybrid places it so)
+        pipeline = PIPELINE_KINDS[schedule]()  # n == t: the stage is one tensor-parallel unit (search_hybrid's)
     partition = "uniform" if pp == 1 else "|".join(f"{a}-{b}" for a, b in bounds)
     if len(distinct) == 1:
         layers = layers[:1]
@@ -211,7 +256,7 @@ def _evaluate(search: _Search, template: str, strategy: LayerStrategy | None, pp
             return None
         assignments.append(found)
     try:
-        plan = _to_plan(assignments, bounds, pp, m, search.world, search.mesh_tp)
+        plan = _to_plan(assignments, bounds, pp, m, search.world, search.mesh_tp, search.schedule)
     except ValueError:  # layers mixing 1D and 2D tensor parallelism: no mesh holds them
         return None
     return _timed(search, plan, bounds, assignments, template, strategy)
@@ -219,14 +264,70 @@ def _evaluate(search: _Search, template: str, strategy: LayerStrategy | None, pp
 
 def _timed(search: _Search, plan: ParallelPlan, bounds: list[tuple[int, int]], assignments: list[StageAssignment],
            template: str, strategy: LayerStrategy | None) -> HybridEstimate:
-    """The plan with its iteration: slowest stage, fill and drain, boundary transfers (see :mod:`.hybrid`)."""
+    """The plan (run with the search's schedule) with its iteration: slowest stage, fill and drain, boundary
+    transfers (see :mod:`.hybrid`)."""
     pp, m, n = plan.pp, plan.microbatches, search.world // plan.pp
     held = search.in_flight(pp, m)
     stages = tuple(StageEstimate(a, b, k * n, n, held[k], found)
                    for k, ((a, b), found) in enumerate(zip(bounds, assignments)))
     slowest = max(s.time_ms for s in stages)
-    bubble = (pp - 1) * max((s.part("compute_ms") + s.part("tp_comm_ms") + s.assignment.transition_ms) / m
-                            for s in stages)
+    bubble = _bubble_ms(search, stages, pp, m)
     p2p = _p2p_ms(search, bounds, pp, m)
     return HybridEstimate(plan, stages, template, search.global_batch, slowest + bubble + p2p, bubble, p2p,
                           tuple(l.name for l in search.costs.layers), strategy)
+
+
+def fill_drain_ms(schedule: str, pp: int, m: int, forward: float, input_grad: float, weight_grad: float) -> float:
+    """The fill and drain of a flushed pipeline of ``pp`` stages and ``m`` micro-batches whose slowest stage
+    takes ``forward`` (F), ``input_grad`` (I) and ``weight_grad`` (W) ms a micro-batch (see :mod:`.hybrid`).
+
+    1F1B: ``(pp - 1)(F + I + W)``. ZB-H1: ``(pp - 1)(F + I - W)``, never
+    less than ``(pp - 1)`` forwards (the last stage starts that late in any
+    flushed schedule) nor ``(pp - 1)`` input gradients (the wave that drains
+    it). ZB-H2, where its ``2 pp - 1`` micro-batches in flight can run ahead
+    (``m >= 2 pp - 1``; else ZB-H1's): ``(pp - 1) F``, the fill alone, while
+    the weight gradients it defers cover the drain (``I <= 2 W`` and
+    ``I <= 2 F``), else ``(pp - 1)`` times the larger of ``F + I - 2 W`` and
+    ``I - F``. Both are what the simulator gives their schedules on equal
+    stages.
+    """
+    f, i, w = forward, input_grad, weight_grad
+    if pp == 1:
+        return 0.0
+    if schedule == "zbh2" and m >= 2 * pp - 1:
+        return (pp - 1) * max(f, f + i - 2 * w, i - f)
+    if schedule in ("zbh1", "zbh2"):
+        return (pp - 1) * max(f + i - w, f, i)
+    return (pp - 1) * (f + i + w)
+
+
+def _bubble_ms(search: _Search, stages: tuple[StageEstimate, ...], pp: int, m: int) -> float:
+    """The search's schedule's :func:`fill_drain_ms` from the stage slowest a micro-batch: its F, its I (the rest
+    of its compute: the input gradient with any recomputed forward) and its W, with its tensor-parallel and
+    layout-changing time on F and I in proportion (a weight gradient communicates nothing)."""
+    if pp == 1:
+        return 0.0
+    per_microbatch = [(s.part("compute_ms") + s.part("tp_comm_ms") + s.assignment.transition_ms) / m for s in stages]
+    slowest = max(per_microbatch)
+    if not _splits(search.schedule):
+        return (pp - 1) * slowest
+    k = per_microbatch.index(slowest)
+    forward, weight = _forward_and_weight_ms(search, stages[k], m)
+    compute = stages[k].part("compute_ms") / m
+    input_grad = max(0.0, compute - forward - weight)
+    comm = slowest - compute
+    on_forward = comm * forward / (forward + input_grad) if forward + input_grad > 0 else comm / 2
+    return fill_drain_ms(search.schedule, pp, m, forward + on_forward, input_grad + comm - on_forward, weight)
+
+
+def _forward_and_weight_ms(search: _Search, stage: StageEstimate, m: int) -> tuple[float, float]:
+    """The stage's forward and weight-gradient compute for one micro-batch, as :func:`layer_cost` charges them:
+    each layer's profile times at its group's share of the micro-batch, divided by its TP degree."""
+    microbatch = search.global_batch // m
+    costs = search.costs_at(max(1, microbatch // stage.devices))
+    forward = weight = 0.0
+    for layer, s in zip(costs.layers[stage.first:stage.last + 1], stage.assignment.strategies):
+        share = microbatch / s.dp_degree / costs.batch_size / s.tp_degree
+        forward += layer.forward_ms * share
+        weight += layer.split_backward_ms[1] * share
+    return forward, weight
