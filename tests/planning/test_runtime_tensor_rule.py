@@ -40,7 +40,10 @@ def toy_transformer() -> ModelCosts:
 
 
 def _split_layers(result) -> list[tuple[str, str, int]]:
-    return [(p.name, layer["name"], layer["tp"]) for p in result.plans for layer in p.layers() if layer["tp"] > 1]
+    """Every split layer of the ranked plans and of every plan the per-layer search costed."""
+    costed = list(result.per_layer.plans) if result.per_layer is not None else []
+    return [(p.name, layer["name"], layer["tp"]) for p in [*result.plans, *costed] for layer in p.layers()
+            if layer["tp"] > 1]
 
 
 def test_a_model_without_a_gpt2_shape_gets_no_tensor_parallel_plan_and_one_note():
