@@ -104,7 +104,7 @@ def simulate(schedule: Schedule, stage_costs: StageCosts | None = None, cluster:
         return _simulate(lowered, costs, cluster, microbatch_size, None)
     if cluster is not None and sharing.ranks_per_node is None:
         sharing = CoreSharing(sharing.cores, sharing.background, cluster.devices_per_node)
-    scale = [1.0] * n
+    scale, comm = [1.0] * n, [1.0] * n
     call = cluster.collective_call_ms if cluster is not None else 0.0
     at = None  # the runnable threads of the previous pass, which the waits of the next one are read from
     # several iterations streamed back to back (async, delayed GroPipe): the contention of the steady ones,
@@ -115,14 +115,17 @@ def simulate(schedule: Schedule, stage_costs: StageCosts | None = None, cluster:
     for _ in range(SHARING_ROUNDS):
         # a message's receiver joins the threads runnable on its node when the message arrives
         wait = None if at is None else (lambda dst, t, at=at: call * sharing.wait_fraction(at(dst, t) + 1))
-        result = _simulate(lowered, costs, cluster, microbatch_size, scale, wait)
-        result.metrics["sharing_slowdown"] = scale
-        wanted = [sharing.slowdown(a) for a in activity(result.timeline.events, n, sharing, steady)]
-        settled = all(abs(w - s) <= 0.01 * s for w, s in zip(wanted, scale))
+        result = _simulate(lowered, costs, cluster, microbatch_size, scale, wait, comm)
+        result.metrics["sharing_slowdown"], result.metrics["sharing_comm_slowdown"] = scale, comm
+        events = result.timeline.events
+        wanted = [sharing.slowdown(a) for a in activity(events, n, sharing, steady)]
+        wanted_comm = [sharing.collective_stretch(a) for a in activity(events, n, sharing, steady, frozenset({"AR"}))]
+        settled = all(abs(w - s) <= 0.01 * s for w, s in zip(wanted + wanted_comm, scale + comm))
         if settled and (wait is not None or not call):
             break
-        if not settled:
-            scale = [(w + s) / 2 for w, s in zip(wanted, scale)]  # damped: stretching compute changes the overlap
+        if not settled:  # damped: stretching compute and collectives changes the overlap
+            scale = [(w + s) / 2 for w, s in zip(wanted, scale)]
+            comm = [(w + s) / 2 for w, s in zip(wanted_comm, comm)]
         if call:
             at = runnable_at(result.timeline.events, sharing)
     return result
@@ -130,10 +133,11 @@ def simulate(schedule: Schedule, stage_costs: StageCosts | None = None, cluster:
 
 def _simulate(lowered: Schedule, costs: StageCosts, cluster: ClusterSpec | None, microbatch_size: int | None,
               scale: list[float] | None,
-              message_wait: Callable[[int, float], float] | None = None) -> SimResult:
+              message_wait: Callable[[int, float], float] | None = None,
+              comm_scale: list[float] | None = None) -> SimResult:
     """One timed pass; ``scale[r]`` stretches rank r's compute (processor sharing, interference then off) and
     ``message_wait(r, t)`` delays a message rank r receives at time t (its wait for a core)."""
-    run = _Pass(lowered, costs, cluster, scale, message_wait)
+    run = _Pass(lowered, costs, cluster, scale, message_wait, comm_scale)
     run.run()
     timeline = Timeline(tuple(run.events), {"schedule": lowered.name, "cluster": cluster.name if cluster else None})
     memory = memory_breakdown(lowered, costs)
@@ -159,9 +163,10 @@ class _Pass:
     earliest, and parks when it has to wait for another rank (a message, an all-reduce)."""
 
     def __init__(self, lowered: Schedule, costs: StageCosts, cluster: ClusterSpec | None, scale: list[float] | None,
-                 message_wait: Callable[[int, float], float] | None) -> None:
+                 message_wait: Callable[[int, float], float] | None, comm_scale: list[float] | None = None) -> None:
         n = lowered.num_ranks
         self.lowered, self.costs, self.cluster, self.scale = lowered, costs, cluster, scale
+        self.comm_scale = comm_scale
         self.links = _Links(cluster, n, message_wait)
         if scale is not None:
             self.links.interference = None
@@ -256,7 +261,8 @@ class _Pass:
         launched[r] = self.clock[r]
         if len(launched) == len(group):
             nbytes = self.costs.grad_bytes[a.stage] // (self.num_buckets if a.bucket is not None else 1)
-            start, end = self.links.all_reduce(group, nbytes, max(launched.values()))
+            stretch = max(self.comm_scale[m] for m in group) if self.comm_scale else 1.0
+            start, end = self.links.all_reduce(group, nbytes, max(launched.values()), stretch)
             self.ar_done[key] = (start, end)
             if end > start:
                 for m in group:

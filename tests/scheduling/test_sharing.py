@@ -8,8 +8,8 @@ from workbench.core.costs import ClusterSpec, DeviceSpec, LinkSpec
 from workbench.core.timeline import Event, Timeline
 from workbench.scheduling import generators
 from workbench.scheduling.from_config import stage_costs_from_timeline
-from workbench.scheduling.sharing import (CoreSharing, activity, runnable_at, sharing_slowdown, solo_durations,
-                                          wait_fraction)
+from workbench.scheduling.sharing import (COLLECTIVE_CPU_SHARE, CoreSharing, activity, runnable_at, sharing_slowdown,
+                                          solo_durations, wait_fraction)
 from workbench.scheduling.simulate import simulate
 from workbench.scheduling.stagecosts import StageCosts
 
@@ -35,12 +35,46 @@ def test_processor_sharing_slowdown():
 def test_activity_counts_compute_and_cpu_communication_not_waits():
     events = [ev(0, "F", 0, 10), ev(1, "F", 0, 5), ev(1, "RECV_F", 5, 10), ev(2, "AR", 5, 10), ev(3, "B", 20, 30)]
     got = activity(events, 4, CoreSharing(2))
-    assert got[0] == pytest.approx(2.0)  # rank 1's forward for the first half, the all-reduce for the second
+    # rank 1's forward for the first half, the all-reduce (its share of work on a core) for the second
+    assert got[0] == pytest.approx(1 + (1 + COLLECTIVE_CPU_SHARE) / 2)
     assert got[1] == pytest.approx(2.0)
     assert got[2] == 1.0  # no compute: it would run alone
     assert got[3] == pytest.approx(1.0)
     # ranks on different nodes do not share cores
     assert activity(events, 4, CoreSharing(2, ranks_per_node=1))[0] == pytest.approx(1.0)
+
+
+def _pairs_all_reducing(cluster: ClusterSpec, compute_beside: bool) -> list[float]:
+    """The all-reduce events' durations: ranks 0-1 all-reduce (stage 0's group), ranks 2-3 all-reduce too or
+    compute meanwhile."""
+    from dataclasses import replace
+
+    from workbench.core.ir import Action, Op, Schedule, ScheduleMeta
+
+    def rank(r: int) -> tuple:
+        if compute_beside and r >= 2:
+            return (Action(r, Op.STEP, iteration=0),)  # a long optimizer step: compute, with nothing to receive
+        return (Action(r // 2, Op.ALL_REDUCE, iteration=0), Action(r // 2, Op.STEP, iteration=0))
+
+    schedule = Schedule(tuple(rank(r) for r in range(4)), name="pairs", num_stages=4, num_microbatches=1,
+                        meta=ScheduleMeta(stage_to_rank=((0, 0, 1, 1),), dp_groups=((0, 1), (2, 3), (2,), (3,))))
+    costs = replace(StageCosts.uniform(4, param_bytes=120_000_000), step_ms=(0.0, 0.0, 1000.0, 1000.0))
+    sim = simulate(schedule, costs, cluster, sharing=CoreSharing(2))
+    return sorted(e.end - e.start for e in sim.timeline.events if e.op == "AR")  # one event per member
+
+
+def test_an_all_reduce_on_shared_cores_slows_by_its_share_of_work_on_them():
+    link = LinkSpec("ar", latency_us=0.0, bandwidth_gbs=1.0)
+    cluster = ClusterSpec("two-core", 1, 4, DeviceSpec("cpu", {"float32": 1.0}, 2**34, 10.0), link,
+                          shared_compute=True)
+    alone = link.allreduce_ms(120_000_000, 2)
+    share = COLLECTIVE_CPU_SHARE
+    # two pairs at once: four all-reduce threads, each the share of a runnable one, on two cores
+    assert _pairs_all_reducing(cluster, False) == pytest.approx([alone * ((1 - share) + share * 4 * share / 2)] * 4,
+                                                                rel=0.02)
+    # beside two computing ranks: 2 + 2 share runnable
+    assert _pairs_all_reducing(cluster, True) == pytest.approx([alone * ((1 - share) + share * (2 + 2 * share) / 2)] * 2,
+                                                               rel=0.02)
 
 
 def test_solo_durations_undo_the_sharing():

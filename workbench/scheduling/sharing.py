@@ -20,6 +20,13 @@ thread) count; receives are waits and do not. The simulator
 (:func:`workbench.scheduling.simulate.simulate` with ``sharing=``) times
 the schedule, reads each rank's activity, stretches that rank's compute by
 the slowdown it implies and times it again, until the stretch settles.
+A gloo all-reduce between CPU processes is partly work on their cores
+(copies and sums) and partly waiting for its peer: a share
+:data:`COLLECTIVE_CPU_SHARE` of its time. Its thread counts as that much of
+a runnable thread, and the all-reduce itself is stretched by the threads
+runnable while it runs (:meth:`CoreSharing.collective_stretch`): beside two
+computing processes on two cores it takes longer than alone (where the
+link's bandwidth was measured), two pairs at once only a little longer.
 The same activity read from a *measured* timeline turns its durations, which
 were taken under contention, back into solo durations
 (:func:`solo_durations`), so a prediction from measured stage times does not
@@ -37,10 +44,15 @@ from ..core.fields import check_number
 from ..core.timeline import Event
 
 __all__ = ["CoreSharing", "sharing_slowdown", "wait_fraction", "activity", "runnable_at", "solo_durations",
-           "COMPUTE_OPS", "CPU_COMM_OPS"]
+           "COMPUTE_OPS", "CPU_COMM_OPS", "COLLECTIVE_CPU_SHARE"]
 
 COMPUTE_OPS = frozenset({"F", "B", "I", "W", "STEP"})
 CPU_COMM_OPS = frozenset({"AR", "SEND_F", "SEND_B"})
+# The share of a gloo all-reduce's time spent working on a core (the rest waits for the peer), fitted by
+# bench/bench_collective_cpu.py on this machine's 2 cores (bench/RESULTS.md, "Collectives on shared cores"): beside
+# two computing processes a 2-rank all-reduce of 64 MiB took 2.06x its time alone, and two pairs at once 1.59x;
+# (1 - s) + s * (runnable / 2) with 2 + 2s and 4s runnable fits both best at s = 0.9 (1.9x and 1.72x).
+COLLECTIVE_CPU_SHARE = 0.9
 
 
 def sharing_slowdown(runnable: float, cores: float, background: float = 0.0) -> float:
@@ -83,6 +95,12 @@ class CoreSharing:
         """See :func:`wait_fraction`."""
         return wait_fraction(runnable, self.cores, self.background)
 
+    def collective_stretch(self, runnable: float) -> float:
+        """How much longer an all-reduce takes among ``runnable`` threads (weighted, its own included) than
+        with its peer alone: its share of work on a core slows as compute does, its waiting does not."""
+        share = COLLECTIVE_CPU_SHARE
+        return (1.0 - share) + share * self.slowdown(runnable)
+
 
 def wait_fraction(runnable: float, cores: float, background: float = 0.0) -> float:
     """How much of a full scheduling wait a thread woken among ``runnable`` busy ones (itself included) pays.
@@ -97,18 +115,28 @@ def wait_fraction(runnable: float, cores: float, background: float = 0.0) -> flo
     return min(1.0, max(0.0, (runnable + background - cores) / cores))
 
 
-def _counts(events: Iterable[Event], sharing: CoreSharing) -> dict[int, tuple[list[float], list[int]]]:
-    """Per node: the times where the number of runnable threads changes, and the count from each on."""
-    deltas: dict[int, dict[float, int]] = defaultdict(lambda: defaultdict(int))
+def _weight(op: str) -> float:
+    """How much of a runnable thread an event is: computing 1, an all-reduce its share of work on a core."""
+    if op in COMPUTE_OPS:
+        return 1.0
+    if op == "AR":
+        return COLLECTIVE_CPU_SHARE
+    return 1.0 if op in CPU_COMM_OPS else 0.0
+
+
+def _counts(events: Iterable[Event], sharing: CoreSharing) -> dict[int, tuple[list[float], list[float]]]:
+    """Per node: the times where the (weighted) number of runnable threads changes, and the count from each on."""
+    deltas: dict[int, dict[float, float]] = defaultdict(lambda: defaultdict(float))
     for e in events:
-        if (e.op in COMPUTE_OPS or e.op in CPU_COMM_OPS) and e.end > e.start:
+        w = _weight(e.op)
+        if w and e.end > e.start:
             d = deltas[sharing.node(e.rank)]
-            d[e.start] += 1
-            d[e.end] -= 1
+            d[e.start] += w
+            d[e.end] -= w
     out = {}
     for node, d in deltas.items():
         times = sorted(d)
-        running, counts = 0, []
+        running, counts = 0.0, []
         for t in times:
             running += d[t]
             counts.append(running)
@@ -116,7 +144,7 @@ def _counts(events: Iterable[Event], sharing: CoreSharing) -> dict[int, tuple[li
     return out
 
 
-def _mean_count(times: list[float], counts: list[int], start: float, end: float) -> float:
+def _mean_count(times: list[float], counts: list[float], start: float, end: float) -> float:
     """Time-average of the step function over [start, end)."""
     i = max(0, bisect_right(times, start) - 1)
     total, t = 0.0, start
@@ -131,14 +159,15 @@ def _mean_count(times: list[float], counts: list[int], start: float, end: float)
 
 
 def activity(events: Iterable[Event], num_ranks: int, sharing: CoreSharing,
-             iterations: "set[int] | None" = None) -> list[float]:
+             iterations: "set[int] | None" = None, ops: frozenset = COMPUTE_OPS) -> list[float]:
     """Per rank: the average number of runnable threads on its node while the rank computes (>= 1).
 
     ``iterations``: average over the compute events of these iterations only
     (all threads still count), e.g. the steady iterations of a schedule that
     streams several, whose fill and drain run fewer ranks at once than the
     steady state the iteration time is taken from. A rank with no compute
-    events there gets 1.0 (it would run alone).
+    events there gets 1.0 (it would run alone). ``ops``: the events averaged
+    over (``{"AR"}``: while the rank all-reduces).
     """
     events = list(events)
     counts = _counts(events, sharing)
@@ -147,25 +176,25 @@ def activity(events: Iterable[Event], num_ranks: int, sharing: CoreSharing,
     for e in events:
         if iterations is not None and e.iteration not in iterations:
             continue
-        if e.op in COMPUTE_OPS and e.end > e.start and e.rank < num_ranks:
+        if e.op in ops and e.end > e.start and e.rank < num_ranks:
             times, c = counts[sharing.node(e.rank)]
             weighted[e.rank] += _mean_count(times, c, e.start, e.end) * (e.end - e.start)
             busy[e.rank] += e.end - e.start
     return [max(1.0, weighted[r] / busy[r]) if busy[r] > 0 else 1.0 for r in range(num_ranks)]
 
 
-def runnable_at(events: Iterable[Event], sharing: CoreSharing) -> "Callable[[int, float], int]":
+def runnable_at(events: Iterable[Event], sharing: CoreSharing) -> "Callable[[int, float], float]":
     """``at(rank, t)``: how many threads of the *other* ranks of ``rank``'s node the timeline has runnable at ``t``."""
     events = list(events)
     by_node = _counts(events, sharing)
     own = _counts(events, CoreSharing(sharing.cores, sharing.background, 1))  # one "node" per rank
 
-    def count(table: dict, key: int, t: float) -> int:
+    def count(table: dict, key: int, t: float) -> float:
         times, c = table.get(key, ((), ()))
         i = bisect_right(times, t) - 1
         return c[i] if i >= 0 else 0
 
-    def at(rank: int, t: float) -> int:
+    def at(rank: int, t: float) -> float:
         return count(by_node, sharing.node(rank), t) - count(own, rank, t)
 
     return at

@@ -88,8 +88,10 @@ class Pass:
 
     def __init__(self, comp: Compiled, costs: StageCosts, cluster: ClusterSpec | None, scale: list[float] | None,
                  message_wait: Callable[[int, float], float] | None,
-                 reduce_groups: tuple[tuple[int, ...], ...] | None = None) -> None:
+                 reduce_groups: tuple[tuple[int, ...], ...] | None = None,
+                 comm_scale: list[float] | None = None) -> None:
         n = comp.num_ranks
+        self.comm_scale = comm_scale  # per rank, how much slower the all-reduces it joins run (processor sharing)
         self.reduce_groups = reduce_groups  # per stage, the whole group an all-reduce spans (a block of replicas)
         if cluster is not None and cluster.world_size < n:
             raise ValueError(f"cluster {cluster.name!r} has {cluster.world_size} devices but the schedule needs "
@@ -307,7 +309,8 @@ class Pass:
         ports = [self.port0 + k for k in {self.node[m] for m in group}] if self.multi_node and spans else []
         start = max([ready] + [coll[m] for m in group] + [free[k] for k in ports])
         call = cluster.allreduce_call_ms(size) if cluster else 0.0
-        end = start + (link.allreduce_ms(nbytes, size) + call if link else 0.0)
+        stretch = max(self.comm_scale[m] for m in group) if self.comm_scale else 1.0
+        end = start + (link.allreduce_ms(nbytes, size) + call if link else 0.0) * stretch
         if self.interference is not None and end > start:
             end = self.interference.place("comm", group, start, end - start)
         for m in group:

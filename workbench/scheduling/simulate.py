@@ -34,9 +34,10 @@ places them, so an overlap with work a slower rank places later is not seen;
 free (zero time) but its bytes are still counted.
 
 Processor sharing (``sharing=``, for CPU ranks time-sharing a node's cores):
-instead of the pairwise overlap slowdown, each rank's compute is stretched by
-how many threads of its node are runnable while it computes, settled by a
-fixed point (see :mod:`workbench.scheduling.sharing`); ``stage_costs`` are
+instead of the pairwise overlap slowdown, each rank's compute, and the
+share of each all-reduce it takes part in that works on a core, is
+stretched by how many threads of its node are runnable while it runs, settled by a fixed point (see
+:mod:`workbench.scheduling.sharing`); ``stage_costs`` are
 then solo times (one process alone on the node). A message, like each step
 of a collective, completes only once its receiver holds a core again: it
 arrives ``collective_call_ms`` times
@@ -75,6 +76,7 @@ __all__ = ["simulate", "SimResult", "BUBBLE_DEFINITION"]
 
 BUBBLE_DEFINITION = "1 - (time the rank spends in F/B/I/W) / makespan of the whole run"
 _WORK = frozenset({"F", "B", "I", "W", "STEP"})
+_COLLECTIVE = frozenset({"AR"})
 
 
 class SimResult:
@@ -185,7 +187,7 @@ def simulate(schedule: Schedule, stage_costs: StageCosts | None = None, cluster:
         raise ValueError("reduce_groups is for ranks that do not share cores; simulate every replica with sharing")
     if cluster is not None and sharing.ranks_per_node is None:
         sharing = CoreSharing(sharing.cores, sharing.background, cluster.devices_per_node)
-    scale = [1.0] * n
+    scale, comm = [1.0] * n, [1.0] * n
     call = cluster.collective_call_ms if cluster is not None else 0.0
     at = None  # the runnable threads of the previous pass, which the waits of the next one are read from
     # several iterations streamed back to back (async, delayed GroPipe): the contention of the steady ones,
@@ -196,14 +198,17 @@ def simulate(schedule: Schedule, stage_costs: StageCosts | None = None, cluster:
     for _ in range(SHARING_ROUNDS):
         # a message's receiver joins the threads runnable on its node when the message arrives
         wait = None if at is None else (lambda dst, t, at=at: call * sharing.wait_fraction(at(dst, t) + 1))
-        result = _simulate(comp, costs, cluster, microbatch_size, scale, wait)
-        result.metrics["sharing_slowdown"] = scale
-        wanted = [sharing.slowdown(a) for a in activity(result.timeline.events, n, sharing, steady)]
-        settled = all(abs(w - s) <= 0.01 * s for w, s in zip(wanted, scale))
+        result = _simulate(comp, costs, cluster, microbatch_size, scale, wait, comm_scale=comm)
+        result.metrics["sharing_slowdown"], result.metrics["sharing_comm_slowdown"] = scale, comm
+        events = result.timeline.events
+        wanted = [sharing.slowdown(a) for a in activity(events, n, sharing, steady)]
+        wanted_comm = [sharing.collective_stretch(a) for a in activity(events, n, sharing, steady, _COLLECTIVE)]
+        settled = all(abs(w - s) <= 0.01 * s for w, s in zip(wanted + wanted_comm, scale + comm))
         if settled and (wait is not None or not call):
             break
-        if not settled:
-            scale = [(w + s) / 2 for w, s in zip(wanted, scale)]  # damped: stretching compute changes the overlap
+        if not settled:  # damped: stretching compute and collectives changes the overlap
+            scale = [(w + s) / 2 for w, s in zip(wanted, scale)]
+            comm = [(w + s) / 2 for w, s in zip(wanted_comm, comm)]
         if call:
             at = runnable_at(result.timeline.events, sharing)
     return result
@@ -212,10 +217,12 @@ def simulate(schedule: Schedule, stage_costs: StageCosts | None = None, cluster:
 def _simulate(comp: Compiled, costs: StageCosts, cluster: ClusterSpec | None, microbatch_size: int | None,
               scale: list[float] | None,
               message_wait: Callable[[int, float], float] | None = None,
-              reduce_groups: tuple[tuple[int, ...], ...] | None = None) -> SimResult:
-    """One timed pass; ``scale[r]`` stretches rank r's compute (processor sharing, interference then off) and
+              reduce_groups: tuple[tuple[int, ...], ...] | None = None,
+              comm_scale: list[float] | None = None) -> SimResult:
+    """One timed pass; ``scale[r]`` stretches rank r's compute (processor sharing, interference then off),
+    ``comm_scale[r]`` the all-reduces rank r takes part in (the most of their members') and
     ``message_wait(r, t)`` delays a message rank r receives at time t (its wait for a core)."""
-    run = Pass(comp, costs, cluster, scale, message_wait, reduce_groups)
+    run = Pass(comp, costs, cluster, scale, message_wait, reduce_groups, comm_scale)
     run.run()
     memory = comp.memory.breakdown(costs)
     return SimResult(None, _metrics(comp.source, run, costs, microbatch_size, memory), comp, memory,
