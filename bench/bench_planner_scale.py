@@ -228,7 +228,7 @@ MEASUREMENTS: list[Measurement] = [
     Measurement("simulate_1f1b_16x64_comm_ms", simulate_1f1b_16x64_comm, 50.0, repeats=9,
                 note="bench_scheduling.py's case, for comparison"),
     Measurement("per_layer_search_gpt2_48_layers_64_devices_ms", per_layer_search_gpt2_48_64, 700.0, repeats=3,
-                note="per-layer search, GPT-2 48 layers, 64 devices: search_hybrid's 3706 stage searches, each call "
+                note="per-layer search, GPT-2 48 layers, 64 devices (1F1B, ZB-H1 and ZB-H2 pipelines): each call "
                      "a first call"),
 ]
 
