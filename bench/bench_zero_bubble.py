@@ -9,7 +9,8 @@ input-gradient pass and the weight pass against one fused backward.
 Approach. ResNet-18 at 96x96, global batch 64, 4 micro-batches, two ranks
 (one core each), synthetic data; 1F1B, ZB-H1, ZB-H2 and the automatic
 schedule on AMPA's 2-stage cut, ZB-V and DualPipeV (ours and torch's) on
-AMPA's 4-stage cut. Runs are interleaved per repeat; throughput is samples
+AMPA's 4-stage cut. Runs are interleaved per repeat (the order reversed every
+other repeat); throughput is samples
 over the summed step times after ``WARMUP`` steps; ratios are taken within
 a repeat and their median is reported. From the runs' own events:
 
@@ -143,6 +144,19 @@ def summarise(rows: list[dict[str, dict]], m: int) -> dict:
     return out
 
 
+def partial_summary(rows: list[dict[str, dict]]) -> dict:
+    """The ratios whose two cases ran (``--only``)."""
+    pairs = {"zbh1_over_1f1b": ("zbh1", "1f1b"), "zbh2_over_zbh1": ("zbh2", "zbh1"),
+             "zbauto_over_zbh1": ("zbauto", "zbh1"), "zbv_ours_over_torch": ("zbv", "torch-zbv"),
+             "dualpipev_ours_over_torch": ("dualpipev", "torch-dualpipev")}
+    out = {}
+    for key, (a, b) in pairs.items():
+        if a in rows[0] and b in rows[0]:
+            values = [r[a]["samples_per_s"] / r[b]["samples_per_s"] for r in rows]
+            out[key] = {"median": statistics.median(values), "runs": values}
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -150,7 +164,8 @@ def main() -> int:
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--only", default="", help="comma-separated case names (default: all)")
+    parser.add_argument("--only", default="", help="comma-separated case names (default: all); the summary then "
+                        "has the ratios whose two cases ran")
     args = parser.parse_args()
     m = args.microbatches
     part = cuts(args.size, args.batch, m)
@@ -163,13 +178,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-zb-") as root:
         for rep in range(args.repeats):
             row = {}
-            for case, plan in plans.items():
+            for case, plan in (list(plans.items()) if rep % 2 == 0 else list(plans.items())[::-1]):
                 row[case] = run(root, fields, case, plan, args.steps)
                 sim = row[case].get("simulated_step_ms")
                 print(f"  repeat {rep} {case:<16} {row[case]['samples_per_s']:8.1f} samples/s  step "
                       f"{row[case]['step_ms']:8.1f} ms" + (f"  simulated {sim:8.1f} ms" if sim else ""), flush=True)
             rows.append(row)
-    summary = summarise(rows, m) if len(plans) == len(cases(m, part)) else {}
+    summary = summarise(rows, m) if len(plans) == len(cases(m, part)) else partial_summary(rows)
     for key, value in summary.items():
         print(f"{key}: {json.dumps(value)}")
     RESULTS.parent.mkdir(exist_ok=True)
