@@ -121,7 +121,7 @@ def test_closed_forms_and_groups_keep_what_the_schedule_walk_keeps():
 
     for stages in range(1, 7):
         for m in range(1, 11):
-            names = [f"pp{stages}-1f1b-m{m}", f"pp{stages}-gpipe-m{m}"] if stages > 1 else []
+            names = [f"pp{stages}-{kind}-m{m}" for kind in ("1f1b", "gpipe", "zbh1", "zbh2")] if stages > 1 else []
             names += [f"gropipe-2x{stages}-{inner}-m{m}-d{d}" for inner in ("1f1b", "gpipe", "zbh1", "zbh2")
                       for d in (0, 1) if stages > 1 or inner in ("1f1b", "gpipe")]
             for name in names:

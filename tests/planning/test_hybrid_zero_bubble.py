@@ -13,7 +13,6 @@ from workbench.core.costs import ModelCosts
 from workbench.core.plan import ParallelPlan
 from workbench.planning.costs.clusters import get_cluster
 from workbench.planning.strategy.hybrid import SCHEDULES, cost_plan, fill_drain_ms, search_hybrid
-from workbench.planning.strategy.hybrid_stages import IN_FLIGHT
 from workbench.scheduling.registry import stage_memory
 
 MIB = 2**20
@@ -176,17 +175,6 @@ def test_fill_and_drain_are_what_the_simulator_gives_the_schedules_on_equal_stag
             simulated = simulate(schedule_for(plan, stage_costs=costs), costs, CLUSTER).metrics["iteration_ms"]
             assert simulated - m * (f + i + w) == pytest.approx(fill_drain_ms(kind, pp, m, f, i, w), abs=1e-9), \
                 (kind, pp, m, f, i, w)
-
-
-def test_in_flight_closed_forms_are_what_the_schedules_keep():
-    for kind, closed in IN_FLIGHT.items():
-        for pp in range(1, 7):
-            for m in range(1, 3 * pp + 2):
-                try:
-                    walked = stage_memory(ParallelPlan.for_pipeline(kind, pp, m)).in_flight
-                except ValueError:  # a shape the kind refuses
-                    continue
-                assert walked == tuple(closed(pp, s, m) for s in range(pp)), (kind, pp, m)
 
 
 def test_search_notes_name_the_schedule():

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from functools import lru_cache
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from ...core.costs import ClusterSpec, ModelCosts
 from ...core.plan import PIPELINE_KINDS, NoPipeline, OneFOneB, ParallelPlan
@@ -28,12 +28,6 @@ from ..layerwise.stage_search import NoFit, StageAssignment, StageSpec, assignme
 # what stage s of a zero-bubble schedule of S stages and m micro-batches keeps in flight (tested against the walk of
 # its schedule, stage_memory, which takes seconds for tens of stages): ZB-H1 1F1B's warm-up plus the s weight
 # gradients it defers, ZB-H2 its 2S - 1 warm-up forwards
-IN_FLIGHT: dict[str, Callable[[int, int, int], int]] = {
-    "zbh1": lambda stages, s, m: min(stages, m),
-    "zbh2": lambda stages, s, m: min(2 * stages - 1, m),
-}
-
-
 class _Search:
     """The state of one :func:`search_hybrid` call: the stage searches are cached across partitions, each stage's
     :class:`StageSpec` is made once and its layer costs are shared with the stages that cost a layer alike
@@ -97,12 +91,10 @@ class _Search:
 
     def in_flight(self, pp: int, m: int) -> tuple[int, ...]:
         """Micro-batches each stage holds at once: what the schedule being searched keeps on it (one stage: one),
-        read off the schedule, or for the zero-bubble kinds its closed form (:data:`IN_FLIGHT`)."""
+        read off the schedule (in closed form for 1F1B, ZB-H1 and ZB-H2)."""
         kind = self.schedule if pp > 1 else OneFOneB.kind
         if (kind, pp, m) not in self.held:
-            closed = IN_FLIGHT.get(kind)
-            self.held[kind, pp, m] = tuple(closed(pp, s, m) for s in range(pp)) if closed else \
-                stage_memory(ParallelPlan.for_pipeline(kind, pp, m)).in_flight
+            self.held[kind, pp, m] = stage_memory(ParallelPlan.for_pipeline(kind, pp, m)).in_flight
         return self.held[kind, pp, m]
 
     def spec(self, pp: int, m: int, stage: int, first: int, last: int) -> StageSpec:
