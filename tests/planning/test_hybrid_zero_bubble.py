@@ -185,8 +185,10 @@ def test_search_notes_name_the_schedule():
                   SearchOptions(fine_grained=True, pipeline_degrees=(4,)))
     best = result.per_layer.best["per-layer"]
     assert best.plan.pipeline.kind in ("zbh1", "zbh2")
-    assert any(re.fullmatch(rf"per-layer model: {re.escape(best.name)} runs the ZB-H[12] schedule \(\d+\.\d ms of "
-                            r"fill and drain\)", note) for note in result.notes), result.notes
+    share = f"{best.bubble_ms / best.iteration_ms:.1%}"
+    assert any(re.fullmatch(rf"per-layer model: {re.escape(best.name)} runs the ZB-H[12] schedule \([\d.]+ ms of "
+                            rf"fill and drain, {re.escape(share)} of the iteration\)", note)
+               for note in result.notes), result.notes
     assert any("1F1B, ZB-H1 and ZB-H2 schedules" in note for note in result.notes)
     assert best.name in [p.name for p in result.plans]
     assert best.to_dict()["schedule"] == best.plan.pipeline.kind

@@ -401,7 +401,8 @@ def _per_layer_search(ctx, costs: ModelCosts, world: int, optimizer: str, notes:
     mine = found.best["per-layer"]
     if mine.plan.pp > 1:
         notes.append(f"per-layer model: {mine.name} runs the {SCHEDULE_TEXT[mine.plan.pipeline.kind]} schedule "
-                     f"({mine.bubble_ms:.1f} ms of fill and drain)")
+                     f"({mine.bubble_ms:.3g} ms of fill and drain, {mine.bubble_ms / mine.iteration_ms:.1%} of the "
+                     f"iteration)")
     for name in ("uniform", "dp", "fsdp", "3d"):
         theirs = found.best.get(name)
         if theirs is not None:
