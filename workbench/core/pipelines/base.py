@@ -54,7 +54,10 @@ class PipelineSpec:
     * ``inner``: GroPipe can run it inside each group;
     * ``accumulates``: its runtime accumulates several batches per step (``grad_accum``);
     * ``uses_costs``: its schedule is built from the stages' measured costs (the run profiles them);
-    * ``searched``: the planner's template search tries it.
+    * ``searched``: the planner's template search tries it;
+    * ``title``: its name in prose (``ZB-H1``; default the kind).
+
+    A kind the per-layer search costs gives its fill and drain (:meth:`fill_drain_ms`).
     """
 
     kind: ClassVar[str] = ""
@@ -70,6 +73,7 @@ class PipelineSpec:
     accumulates: ClassVar[bool] = True
     searched: ClassVar[bool] = True
     uses_costs: ClassVar[bool] = False
+    title: ClassVar[str] = ""
 
     @property
     def chunks(self) -> int:
@@ -124,6 +128,13 @@ class PipelineSpec:
         return None
 
     # -- the planner ---------------------------------------------------------------------------------------------------
+    def fill_drain_ms(self, stages: int, microbatches: int, forward: float, input_grad: float,
+                      weight_grad: float) -> float | None:
+        """The idle time a flushed iteration adds to the slowest stage's own work when that stage takes
+        ``forward`` (F), ``input_grad`` (I) and ``weight_grad`` (W) ms a micro-batch, as the simulator gives it
+        on equal stages; None: the per-layer search does not cost this kind."""
+        return None
+
     @classmethod
     def search_variants(cls, *, stages: int, microbatches: int, replicas: int) -> list["PipelineSpec"]:
         """The specs of this kind the planner's template search tries at that shape (none: not tried there)."""

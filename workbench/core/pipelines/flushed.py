@@ -58,6 +58,12 @@ class OneFOneB(_Flushed):
 
     kind: ClassVar[str] = "1f1b"
     token: ClassVar[str] = "1f1b"
+    title: ClassVar[str] = "1F1B"
+
+    def fill_drain_ms(self, stages: int, microbatches: int, forward: float, input_grad: float,
+                      weight_grad: float) -> float:
+        """``(p - 1)(F + I + W)``: the slowest stage's whole micro-batch, ``p - 1`` times."""
+        return (stages - 1) * (forward + input_grad + weight_grad)
 
 
 @register_kind

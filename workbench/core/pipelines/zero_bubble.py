@@ -35,9 +35,17 @@ class ZBH1(OnePipeline):
 
     kind: ClassVar[str] = "zbh1"
     token: ClassVar[str] = "zbh1"
+    title: ClassVar[str] = "ZB-H1"
     split_backward: ClassVar[bool] = True
     per_layer: ClassVar[bool] = True
     inner: ClassVar[bool] = True
+
+    def fill_drain_ms(self, stages: int, microbatches: int, forward: float, input_grad: float,
+                      weight_grad: float) -> float:
+        """``(p - 1)(F + I - W)``, never less than ``p - 1`` forwards (the last stage starts that late in any
+        flushed schedule) nor ``p - 1`` input gradients (the wave that drains it)."""
+        f, i, w = forward, input_grad, weight_grad
+        return (stages - 1) * max(f + i - w, f, i)
 
     def uniform_bubble(self, stages: int, microbatches: int, backward: float = 2.0,
                        iterations: int = 1) -> tuple[float, str]:
@@ -53,9 +61,20 @@ class ZBH2(OnePipeline):
 
     kind: ClassVar[str] = "zbh2"
     token: ClassVar[str] = "zbh2"
+    title: ClassVar[str] = "ZB-H2"
     split_backward: ClassVar[bool] = True
     per_layer: ClassVar[bool] = True
     inner: ClassVar[bool] = True
+
+    def fill_drain_ms(self, stages: int, microbatches: int, forward: float, input_grad: float,
+                      weight_grad: float) -> float:
+        """Where its ``2p - 1`` micro-batches in flight can run ahead (``m >= 2p - 1``): ``(p - 1) F``, the fill
+        alone, while the weight gradients it defers cover the drain (``I <= 2W`` and ``I <= 2F``), else
+        ``p - 1`` times the larger of ``F + I - 2W`` and ``I - F``; with fewer micro-batches, ZB-H1's."""
+        f, i, w = forward, input_grad, weight_grad
+        if microbatches < 2 * stages - 1:
+            return ZBH1().fill_drain_ms(stages, microbatches, f, i, w)
+        return (stages - 1) * max(f, f + i - 2 * w, i - f)
 
     def uniform_bubble(self, stages: int, microbatches: int, backward: float = 2.0,
                        iterations: int = 1) -> tuple[float, str]:

@@ -301,6 +301,12 @@ def layer_cost(spec: StageSpec, index: int, strategy: LayerStrategy) -> LayerCho
     return found
 
 
+def samples_share(spec: StageSpec, strategy: LayerStrategy) -> float:
+    """A layer's samples on each tensor-parallel group of the stage, against the profile's batch: what its
+    profiled times are scaled by (and divided by its tensor-parallel degree)."""
+    return spec.microbatch_size / strategy.dp_degree / spec.costs.batch_size
+
+
 def _layer_cost(spec: StageSpec, index: int, strategy: LayerStrategy) -> LayerChoiceCost:
     if strategy.devices != spec.devices:
         raise _error("strategy.devices", strategy.devices, f"the stage's {spec.devices} devices")
@@ -309,7 +315,7 @@ def _layer_cost(spec: StageSpec, index: int, strategy: LayerStrategy) -> LayerCh
     if strategy.tp != "none" and strategy.tp not in kind.tp_kinds:
         raise _error("strategy.tp", strategy.tp, f"layer {layer.name!r} ({kind.name}) admits "
                      f"{', '.join(kind.tp_kinds) or 'no tensor parallelism'}")
-    share = spec.microbatch_size / d / spec.costs.batch_size  # the TP group's samples against the profile's batch
+    share = samples_share(spec, strategy)
     forward = layer.forward_ms * share / t
     backward = layer.backward_ms * share / t + (forward if strategy.recompute else 0.0)
     output = layer.activation_bytes * share

@@ -56,8 +56,8 @@ Approach (Galvatron's outer loop, with the workbench's partitioner):
   schedule) nor ``(pp - 1)`` input gradients (the wave that drains it), so
   never more than 1F1B's; ZB-H2 ``(pp - 1) F``, no bubble in the steady
   state, while the weight gradients it defers cover the drain
-  (:func:`~.hybrid_stages.fill_drain_ms`, which also gives the rest; the
-  simulator's numbers for these schedules on equal stages).
+  (each kind's ``PipelineSpec.fill_drain_ms``, which also gives the rest;
+  the simulator's numbers for these schedules on equal stages).
 
 Templates (:data:`TEMPLATES`) are the same search with one strategy for
 every layer: pure DP, pure FSDP (ZeRO-3), Megatron-style 3D (pipeline x
@@ -86,7 +86,7 @@ from ...core.partition import Partition
 from ...core.plan import ZBH1, ZBH2, GroPipe, NoPipeline, OneFOneB, ParallelPlan
 from .hybrid_partitions import _fastest_times, _partitions, _split
 from .hybrid_results import (SCHEDULE_TEXT, SCHEDULES, TEMPLATE_SPLITS, TEMPLATE_TEXT, TEMPLATES, HybridEstimate,
-                             HybridResult, StageEstimate, _template_names, as_estimate, template_of)
+                             HybridResult, StageEstimate, _template_names, as_estimate, schedules_text, template_of)
 from .hybrid_stages import _evaluate, _microbatch_options, _pp_options, _Search, _timed, fill_drain_ms
 from ..layerwise.layer_strategies import LayerKind, LayerStrategy, layer_kinds, stage_strategies
 from ..layerwise.stage_search import assignment_cost
@@ -291,10 +291,11 @@ def cost_plan(costs: ModelCosts, cluster: ClusterSpec, global_batch: int, plan: 
     if not isinstance(plan, ParallelPlan):
         raise ValueError(f"plan must be a ParallelPlan or a plan name, got {type(plan).__name__}")
     spec_ = plan.pipeline
-    if not (isinstance(spec_, (NoPipeline, OneFOneB, ZBH1, ZBH2)) or (isinstance(spec_, GroPipe) and spec_.delay == 0
-                                                                       and spec_.inner == "1f1b")):
-        raise ValueError(f"plan {plan.name!r}: the per-layer model costs plans without a pipeline, with 1F1B, ZB-H1 "
-                         f"or ZB-H2, or GroPipe's 1F1B groups without delay; not {spec_.kind!r}")
+    grouped = isinstance(spec_, GroPipe) and spec_.delay == 0 and spec_.inner == OneFOneB.kind
+    if not (isinstance(spec_, NoPipeline) or spec_.kind in SCHEDULES or grouped):
+        raise ValueError(f"plan {plan.name!r}: the per-layer model costs plans without a pipeline, with "
+                         f"{schedules_text('or')}, or GroPipe's 1F1B groups without delay; "
+                         f"not {spec_.kind!r}")
     if plan.tp_kind == "2d":
         raise ValueError(f"plan {plan.name!r}: the per-layer model costs 1D tensor parallelism only")
     world, pp, m = plan.world_size, plan.pp, plan.microbatches
@@ -317,7 +318,7 @@ def cost_plan(costs: ModelCosts, cluster: ClusterSpec, global_batch: int, plan: 
         raise ValueError(f"plan {plan.name!r}: its partition does not cover the model's {num} layers")
     search = _Search(costs, cluster, global_batch, world, math.inf, {}, optimizer, layer_kinds(costs.layers, kinds))
     search.mesh_tp = plan.tp if world > cluster.devices_per_node else None
-    search.schedule = spec_.kind if isinstance(spec_, (ZBH1, ZBH2)) else OneFOneB.kind
+    search.schedule = spec_.kind if spec_.kind in SCHEDULES else OneFOneB.kind
     layers = plan.layers_for(num)
     assignments = []
     for k, (a, b) in enumerate(bounds):

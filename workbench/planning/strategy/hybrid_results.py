@@ -10,17 +10,24 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ...core.partition import Partition
-from ...core.plan import ParallelPlan
+from ...core.plan import PIPELINE_KINDS, ParallelPlan, PipelineSpec
 from ..costs.estimate import Estimate
 from ..layerwise.layer_strategies import LayerStrategy
 from ..layerwise.stage_search import StageAssignment
 
 __all__ = ["StageEstimate", "HybridEstimate", "HybridResult", "as_estimate", "TEMPLATES", "TEMPLATE_TEXT",
-           "TEMPLATE_SPLITS", "SCHEDULES", "SCHEDULE_TEXT", "template_of"]
+           "TEMPLATE_SPLITS", "SCHEDULES", "SCHEDULE_TEXT", "schedules_text", "template_of"]
 
 TEMPLATES = ("per-layer", "uniform", "dp", "fsdp", "3d")
-SCHEDULES = ("1f1b", "zbh1", "zbh2")  # the pipeline schedules the search costs (pipeline kinds)
-SCHEDULE_TEXT = {"1f1b": "1F1B", "zbh1": "ZB-H1", "zbh2": "ZB-H2"}
+# the pipeline schedules the per-layer search costs: the kinds that give their fill and drain
+SCHEDULES = tuple(k for k, cls in PIPELINE_KINDS.items() if cls.fill_drain_ms is not PipelineSpec.fill_drain_ms)
+SCHEDULE_TEXT = {k: PIPELINE_KINDS[k].title or k for k in SCHEDULES}
+
+
+def schedules_text(conjunction: str = "and") -> str:
+    """The schedules of :data:`SCHEDULES` in prose: ``1F1B, ZB-H1 and ZB-H2``."""
+    words = list(SCHEDULE_TEXT.values())
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} {conjunction} {words[-1]}"
 TEMPLATE_SPLITS = 4  # the fastest template pipelines whose partitions the per-layer search also tries
 TEMPLATE_TEXT = {"per-layer": "per-layer mix (dynamic programming)",
                  "uniform": "uniform plan (one strategy for every layer; layers its TP cannot split keep its DP kind)",

@@ -23,11 +23,9 @@ from ...core.topology import Topology
 from ...scheduling.registry import stage_memory
 from .hybrid_results import TEMPLATES, HybridEstimate, StageEstimate, _template_names
 from ..layerwise.layer_strategies import LayerKind, LayerStrategy, stage_strategies
+from ..layerwise.layer_costs import samples_share
 from ..layerwise.stage_search import NoFit, StageAssignment, StageSpec, assignment_cost, search_stage
 
-# what stage s of a zero-bubble schedule of S stages and m micro-batches keeps in flight (tested against the walk of
-# its schedule, stage_memory, which takes seconds for tens of stages): ZB-H1 1F1B's warm-up plus the s weight
-# gradients it defers, ZB-H2 its 2S - 1 warm-up forwards
 class _Search:
     """The state of one :func:`search_hybrid` call: the stage searches are cached across partitions, each stage's
     :class:`StageSpec` is made once and its layer costs are shared with the stages that cost a layer alike
@@ -270,27 +268,15 @@ def _timed(search: _Search, plan: ParallelPlan, bounds: list[tuple[int, int]], a
 
 
 def fill_drain_ms(schedule: str, pp: int, m: int, forward: float, input_grad: float, weight_grad: float) -> float:
-    """The fill and drain of a flushed pipeline of ``pp`` stages and ``m`` micro-batches whose slowest stage
-    takes ``forward`` (F), ``input_grad`` (I) and ``weight_grad`` (W) ms a micro-batch (see :mod:`.hybrid`).
-
-    1F1B: ``(pp - 1)(F + I + W)``. ZB-H1: ``(pp - 1)(F + I - W)``, never
-    less than ``(pp - 1)`` forwards (the last stage starts that late in any
-    flushed schedule) nor ``(pp - 1)`` input gradients (the wave that drains
-    it). ZB-H2, where its ``2 pp - 1`` micro-batches in flight can run ahead
-    (``m >= 2 pp - 1``; else ZB-H1's): ``(pp - 1) F``, the fill alone, while
-    the weight gradients it defers cover the drain (``I <= 2 W`` and
-    ``I <= 2 F``), else ``(pp - 1)`` times the larger of ``F + I - 2 W`` and
-    ``I - F``. Both are what the simulator gives their schedules on equal
-    stages.
-    """
-    f, i, w = forward, input_grad, weight_grad
+    """The fill and drain of a flushed pipeline of ``pp`` stages and ``m`` micro-batches running ``schedule`` whose
+    slowest stage takes ``forward`` (F), ``input_grad`` (I) and ``weight_grad`` (W) ms a micro-batch: what the
+    kind's spec gives (:meth:`~workbench.core.pipelines.base.PipelineSpec.fill_drain_ms`; see :mod:`.hybrid`)."""
     if pp == 1:
         return 0.0
-    if schedule == "zbh2" and m >= 2 * pp - 1:
-        return (pp - 1) * max(f, f + i - 2 * w, i - f)
-    if schedule in ("zbh1", "zbh2"):
-        return (pp - 1) * max(f + i - w, f, i)
-    return (pp - 1) * (f + i + w)
+    found = PIPELINE_KINDS[schedule]().fill_drain_ms(pp, m, forward, input_grad, weight_grad)
+    if found is None:
+        raise ValueError(f"the per-layer search does not cost pipeline kind {schedule!r}")
+    return found
 
 
 def _bubble_ms(search: _Search, stages: tuple[StageEstimate, ...], pp: int, m: int) -> float:
@@ -304,7 +290,7 @@ def _bubble_ms(search: _Search, stages: tuple[StageEstimate, ...], pp: int, m: i
     if not _splits(search.schedule):
         return (pp - 1) * slowest
     k = per_microbatch.index(slowest)
-    forward, weight = _forward_and_weight_ms(search, stages[k], m)
+    forward, weight = _forward_and_weight_ms(search, pp, m, k, stages[k])
     compute = stages[k].part("compute_ms") / m
     input_grad = max(0.0, compute - forward - weight)
     comm = slowest - compute
@@ -312,14 +298,13 @@ def _bubble_ms(search: _Search, stages: tuple[StageEstimate, ...], pp: int, m: i
     return fill_drain_ms(search.schedule, pp, m, forward + on_forward, input_grad + comm - on_forward, weight)
 
 
-def _forward_and_weight_ms(search: _Search, stage: StageEstimate, m: int) -> tuple[float, float]:
-    """The stage's forward and weight-gradient compute for one micro-batch, as :func:`layer_cost` charges them:
+def _forward_and_weight_ms(search: _Search, pp: int, m: int, k: int, stage: StageEstimate) -> tuple[float, float]:
+    """Stage ``k``'s forward and weight-gradient compute for one micro-batch, as :func:`layer_cost` charges them:
     each layer's profile times at its group's share of the micro-batch, divided by its TP degree."""
-    microbatch = search.global_batch // m
-    costs = search.costs_at(max(1, microbatch // stage.devices))
+    spec = search.spec(pp, m, k, stage.first, stage.last)
     forward = weight = 0.0
-    for layer, s in zip(costs.layers[stage.first:stage.last + 1], stage.assignment.strategies):
-        share = microbatch / s.dp_degree / costs.batch_size / s.tp_degree
+    for layer, s in zip(spec.layer_costs, stage.assignment.strategies):
+        share = samples_share(spec, s) / s.tp_degree
         forward += layer.forward_ms * share
         weight += layer.split_backward_ms[1] * share
     return forward, weight

@@ -44,7 +44,8 @@ from ..costs.estimate import GIB, CostContext, Estimate, cost_context, estimate,
 from ..costs.run_calibration import calibrate_from_run
 from ..costs.tensor_costs import TransformerShape
 from ..layerwise.layer_strategies import decision_trees, stage_strategies
-from .hybrid import SCHEDULE_TEXT, SCHEDULES, TEMPLATE_TEXT, HybridEstimate, HybridResult, as_estimate, search_hybrid
+from .hybrid import SCHEDULE_TEXT, TEMPLATE_TEXT, HybridEstimate, HybridResult, as_estimate, search_hybrid
+from .hybrid_results import schedules_text
 from .progress import Progress, SearchProgress
 from .request import Budget, SearchOptions, Workload
 from .space import TP_FAMILIES, check_plan, enumerate_strategies, runtime_refusal, tensor_parallel_note
@@ -55,7 +56,6 @@ __all__ = ["plan", "RankedPlan", "PlanResult", "transformer_shape", "TABLE_COLUM
 TABLE_COLUMNS = ["rank", "name", "iteration_ms", "throughput", "memory_gib", "compute_ms", "bubble_ms",
                  "exposed_comm_ms", "method", "partition", "feasible", "reason"]
 _NEEDS = re.compile(r"needs (\d+(?:\.\d+)?) GiB")
-_SCHEDULES = ", ".join(SCHEDULE_TEXT[k] for k in SCHEDULES[:-1]) + f" and {SCHEDULE_TEXT[SCHEDULES[-1]]}"
 
 
 def transformer_shape(config: dict[str, Any], batch: int) -> TransformerShape:
@@ -394,7 +394,7 @@ def _per_layer_search(ctx, costs: ModelCosts, world: int, optimizer: str, notes:
     notes.append(f"per-layer search: {len(decision_trees(stage))} decision trees on {stage} devices; "
                  f"{len(stage_strategies(stage))} strategies per layer on a stage of {stage} before recomputation "
                  f"(DDP or FSDP beside TP), {len(found.pools[stage])} with ZeRO-2 and recomputation; pipelines with "
-                 f"the {_SCHEDULES} schedules; {found.searched} stage searches in {found.elapsed_s:.2f} s")
+                 f"the {schedules_text()} schedules; {found.searched} stage searches in {found.elapsed_s:.2f} s")
     if "per-layer" not in found.best:
         notes.append(f"per-layer search: nothing fits; {found.closest_miss()}")
         return found
