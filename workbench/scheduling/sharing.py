@@ -50,9 +50,9 @@ COMPUTE_OPS = frozenset({"F", "B", "I", "W", "STEP"})
 CPU_COMM_OPS = frozenset({"AR", "SEND_F", "SEND_B"})
 # The share of a gloo all-reduce's time spent working on a core (the rest waits for the peer), fitted by
 # bench/bench_collective_cpu.py on this machine's 2 cores (bench/RESULTS.md, "Collectives on shared cores"): beside
-# two computing processes a 2-rank all-reduce of 64 MiB took 1.9-2.1x its time alone, and two pairs at once
-# 1.4-1.6x; (1 - s) + s * (runnable / 2) with 2 + 2s and 4s runnable fits both best at s = 0.84-0.91. The
-# computing processes beside it ran 1.86x slower: the all-reduce thread weighs about as much as it works.
+# two computing processes a 2-rank all-reduce of 64 MiB took 1.73-2.04x its time alone, and two pairs at once
+# 1.39-1.59x; (1 - s) + s * (runnable / 2) with 2 + 2s and 4s runnable fits both best at s = 0.79-0.91 over three
+# runs. The computing processes beside it ran 1.86-2.21x slower: the all-reduce thread weighs about what it works.
 COLLECTIVE_CPU_SHARE = 0.9
 
 

@@ -18,11 +18,11 @@ micro-batch here so that sharded gradients never accumulate unsharded):
   hooks that I (and the first stage's whole-backward W) fire only
   accumulate, into the unsharded parameters' ``.grad``;
 * I and W differentiate the unsharded parameters (:meth:`DataParallelModules.parameters`);
-* before W, every module is unsharded again (:func:`unshard`): a forward of
+* before W, every module is unsharded again (:meth:`DataParallelModules.unshard`): a forward of
   a later micro-batch may have freed an ``fsdp`` layer's gathered weights
   since I ran, and W reads tensors that share their storage;
 * after W the module's gradients are reduced by calling FSDP's
-  post-backward by hand (:func:`reduce`), then its final callback: sharded
+  post-backward by hand (:meth:`DataParallelModules.reduce`), then its final callback: sharded
   layers (``fsdp``, ``zero2``) after every W, as they reduce-scatter every
   micro-batch under a whole backward; replicated layers after the stage's
   last W of the iteration, as DDP all-reduces once. FSDP takes the
