@@ -56,6 +56,9 @@ PLANS = {  # name -> world size planned for
 EXTRA = {"async-1x2-m1": 2}  # the search's first plan on this machine (2 ranks), measured beside the five
 ALL = {**PLANS, **EXTRA}
 STEPS, WARMUP = 14, 4
+# the runs train with the config's default optimizer (SGD without momentum, [training.optimizer]): the plans are
+# costed for it (its step's memory traffic and state), as `workbench plan --optimizer sgd` costs them
+OPTIMIZER = "sgd"
 
 
 def _env() -> dict[str, str]:
@@ -81,7 +84,7 @@ def predict_one(name: str, costs, background: float) -> dict:
 
     row = {}
     for key, load in (("quiet", 0.0), ("loaded", background)):
-        found = plan(Workload(costs, BATCH), CLUSTER, Budget(world_size=ALL[name]),
+        found = plan(Workload(costs, BATCH, optimizer=OPTIMIZER), CLUSTER, Budget(world_size=ALL[name]),
                      SearchOptions(strategies=[name], background_load=load))[name]
         row[key] = found.estimate.throughput
     config = found.to_config(name=f"mbc-{name}", model={"overrides": OVERRIDES}, data={"kind": "synthetic"},
@@ -99,7 +102,7 @@ def predict(background: float, cache_dir: Path) -> dict:
     out: dict = {"background": background, "profile_s": seconds, "profiled_sizes": list(costs.profiled_sizes),
                  "fit_total_ms": _fit_totals(costs),
                  "plans": {name: predict_one(name, costs, background) for name in PLANS}}
-    search = plan(Workload(costs, BATCH), CLUSTER, Budget(world_size=4), SearchOptions(top=5))
+    search = plan(Workload(costs, BATCH, optimizer=OPTIMIZER), CLUSTER, Budget(world_size=4), SearchOptions(top=5))
     out["search_top"] = [(p.name, round(p.estimate.throughput, 1)) for p in search.plans]
     out["search_notes"] = notes + list(search.notes)
     out["fewer_ranks"] = search.fewer_ranks

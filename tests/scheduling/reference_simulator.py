@@ -21,7 +21,7 @@ from workbench.core.timeline import Event, Timeline
 from workbench.scheduling.memory import memory_breakdown
 from workbench.scheduling.passes import lower
 from workbench.scheduling.sim_links import _Links
-from workbench.scheduling.sharing import CoreSharing, activity, runnable_at
+from workbench.scheduling.sharing import CoreSharing, Pace, settle
 from workbench.scheduling.stagecosts import StageCosts
 
 __all__ = ["simulate", "SimResult"]
@@ -79,9 +79,6 @@ def _default_costs(schedule: Schedule) -> StageCosts:
     return StageCosts.uniform(schedule.num_stages or 1, forward_ms=1.0 / chunks, backward_ms=2.0 / chunks)
 
 
-SHARING_ROUNDS = 12  # fixed-point rounds at most; the stretch settles to 1% in 3-6 on the schedules here
-
-
 def simulate(schedule: Schedule, stage_costs: StageCosts | None = None, cluster: ClusterSpec | None = None, *,
              microbatch_size: int | None = None, sharing: CoreSharing | None = None) -> SimResult:
     """Time ``schedule`` with ``stage_costs`` on ``cluster`` (see the module docstring).
@@ -104,40 +101,17 @@ def simulate(schedule: Schedule, stage_costs: StageCosts | None = None, cluster:
         return _simulate(lowered, costs, cluster, microbatch_size, None)
     if cluster is not None and sharing.ranks_per_node is None:
         sharing = CoreSharing(sharing.cores, sharing.background, cluster.devices_per_node)
-    scale, comm = [1.0] * n, [1.0] * n
     call = cluster.collective_call_ms if cluster is not None else 0.0
-    at = None  # the runnable threads of the previous pass, which the waits of the next one are read from
-    # several iterations streamed back to back (async, delayed GroPipe): the contention of the steady ones,
-    # not of the first's fill and the last's drain, where fewer ranks compute at once
-    numbers = sorted({a.iteration for r in range(n) for a in lowered.actions(r)})
-    edge = max(1, len(numbers) // 4)
-    steady = set(numbers[edge:-edge]) if len(numbers) >= 3 else None
-    for _ in range(SHARING_ROUNDS):
-        # a message's receiver joins the threads runnable on its node when the message arrives
-        wait = None if at is None else (lambda dst, t, at=at: call * sharing.wait_fraction(at(dst, t) + 1))
-        result = _simulate(lowered, costs, cluster, microbatch_size, scale, wait, comm)
-        result.metrics["sharing_slowdown"], result.metrics["sharing_comm_slowdown"] = scale, comm
-        events = result.timeline.events
-        wanted = [sharing.slowdown(a) for a in activity(events, n, sharing, steady)]
-        wanted_comm = [sharing.collective_stretch(a) for a in activity(events, n, sharing, steady, frozenset({"AR"}))]
-        settled = all(abs(w - s) <= 0.01 * s for w, s in zip(wanted + wanted_comm, scale + comm))
-        if settled and (wait is not None or not call):
-            break
-        if not settled:  # damped: stretching compute and collectives changes the overlap
-            scale = [(w + s) / 2 for w, s in zip(wanted, scale)]
-            comm = [(w + s) / 2 for w, s in zip(wanted_comm, comm)]
-        if call:
-            at = runnable_at(result.timeline.events, sharing)
-    return result
+    return settle(lambda pace, wait: _simulate(lowered, costs, cluster, microbatch_size, pace, wait), n, sharing, call)
 
 
 def _simulate(lowered: Schedule, costs: StageCosts, cluster: ClusterSpec | None, microbatch_size: int | None,
-              scale: list[float] | None,
-              message_wait: Callable[[int, float], float] | None = None,
-              comm_scale: list[float] | None = None) -> SimResult:
-    """One timed pass; ``scale[r]`` stretches rank r's compute (processor sharing, interference then off) and
+              pace: Pace | None,
+              message_wait: Callable[[int, float], float] | None = None) -> SimResult:
+    """One timed pass; ``pace`` times compute and all-reduces among the node's threads (processor sharing,
+    interference then off) and
     ``message_wait(r, t)`` delays a message rank r receives at time t (its wait for a core)."""
-    run = _Pass(lowered, costs, cluster, scale, message_wait, comm_scale)
+    run = _Pass(lowered, costs, cluster, pace, message_wait)
     run.run()
     timeline = Timeline(tuple(run.events), {"schedule": lowered.name, "cluster": cluster.name if cluster else None})
     memory = memory_breakdown(lowered, costs)
@@ -162,13 +136,12 @@ class _Pass:
     messages in flight and the all-reduces launched. A rank runs its next action when its clock is the
     earliest, and parks when it has to wait for another rank (a message, an all-reduce)."""
 
-    def __init__(self, lowered: Schedule, costs: StageCosts, cluster: ClusterSpec | None, scale: list[float] | None,
-                 message_wait: Callable[[int, float], float] | None, comm_scale: list[float] | None = None) -> None:
+    def __init__(self, lowered: Schedule, costs: StageCosts, cluster: ClusterSpec | None, pace: Pace | None,
+                 message_wait: Callable[[int, float], float] | None) -> None:
         n = lowered.num_ranks
-        self.lowered, self.costs, self.cluster, self.scale = lowered, costs, cluster, scale
-        self.comm_scale = comm_scale
+        self.lowered, self.costs, self.cluster, self.pace = lowered, costs, cluster, pace
         self.links = _Links(cluster, n, message_wait)
-        if scale is not None:
+        if pace is not None:
             self.links.interference = None
         self.meta = lowered.meta
         self.groups = self.meta.dp_groups
@@ -261,8 +234,8 @@ class _Pass:
         launched[r] = self.clock[r]
         if len(launched) == len(group):
             nbytes = self.costs.grad_bytes[a.stage] // (self.num_buckets if a.bucket is not None else 1)
-            stretch = max(self.comm_scale[m] for m in group) if self.comm_scale else 1.0
-            start, end = self.links.all_reduce(group, nbytes, max(launched.values()), stretch)
+            pace = None if self.pace is None else (lambda s, w: self.pace.all_reduce_end(group, s, w))
+            start, end = self.links.all_reduce(group, nbytes, max(launched.values()), pace)
             self.ar_done[key] = (start, end)
             if end > start:
                 for m in group:
@@ -284,10 +257,12 @@ class _Pass:
                 if end > now:
                     self.exposed[r] += end - max(now, start)
                     now = end
-        dur = self.compute_ms(a) * self.scale[r] if self.scale is not None else self.compute_ms(a)
+        dur = self.compute_ms(a)
         interference = self.links.interference
         if interference is not None and dur > 0:
             dur = interference.place("compute", [r], now, dur) - now
+        elif self.pace is not None and dur > 0:
+            dur = self.pace.compute_end(r, now, dur) - now
         if dur > 0 or op is Op.STEP:
             self.emit(r, a, now, now + dur)
         self.clock[r] = now + dur

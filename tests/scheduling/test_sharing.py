@@ -8,8 +8,8 @@ from workbench.core.costs import ClusterSpec, DeviceSpec, LinkSpec
 from workbench.core.timeline import Event, Timeline
 from workbench.scheduling import generators
 from workbench.scheduling.from_config import stage_costs_from_timeline
-from workbench.scheduling.sharing import (COLLECTIVE_CPU_SHARE, CoreSharing, activity, runnable_at, sharing_slowdown,
-                                          solo_durations, wait_fraction)
+from workbench.scheduling.sharing import (COLLECTIVE_CPU_SHARE, CoreSharing, Pace, runnable_at,
+                                          sharing_slowdown, solo_durations, wait_fraction)
 from workbench.scheduling.simulate import simulate
 from workbench.scheduling.stagecosts import StageCosts
 
@@ -32,16 +32,15 @@ def test_processor_sharing_slowdown():
         CoreSharing(0)
 
 
-def test_activity_counts_compute_and_cpu_communication_not_waits():
+def test_runnable_threads_count_compute_and_cpu_communication_not_waits():
     events = [ev(0, "F", 0, 10), ev(1, "F", 0, 5), ev(1, "RECV_F", 5, 10), ev(2, "AR", 5, 10), ev(3, "B", 20, 30)]
-    got = activity(events, 4, CoreSharing(2))
-    # rank 1's forward for the first half, the all-reduce (its share of work on a core) for the second
-    assert got[0] == pytest.approx(1 + (1 + COLLECTIVE_CPU_SHARE) / 2)
-    assert got[1] == pytest.approx(2.0)
-    assert got[2] == 1.0  # no compute: it would run alone
-    assert got[3] == pytest.approx(1.0)
+    at = runnable_at(events, CoreSharing(2))
+    # beside rank 0: rank 1's forward for the first half, the all-reduce (its share of work on a core) after
+    assert at(0, 2.0) == pytest.approx(1.0)
+    assert at(0, 7.0) == pytest.approx(COLLECTIVE_CPU_SHARE)
+    assert at(3, 7.0) == pytest.approx(1 + COLLECTIVE_CPU_SHARE)  # rank 1's receive is a wait
     # ranks on different nodes do not share cores
-    assert activity(events, 4, CoreSharing(2, ranks_per_node=1))[0] == pytest.approx(1.0)
+    assert runnable_at(events, CoreSharing(2, ranks_per_node=1))(0, 2.0) == pytest.approx(0.0)
 
 
 def _pairs_all_reducing(cluster: ClusterSpec, compute_beside: bool) -> list[float]:
@@ -75,6 +74,57 @@ def test_an_all_reduce_on_shared_cores_slows_by_its_share_of_work_on_them():
     # beside two computing ranks: 2 + 2 share runnable
     assert _pairs_all_reducing(cluster, True) == pytest.approx([alone * ((1 - share) + share * (2 + 2 * share) / 2)] * 2,
                                                                rel=0.02)
+
+
+def test_compute_is_paced_by_the_threads_runnable_at_each_moment():
+    """One core: rank 1 computed over [0, 5) in the last pass, so rank 0's 10 ms from 0 run at half speed until 5
+    (2.5 ms of work done) and alone after (7.5 more)."""
+    pace = Pace([[ev(1, "F", 0, 5)]], CoreSharing(1))
+    assert pace.compute_end(0, 0.0, 10.0) == pytest.approx(12.5)
+    assert pace.compute_end(0, 5.0, 10.0) == pytest.approx(15.0)  # after rank 1 stopped: alone
+    assert pace.compute_end(1, 0.0, 10.0) == pytest.approx(10.0)  # its own earlier compute is not beside it
+    # a rank's own all-reduce thread is (a delayed all-reduce beside the next iteration), at its share of a thread
+    own = Pace([[ev(0, "AR", 0, 10)]], CoreSharing(1))
+    slow = 1 + COLLECTIVE_CPU_SHARE
+    assert own.compute_end(0, 0.0, 10.0) == pytest.approx(10.0 + (10.0 - 10.0 / slow))
+    # two passes weigh half each (the fixed point's damping): rank 1 half a thread over [0, 5)
+    assert Pace([[ev(1, "F", 0, 5)], []], CoreSharing(1)).compute_end(0, 0.0, 10.0) == pytest.approx(12.5 - 2.5 / 3)
+    assert Pace([], CoreSharing(1)).compute_end(0, 3.0, 10.0) == pytest.approx(13.0)
+    # the stage costs are solo times taken beside the background: it slows a rank only with others beside it
+    assert Pace([], CoreSharing(1, background=1.0)).compute_end(0, 0.0, 10.0) == pytest.approx(10.0)
+    busy = Pace([[ev(1, "F", 0, 100)]], CoreSharing(1, background=1.0))
+    assert busy.compute_end(0, 0.0, 10.0) == pytest.approx(15.0)  # a third of the core against half of it
+
+
+def test_an_all_reduce_is_paced_by_the_threads_beside_its_members():
+    """Two cores; ranks 2 and 3 compute throughout: 2 + 2 x share threads, so the all-reduce's share of work on a
+    core runs (2 + 2 share) / 2 times slower, its waiting no slower."""
+    pace = Pace([[ev(2, "F", 0, 1000), ev(3, "F", 0, 1000), ev(0, "AR", 0, 3), ev(1, "AR", 0, 3)]], CoreSharing(2))
+    share = COLLECTIVE_CPU_SHARE
+    stretch = (1 - share) + share * (2 + 2 * share) / 2
+    assert pace.all_reduce_end((0, 1), 0.0, 10.0) == pytest.approx(10.0 * stretch)
+    # on separate nodes nothing computes beside either member
+    apart = Pace([[ev(2, "F", 0, 1000), ev(3, "F", 0, 1000)]], CoreSharing(2, ranks_per_node=2))
+    assert apart.all_reduce_end((0, 1), 0.0, 10.0) == pytest.approx(10.0 * ((1 - share) + share * max(1, 2 * share / 2)))
+
+
+def test_a_rank_is_slowed_only_while_others_compute_beside_it():
+    """Rank 0 runs two 10 ms optimizer steps, rank 1 one, at the same time as the first (nothing to wait for).
+    One core: the first two share it (20 ms each, as processor sharing gives), rank 0's second runs alone. A
+    rank-wide mean would stretch both of rank 0's steps alike."""
+    from dataclasses import replace
+
+    from workbench.core.ir import Action, Op, Schedule, ScheduleMeta
+
+    programs = ((Action(0, Op.STEP, iteration=0), Action(0, Op.STEP, iteration=1)), (Action(1, Op.STEP, iteration=0),))
+    schedule = Schedule(programs, name="two-then-one", num_stages=2, num_microbatches=1,
+                        meta=ScheduleMeta(stage_to_rank=((0, 1),), dp_groups=((0,), (1,))))
+    costs = replace(StageCosts.uniform(2), step_ms=(10.0, 10.0))
+    sim = simulate(schedule, costs, sharing=CoreSharing(1))
+    steps = sorted((e.rank, e.start, e.end - e.start) for e in sim.timeline.events if e.op == "STEP")
+    assert [d for _, _, d in steps] == pytest.approx([20.0, 10.0, 20.0], rel=0.03)
+    assert sim.metrics["makespan_ms"] == pytest.approx(30.0, rel=0.03)
+    assert sim.metrics["sharing_slowdown"] == pytest.approx([1.5, 2.0], rel=0.03)
 
 
 def test_solo_durations_undo_the_sharing():

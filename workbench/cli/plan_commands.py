@@ -162,7 +162,7 @@ def _plan(args: argparse.Namespace) -> Result:
         args.fine_grained, global_batch=args.batch, world_size=args.world_size)
     if shape is None and args.calibrate:  # a tensor-parallel calibration run says what the transformer is
         shape, whole = _shape_of_runs(args.calibrate, costs.batch_size)
-    workload = Workload(costs, args.batch, shape=shape if whole else None, tp_limits=limits)
+    workload = Workload(costs, args.batch, shape=shape if whole else None, tp_limits=limits, optimizer=args.optimizer)
     bar = terminal_bar() if not args.json and sys.stderr.isatty() else None  # Ctrl-C: the best plans so far
     result = plan(workload, cluster if args.ranks_per_gpu > 1 else args.cluster,
                   Budget(memory_cap_gib=args.memory_cap, world_size=args.world_size), options, progress=bar)
@@ -259,6 +259,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    "or a cluster file (ClusterSpec JSON, or TOML if it ends in .toml)")
     p.add_argument("--batch", type=int, required=True, help="global batch (samples per optimizer step)")
     p.add_argument("--memory-cap", type=float, help="per-device memory budget in GiB (default: the device's memory)")
+    p.add_argument("--optimizer", default="adam", choices=("adam", "sgd-momentum", "sgd"),
+                   help="the optimizer the run trains with: its state counts in the memory and its step's traffic in "
+                        "the time (default adam; sgd is without momentum, a config's default)")
     p.add_argument("--top", type=int, help="show the K fastest feasible strategies")
     p.add_argument("--world-size", type=int, help="devices to use (default: the whole cluster); on a cluster whose "
                    "ranks share cores (local) an upper bound: plans on fewer ranks (1, 2, 4, ...) are ranked too, and "

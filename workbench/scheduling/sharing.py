@@ -9,26 +9,30 @@ One constant factor (``ranks / cores``) misses all of that: it charges the
 idle pipeline as much as the busy replicas, and charges nothing for a
 collective that "overlaps" compute.
 
-Approach (a mean-field fixed point). A process that is runnable next to
-``n - 1`` others and ``background`` foreign processes gets
-``min(1, cores / (n + background))`` of a core; relative to running alone
-(:func:`sharing_slowdown`) it is that many times slower. The activity of a
-timeline is, for each rank, the average number of processes of its node
-runnable while the rank computes: compute events (F, B, I, W, STEP) and the
-communication that works the CPU (all-reduce and send events, each its own
-thread) count; receives are waits and do not. The simulator
-(:func:`workbench.scheduling.simulate.simulate` with ``sharing=``) times
-the schedule, reads each rank's activity, stretches that rank's compute by
-the slowdown it implies and times it again, until the stretch settles.
+Approach (processor sharing in time, settled by a fixed point). A process
+that is runnable next to ``n - 1`` others and ``background`` foreign
+processes gets ``min(1, cores / (n + background))`` of a core; relative to
+running alone (:func:`sharing_slowdown`) it is that many times slower. The
+simulator (:func:`workbench.scheduling.simulate.simulate` with ``sharing=``)
+times the schedule with every rank alone, then again with each compute
+action progressing, moment by moment, at the speed the threads runnable on
+its node at that moment in the previous passes allow (:class:`Pace`):
+compute events (F, B, I, W, STEP) and the communication that works the CPU
+(all-reduce and send events, each its own thread) count; receives are waits
+and do not. It repeats until no rank's compute or all-reduce time moves
+(:func:`settle`). A rank that computes while its neighbours wait for its
+message runs alone; one whose all-reduce thread runs beside its next
+forward shares a core with it. An average over a rank's whole iteration
+would charge both alike.
 A gloo all-reduce between CPU processes is partly work on their cores
 (copies and sums) and partly waiting for its peer: a share
 :data:`COLLECTIVE_CPU_SHARE` of its time. Its thread counts as that much of
-a runnable thread, and the all-reduce itself is stretched by the threads
+a runnable thread, and that share of the all-reduce slows with the threads
 runnable while it runs (:meth:`CoreSharing.collective_stretch`): beside two
 computing processes on two cores it takes longer than alone (where the
 link's bandwidth was measured), two pairs at once only a little longer.
-The same activity read from a *measured* timeline turns its durations, which
-were taken under contention, back into solo durations
+The threads runnable beside each event of a *measured* timeline turn its
+durations, which were taken under contention, back into solo durations
 (:func:`solo_durations`), so a prediction from measured stage times does not
 count the contention twice.
 """
@@ -38,13 +42,13 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from ..core.fields import check_number
 from ..core.timeline import Event
 
-__all__ = ["CoreSharing", "sharing_slowdown", "wait_fraction", "activity", "runnable_at", "solo_durations",
-           "COMPUTE_OPS", "CPU_COMM_OPS", "COLLECTIVE_CPU_SHARE"]
+__all__ = ["CoreSharing", "Pace", "settle", "sharing_slowdown", "wait_fraction", "runnable_at", "solo_durations",
+           "COMPUTE_OPS", "CPU_COMM_OPS", "COLLECTIVE_CPU_SHARE", "SHARING_ROUNDS", "SHARING_TOLERANCE"]
 
 COMPUTE_OPS = frozenset({"F", "B", "I", "W", "STEP"})
 CPU_COMM_OPS = frozenset({"AR", "SEND_F", "SEND_B"})
@@ -159,31 +163,6 @@ def _mean_count(times: list[float], counts: list[float], start: float, end: floa
     return total / (end - start) if end > start else float(counts[i - 1] if i else 1)
 
 
-def activity(events: Iterable[Event], num_ranks: int, sharing: CoreSharing,
-             iterations: "set[int] | None" = None, ops: frozenset = COMPUTE_OPS) -> list[float]:
-    """Per rank: the average number of runnable threads on its node while the rank computes (>= 1).
-
-    ``iterations``: average over the compute events of these iterations only
-    (all threads still count), e.g. the steady iterations of a schedule that
-    streams several, whose fill and drain run fewer ranks at once than the
-    steady state the iteration time is taken from. A rank with no compute
-    events there gets 1.0 (it would run alone). ``ops``: the events averaged
-    over (``{"AR"}``: while the rank all-reduces).
-    """
-    events = list(events)
-    counts = _counts(events, sharing)
-    weighted = [0.0] * num_ranks
-    busy = [0.0] * num_ranks
-    for e in events:
-        if iterations is not None and e.iteration not in iterations:
-            continue
-        if e.op in ops and e.end > e.start and e.rank < num_ranks:
-            times, c = counts[sharing.node(e.rank)]
-            weighted[e.rank] += _mean_count(times, c, e.start, e.end) * (e.end - e.start)
-            busy[e.rank] += e.end - e.start
-    return [max(1.0, weighted[r] / busy[r]) if busy[r] > 0 else 1.0 for r in range(num_ranks)]
-
-
 def runnable_at(events: Iterable[Event], sharing: CoreSharing) -> "Callable[[int, float], float]":
     """``at(rank, t)``: how many threads of the *other* ranks of ``rank``'s node the timeline has runnable at ``t``."""
     events = list(events)
@@ -215,3 +194,145 @@ def solo_durations(events: Iterable[Event], sharing: CoreSharing) -> dict[int, f
             times, c = counts[sharing.node(e.rank)]
             out[i] = (e.end - e.start) / sharing.slowdown(_mean_count(times, c, e.start, e.end))
     return out
+
+
+def _steps(deltas: dict[float, float]) -> tuple[list[float], list[float]]:
+    """A step function from its jumps: the times it changes at and its value from each on (0 before the first)."""
+    times = sorted(deltas)
+    values, running = [], 0.0
+    for t in times:
+        running += deltas[t]
+        values.append(running)
+    return times, values
+
+
+def _advance(steps: tuple[list[float], list[float]], start: float, work: float,
+             rate: "Callable[[float], float]") -> float:
+    """When ``work`` started at ``start`` ends, progressing at ``rate(value)`` while the step function has that
+    value (0 outside it)."""
+    times, values = steps
+    i = bisect_right(times, start) - 1
+    t = start
+    while True:
+        v = values[i] if i >= 0 else 0.0
+        speed = rate(v if v > 0.0 else 0.0)
+        nxt = times[i + 1] if i + 1 < len(times) else None
+        if nxt is None or t + work / speed <= nxt:
+            return t + work / speed
+        work -= (nxt - t) * speed
+        t = nxt
+        i += 1
+
+
+class Pace:
+    """Where work started at a moment ends when the threads runnable beside it are those of earlier passes.
+
+    Processor sharing in time: a rank's compute progresses, at each moment, at
+    ``1 / slowdown(D)`` of its solo speed, ``D`` the threads runnable on its
+    node then (itself and the other ranks' threads, read from ``timelines``,
+    the previous passes' events, weighed equally: averaging the last two
+    damps the fixed point). An all-reduce's share of work on a core slows the
+    same way for the threads beside its members' (``collective_stretch``).
+    The rank's own compute in the earlier passes is not counted beside
+    itself (it may have moved), but its own all-reduce thread is: a delayed
+    all-reduce runs beside the next iteration's compute. ``Pace([], sharing)``
+    runs everything as if alone on the node (with its background).
+    """
+
+    def __init__(self, timelines: "Sequence[Sequence[Event]]", sharing: CoreSharing) -> None:
+        self.sharing = sharing
+        node: dict[int, dict[float, float]] = defaultdict(lambda: defaultdict(float))
+        own: dict[tuple[str, int], dict[float, float]] = defaultdict(lambda: defaultdict(float))
+        share = 1.0 / len(timelines) if timelines else 0.0
+        for events in timelines:
+            for e in events:
+                w = _weight(e.op) * share
+                if not w or e.end <= e.start:
+                    continue
+                for table in (node[sharing.node(e.rank)],) + (
+                        (own[("c", e.rank)],) if e.op in COMPUTE_OPS else
+                        (own[("a", e.rank)],) if e.op == "AR" else ()):
+                    table[e.start] += w
+                    table[e.end] -= w
+        self._node, self._own = node, own
+        self._others: dict[tuple, tuple[list[float], list[float]]] = {}
+
+    def _beside(self, node: int, minus: "tuple[tuple[str, int], ...]") -> tuple[list[float], list[float]]:
+        """The threads runnable on ``node`` less the ``minus`` ones (each rank's compute or all-reduce thread)."""
+        key = (node,) + minus
+        found = self._others.get(key)
+        if found is None:
+            deltas = defaultdict(float, self._node.get(node, {}))
+            for k in minus:
+                for t, v in self._own.get(k, {}).items():
+                    deltas[t] -= v
+            found = self._others[key] = _steps(deltas)
+        return found
+
+    def compute_end(self, rank: int, start: float, work: float) -> float:
+        """When ``work`` ms of ``rank``'s compute (solo time) started at ``start`` ends."""
+        slowdown = self.sharing.slowdown
+        return _advance(self._beside(self.sharing.node(rank), (("c", rank),)), start, work,
+                        lambda v: 1.0 / slowdown(v + 1.0))
+
+    def all_reduce_end(self, group: "Sequence[int]", start: float, work: float) -> float:
+        """When an all-reduce over ``group`` taking ``work`` ms with its peers alone, started at ``start``, ends:
+        the latest over the nodes it spans, its members' threads there each counting their share of work."""
+        stretch, end = self.sharing.collective_stretch, start
+        nodes: dict[int, list[int]] = defaultdict(list)
+        for m in group:
+            nodes[self.sharing.node(m)].append(m)
+        for node, members in nodes.items():
+            mine = COLLECTIVE_CPU_SHARE * len(members)
+            steps = self._beside(node, tuple(("a", m) for m in members))
+            end = max(end, _advance(steps, start, work, lambda v: 1.0 / stretch(v + mine)))
+        return end
+
+
+def _totals(events: "Sequence[Event]", num_ranks: int) -> list[tuple[float, float]]:
+    """Per rank: its compute time (F, B, I, W, STEP) and its all-reduce time."""
+    out = [[0.0, 0.0] for _ in range(num_ranks)]
+    for e in events:
+        if e.rank < num_ranks:
+            if e.op in COMPUTE_OPS:
+                out[e.rank][0] += e.end - e.start
+            elif e.op == "AR":
+                out[e.rank][1] += e.end - e.start
+    return [tuple(row) for row in out]
+
+
+SHARING_ROUNDS = 12  # fixed-point passes at most; the schedules here settle to 1% in 3-7
+SHARING_TOLERANCE = 0.01  # settled: no rank's compute or all-reduce time moved by more than this share
+
+
+def settle(run: "Callable[[Pace, Callable[[int, float], float] | None], Any]", num_ranks: int,
+           sharing: CoreSharing, call_ms: float = 0.0) -> Any:
+    """The processor-sharing fixed point: time a schedule, pace the next pass by the threads the last two passes
+    had runnable, until every rank's compute and all-reduce time moves less than 1%.
+
+    ``run(pace, wait)`` makes one timed pass and returns its result (with
+    ``timeline`` and ``metrics``); ``wait(rank, t)`` is a message's wait for
+    its receiver's core, ``call_ms`` times :meth:`CoreSharing.wait_fraction`
+    of the threads runnable on the receiver's node at ``t`` in the previous
+    pass (none in the first). The result's metrics gain, per rank, how much
+    longer its compute (``sharing_slowdown``) and its all-reduces
+    (``sharing_comm_slowdown``) took than alone.
+    """
+    result = run(Pace([], sharing), None)
+    events = result.timeline.events
+    solo = before = _totals(events, num_ranks)
+    history = [events]
+    for _ in range(SHARING_ROUNDS - 1):
+        at = runnable_at(events, sharing) if call_ms else None
+        wait = None if at is None else (lambda dst, t, at=at: call_ms * sharing.wait_fraction(at(dst, t) + 1))
+        result = run(Pace(history[-2:], sharing), wait)
+        events = result.timeline.events
+        history.append(events)
+        now = _totals(events, num_ranks)
+        if all(abs(a - b) <= SHARING_TOLERANCE * b for x, y in zip(now, before) for a, b in zip(x, y)):
+            break
+        before = now
+    final = _totals(events, num_ranks)
+    result.metrics["sharing_slowdown"] = [f[0] / s[0] if s[0] > 0 else 1.0 for f, s in zip(final, solo)]
+    result.metrics["sharing_comm_slowdown"] = [f[1] / s[1] if s[1] > 0 else 1.0 for f, s in zip(final, solo)]
+    return result

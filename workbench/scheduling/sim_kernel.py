@@ -27,6 +27,7 @@ from ..core.costs import ClusterSpec
 from ..core.ir import Action, Op
 from ..core.timeline import Event, Timeline
 from .sim_compile import ALL_REDUCE, COMPUTE, RECV, SEND, STEP, Compiled
+from .sharing import Pace
 from .sim_links import _Interference
 from .stagecosts import StageCosts
 
@@ -86,22 +87,20 @@ class Pass:
     """The state of one timed pass: per-call tables (costs on this cluster), each rank's clock and place in its
     program, the messages in flight, the all-reduces launched, and what the metrics read."""
 
-    def __init__(self, comp: Compiled, costs: StageCosts, cluster: ClusterSpec | None, scale: list[float] | None,
+    def __init__(self, comp: Compiled, costs: StageCosts, cluster: ClusterSpec | None, pace: Pace | None,
                  message_wait: Callable[[int, float], float] | None,
-                 reduce_groups: tuple[tuple[int, ...], ...] | None = None,
-                 comm_scale: list[float] | None = None) -> None:
+                 reduce_groups: tuple[tuple[int, ...], ...] | None = None) -> None:
         n = comp.num_ranks
-        self.comm_scale = comm_scale  # per rank, how much slower the all-reduces it joins run (processor sharing)
+        self.pace = pace  # processor sharing: when compute and all-reduces end among the node's runnable threads
         self.reduce_groups = reduce_groups  # per stage, the whole group an all-reduce spans (a block of replicas)
         if cluster is not None and cluster.world_size < n:
             raise ValueError(f"cluster {cluster.name!r} has {cluster.world_size} devices but the schedule needs "
                              f"{n} ranks")
         self.comp, self.costs, self.cluster, self.message_wait = comp, costs, cluster, message_wait
-        overlap = cluster is not None and cluster.overlap_slowdown > 1 and scale is None
+        overlap = cluster is not None and cluster.overlap_slowdown > 1 and pace is None
         self.interference = _Interference(cluster, n) if overlap else None
         meta = comp.source.meta  # lowering changes only which passes the meta says ran
-        class_ms = [action_ms(a, costs, meta, cluster) for a in comp.classes]
-        self.tables = [class_ms] * n if scale is None else [[c * scale[r] for c in class_ms] for r in range(n)]
+        self.tables = [[action_ms(a, costs, meta, cluster) for a in comp.classes]] * n
         per_node = cluster.devices_per_node if cluster else 1
         self.node = [r // per_node for r in range(n)]
         self.multi_node = cluster is not None and cluster.num_nodes > 1
@@ -154,6 +153,7 @@ class Pass:
         busy, work, first, last, exposed = self.busy, self.work, self.first, self.last, self.exposed
         arrivals, parked, free = self.arrivals, self.parked_recv, self.free
         append, inter, sends, by_link = self.events.append, self.interference, self.send_table, self.bytes_by_link
+        pace = self.pace
         plain = inter is None and self.message_wait is None  # sends inside a node then need no call
         heap = [(0.0, r) for r in range(len(programs)) if programs[r]]
         heapify(heap)
@@ -167,6 +167,8 @@ class Pass:
                     d = cms[x]
                     if inter is not None and d > 0:
                         d = inter.place("compute", [r], now, d) - now
+                    elif pace is not None and d > 0:
+                        d = pace.compute_end(r, now, d) - now
                     if d > 0:
                         e = now + d
                         append((r, p, now, e))
@@ -265,6 +267,8 @@ class Pass:
         d = self.tables[r][cls]
         if self.interference is not None and d > 0:
             d = self.interference.place("compute", [r], now, d) - now
+        elif self.pace is not None and d > 0:
+            d = self.pace.compute_end(r, now, d) - now
         end = now + d
         self.events.append((r, p, now, end))
         self.steps.append((r, need, end))
@@ -309,8 +313,8 @@ class Pass:
         ports = [self.port0 + k for k in {self.node[m] for m in group}] if self.multi_node and spans else []
         start = max([ready] + [coll[m] for m in group] + [free[k] for k in ports])
         call = cluster.allreduce_call_ms(size) if cluster else 0.0
-        stretch = max(self.comm_scale[m] for m in group) if self.comm_scale else 1.0
-        end = start + (link.allreduce_ms(nbytes, size) + call if link else 0.0) * stretch
+        work = link.allreduce_ms(nbytes, size) + call if link else 0.0
+        end = self.pace.all_reduce_end(group, start, work) if self.pace is not None and work > 0 else start + work
         if self.interference is not None and end > start:
             end = self.interference.place("comm", group, start, end - start)
         for m in group:

@@ -106,8 +106,10 @@ class _Links:
             free[k] = end
         return start, end
 
-    def all_reduce(self, group: list[int], nbytes: int, ready: float, stretch: float = 1.0) -> tuple[float, float]:
-        """A ring all-reduce; ``stretch`` lengthens it (processor sharing on the members' cores)."""
+    def all_reduce(self, group: list[int], nbytes: int, ready: float,
+                   pace: Callable[[float, float], float] | None = None) -> tuple[float, float]:
+        """A ring all-reduce; ``pace(start, work)`` gives its end among the threads on its members' cores
+        (processor sharing), else it takes its time on the link."""
         if len(group) == 1:
             return ready, ready
         link = self.cluster.allreduce_link(group) if self.cluster else None
@@ -115,7 +117,8 @@ class _Links:
         keys = [("coll", r) for r in group] + self._ports(group)
         start = max([ready] + [self.free[k] for k in keys])
         call = self.cluster.allreduce_call_ms(len(group)) if self.cluster else 0.0
-        end = start + (link.allreduce_ms(nbytes, len(group)) + call if link else 0.0) * stretch
+        work = link.allreduce_ms(nbytes, len(group)) + call if link else 0.0
+        end = pace(start, work) if pace is not None and work > 0 else start + work
         if self.interference is not None and end > start:
             end = self.interference.place("comm", group, start, end - start)
         for k in keys:

@@ -35,9 +35,10 @@ free (zero time) but its bytes are still counted.
 
 Processor sharing (``sharing=``, for CPU ranks time-sharing a node's cores):
 instead of the pairwise overlap slowdown, each rank's compute, and the
-share of each all-reduce it takes part in that works on a core, is
-stretched by how many threads of its node are runnable while it runs, settled by a fixed point (see
-:mod:`workbench.scheduling.sharing`); ``stage_costs`` are
+share of each all-reduce it takes part in that works on a core, progresses
+at each moment as fast as the threads of its node runnable then let it,
+read from the previous passes and settled by a fixed point
+(:class:`~workbench.scheduling.sharing.Pace`, :func:`~workbench.scheduling.sharing.settle`); ``stage_costs`` are
 then solo times (one process alone on the node). A message, like each step
 of a collective, completes only once its receiver holds a core again: it
 arrives ``collective_call_ms`` times
@@ -67,7 +68,7 @@ from typing import Any, Callable, Sequence
 from ..core.costs import ClusterSpec
 from ..core.ir import Schedule
 from ..core.timeline import Timeline
-from .sharing import CoreSharing, activity, runnable_at
+from .sharing import CoreSharing, Pace, settle
 from .sim_compile import Compiled, compiled
 from .sim_kernel import Pass
 from .stagecosts import StageCosts
@@ -76,7 +77,6 @@ __all__ = ["simulate", "SimResult", "BUBBLE_DEFINITION"]
 
 BUBBLE_DEFINITION = "1 - (time the rank spends in F/B/I/W) / makespan of the whole run"
 _WORK = frozenset({"F", "B", "I", "W", "STEP"})
-_COLLECTIVE = frozenset({"AR"})
 
 
 class SimResult:
@@ -153,9 +153,6 @@ def _default_costs(schedule: Schedule) -> StageCosts:
     return StageCosts.uniform(schedule.num_stages or 1, forward_ms=1.0 / chunks, backward_ms=2.0 / chunks)
 
 
-SHARING_ROUNDS = 12  # fixed-point rounds at most; the stretch settles to 1% in 3-6 on the schedules here
-
-
 def simulate(schedule: Schedule, stage_costs: StageCosts | None = None, cluster: ClusterSpec | None = None, *,
              microbatch_size: int | None = None, sharing: CoreSharing | None = None,
              reduce_groups: Sequence[Sequence[int]] | None = None) -> SimResult:
@@ -187,42 +184,18 @@ def simulate(schedule: Schedule, stage_costs: StageCosts | None = None, cluster:
         raise ValueError("reduce_groups is for ranks that do not share cores; simulate every replica with sharing")
     if cluster is not None and sharing.ranks_per_node is None:
         sharing = CoreSharing(sharing.cores, sharing.background, cluster.devices_per_node)
-    scale, comm = [1.0] * n, [1.0] * n
     call = cluster.collective_call_ms if cluster is not None else 0.0
-    at = None  # the runnable threads of the previous pass, which the waits of the next one are read from
-    # several iterations streamed back to back (async, delayed GroPipe): the contention of the steady ones,
-    # not of the first's fill and the last's drain, where fewer ranks compute at once
-    numbers = sorted(comp.iterations)
-    edge = max(1, len(numbers) // 4)
-    steady = set(numbers[edge:-edge]) if len(numbers) >= 3 else None
-    for _ in range(SHARING_ROUNDS):
-        # a message's receiver joins the threads runnable on its node when the message arrives
-        wait = None if at is None else (lambda dst, t, at=at: call * sharing.wait_fraction(at(dst, t) + 1))
-        result = _simulate(comp, costs, cluster, microbatch_size, scale, wait, comm_scale=comm)
-        result.metrics["sharing_slowdown"], result.metrics["sharing_comm_slowdown"] = scale, comm
-        events = result.timeline.events
-        wanted = [sharing.slowdown(a) for a in activity(events, n, sharing, steady)]
-        wanted_comm = [sharing.collective_stretch(a) for a in activity(events, n, sharing, steady, _COLLECTIVE)]
-        settled = all(abs(w - s) <= 0.01 * s for w, s in zip(wanted + wanted_comm, scale + comm))
-        if settled and (wait is not None or not call):
-            break
-        if not settled:  # damped: stretching compute and collectives changes the overlap
-            scale = [(w + s) / 2 for w, s in zip(wanted, scale)]
-            comm = [(w + s) / 2 for w, s in zip(wanted_comm, comm)]
-        if call:
-            at = runnable_at(result.timeline.events, sharing)
-    return result
+    return settle(lambda pace, wait: _simulate(comp, costs, cluster, microbatch_size, pace, wait), n, sharing, call)
 
 
 def _simulate(comp: Compiled, costs: StageCosts, cluster: ClusterSpec | None, microbatch_size: int | None,
-              scale: list[float] | None,
+              pace: Pace | None,
               message_wait: Callable[[int, float], float] | None = None,
-              reduce_groups: tuple[tuple[int, ...], ...] | None = None,
-              comm_scale: list[float] | None = None) -> SimResult:
-    """One timed pass; ``scale[r]`` stretches rank r's compute (processor sharing, interference then off),
-    ``comm_scale[r]`` the all-reduces rank r takes part in (the most of their members') and
-    ``message_wait(r, t)`` delays a message rank r receives at time t (its wait for a core)."""
-    run = Pass(comp, costs, cluster, scale, message_wait, reduce_groups, comm_scale)
+              reduce_groups: tuple[tuple[int, ...], ...] | None = None) -> SimResult:
+    """One timed pass; ``pace`` times compute and all-reduces among the node's runnable threads (processor
+    sharing, interference then off) and ``message_wait(r, t)`` delays a message rank r receives at time t (its
+    wait for a core)."""
+    run = Pass(comp, costs, cluster, pace, message_wait, reduce_groups)
     run.run()
     memory = comp.memory.breakdown(costs)
     return SimResult(None, _metrics(comp.source, run, costs, microbatch_size, memory), comp, memory,

@@ -24,16 +24,30 @@ param_bytes``) when a layer does not state ``optimizer_bytes``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from ..core.costs import DeviceSpec, LayerCost, ModelCosts
 from ..core.fields import check_int, check_number, number
 from ..core.partition import Partition
 
-__all__ = ["StageCosts", "layer_times_ms", "OPTIMIZER_STATE_FACTORS", "optimizer_bytes"]
+__all__ = ["StageCosts", "layer_times_ms", "OPTIMIZER_STATE_FACTORS", "PROFILED_OPTIMIZERS", "optimizer_bytes", "for_optimizer"]
 
 OPTIMIZER_STATE_FACTORS = {"adam": 2.0, "sgd-momentum": 1.0, "sgd": 0.0}
+
+
+# the profiler's optimizer names (``workbench profile --optimizer``) -> the planner's, by the state they keep
+PROFILED_OPTIMIZERS = {"adam": "adam", "adamw": "adam", "sgd": "sgd-momentum", "sgd-plain": "sgd", "none": "sgd"}
+
+
+def for_optimizer(costs: ModelCosts, optimizer: str) -> ModelCosts:
+    """``costs`` with the optimizer state the profile measured for another optimizer than ``optimizer`` left out
+    (each layer's then derived from ``optimizer``, :func:`optimizer_bytes`): a profile taken for Adam costs an
+    SGD run's memory and step as SGD's. A profile that does not say its optimizer is kept."""
+    profiled = PROFILED_OPTIMIZERS.get(str(costs.meta.get("optimizer")))
+    if profiled is None or profiled == optimizer or all(l.optimizer_bytes is None for l in costs.layers):
+        return costs
+    return replace(costs, layers=tuple(replace(l, optimizer_bytes=None) for l in costs.layers))
 
 
 def optimizer_bytes(layer: LayerCost, optimizer: str = "adam") -> int:

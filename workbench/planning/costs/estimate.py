@@ -220,6 +220,13 @@ def _stage_costs(ctx: CostContext, strategy: ParallelPlan, partition: Partition,
     if strategy.recompute:  # a stage keeps only its input per micro-batch in flight
         sc = replace(sc, activation_bytes=(int(ctx.costs.input_bytes * microbatch / ctx.costs.batch_size),
                                            *sc.send_bytes[:-1]))
+    bandwidth = ctx.cluster.device.memory_bandwidth_gbs
+    if strategy.pipeline.runtime == "grouped" and bandwidth:
+        # GroPipe's step also divides the all-reduced flat gradient buffer by the groups (a read and a write of
+        # it) and zeroes it for the next iteration (a write), passes the optimizer's own traffic does not hold
+        passes = 3 if strategy.dp > 1 else 1
+        sc = replace(sc, step_ms=tuple(t + passes * g / (bandwidth * 1e9) * 1e3
+                                       for t, g in zip(sc.step_ms, sc.grad_bytes)))
     return sc  # solo times: the simulator shares the cores (CostContext.sharing)
 
 

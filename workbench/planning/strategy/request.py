@@ -23,7 +23,7 @@ from typing import Any, Iterable
 from ...core.costs import ModelCosts
 from ...core.fields import boolean, check_bool, check_int, check_number, integer
 from ...core.plan import ParallelPlan
-from ...scheduling.stagecosts import OPTIMIZER_STATE_FACTORS
+from ...scheduling.stagecosts import OPTIMIZER_STATE_FACTORS, for_optimizer
 from ..costs.compute_scaling import RuntimeCalibration
 from ..costs.estimate import GIB
 from ..costs.tensor_costs import TransformerShape
@@ -84,6 +84,7 @@ class Workload:
         if self.optimizer not in OPTIMIZER_STATE_FACTORS:
             raise ValueError(f"Workload.optimizer must be one of {sorted(OPTIMIZER_STATE_FACTORS)}, "
                              f"got {self.optimizer!r}")
+        _set(self, "costs", for_optimizer(self.costs, self.optimizer))
         limits = _ints("Workload", "tp_limits", self.tp_limits)
         if limits is not None and (len(limits) != self.costs.num_layers or any(v & (v - 1) for v in limits)):
             raise ValueError(f"Workload.tp_limits must be one power of two per layer of the model "
