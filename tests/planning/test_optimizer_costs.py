@@ -1,5 +1,6 @@
 """The optimizer a workload trains with decides its state and its step, whichever optimizer the profile was taken for;
-GroPipe's step pays the passes over its flat gradient buffer."""
+pipelines pay for accumulating gradients over micro-batches, and GroPipe's step for the passes over its flat
+gradient buffer."""
 
 from __future__ import annotations
 
@@ -64,3 +65,23 @@ def test_gropipe_steps_pay_the_division_and_zeroing_of_their_flat_gradient_buffe
     # two groups: divide (a read and a write of the buffer) and zero (a write); one group: only zero
     assert step_ms(names[0]) == pytest.approx(optimizer + 3 * stage_grads / bandwidth * 1e3)
     assert step_ms(names[1]) == pytest.approx(optimizer + stage_grads / bandwidth * 1e3)
+
+
+def test_accumulating_gradients_over_microbatches_is_charged_to_the_backward():
+    """The profile times a backward into fresh gradients; a pipeline adds each micro-batch's after the first to
+    the ones there (a read of both and a write: three passes), GroPipe every one (its buffer starts zeroed)."""
+    costs = _profile(2, "adam")
+    bandwidth = load_cluster("8xV100-PCIe").device.memory_bandwidth_gbs * 1e9
+    accumulate_ms = 3 * 2 * PARAMS / bandwidth * 1e3  # one stage's gradients, read twice and written once
+
+    def backward_ms(name: str, batch: int) -> float:
+        world = 4 if name.startswith("gropipe-2x") else 2
+        found = plan(Workload(costs, batch), "8xV100-PCIe", Budget(world_size=world), SearchOptions(strategies=[name]))
+        assert str(found[name].estimate.partition) == "0-1|2-3"
+        return [e.end - e.start for e in found[name].timeline().events if e.op == "B" and e.rank == 0][0]
+
+    # micro-batches of 8 samples throughout
+    fresh = backward_ms("pp2-1f1b-m1", 8)  # one micro-batch: its gradients are the first
+    assert backward_ms("pp2-1f1b-m4", 32) == pytest.approx(fresh + 3 / 4 * accumulate_ms)
+    assert backward_ms("gropipe-1x2-1f1b-m4-d0", 32) == pytest.approx(fresh + accumulate_ms)
+    assert backward_ms("gropipe-1x2-1f1b-m1-d0", 8) == pytest.approx(fresh + accumulate_ms)

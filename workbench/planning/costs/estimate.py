@@ -220,14 +220,33 @@ def _stage_costs(ctx: CostContext, strategy: ParallelPlan, partition: Partition,
     if strategy.recompute:  # a stage keeps only its input per micro-batch in flight
         sc = replace(sc, activation_bytes=(int(ctx.costs.input_bytes * microbatch / ctx.costs.batch_size),
                                            *sc.send_bytes[:-1]))
+    return _gradient_passes(ctx, strategy, sc)  # solo times: the simulator shares the cores (CostContext.sharing)
+
+
+def _gradient_passes(ctx: CostContext, strategy: ParallelPlan, sc: StageCosts) -> StageCosts:
+    """The passes over each stage's gradients that the pipeline runtimes make beyond the profile (which times a
+    backward into fresh gradients), each a read or a write of them at the device's memory bandwidth:
+
+    * accumulating: a micro-batch's weight gradients are added to the ones already there (read both, write one),
+      for every micro-batch after the first of an iteration, and for every one under GroPipe, whose gradients
+      accumulate in a zeroed flat buffer;
+    * GroPipe's step also divides the all-reduced buffer by the groups (a read and a write) and zeroes it for
+      the next iteration (a write), passes the optimizer's own traffic does not hold.
+    """
     bandwidth = ctx.cluster.device.memory_bandwidth_gbs
-    if strategy.pipeline.runtime == "grouped" and bandwidth:
-        # GroPipe's step also divides the all-reduced flat gradient buffer by the groups (a read and a write of
-        # it) and zeroes it for the next iteration (a write), passes the optimizer's own traffic does not hold
+    runtime = strategy.pipeline.runtime
+    if not bandwidth or runtime not in ("pipeline", "grouped"):
+        return sc
+    pass_ms = [g / (bandwidth * 1e9) * 1e3 for g in sc.grad_bytes]
+    m = strategy.microbatches
+    accumulating = 1.0 if runtime == "grouped" else (m - 1) / m  # of the micro-batches, on average
+    add = [3 * accumulating * t for t in pass_ms]
+    sc = replace(sc, backward_ms=tuple(b + a for b, a in zip(sc.backward_ms, add)),
+                 weight_grad_ms=tuple(w + a for w, a in zip(sc.weight_grad_ms, add)))
+    if runtime == "grouped":
         passes = 3 if strategy.dp > 1 else 1
-        sc = replace(sc, step_ms=tuple(t + passes * g / (bandwidth * 1e9) * 1e3
-                                       for t, g in zip(sc.step_ms, sc.grad_bytes)))
-    return sc  # solo times: the simulator shares the cores (CostContext.sharing)
+        sc = replace(sc, step_ms=tuple(s + passes * t for s, t in zip(sc.step_ms, pass_ms)))
+    return sc
 
 
 def _schedule(plan: ParallelPlan, num_buckets: int = 1, stage_costs: StageCosts | None = None):
