@@ -9,8 +9,10 @@ input-gradient pass and the weight pass against one fused backward.
 Approach. ResNet-18 at 96x96, global batch 64, 4 micro-batches, two ranks
 (one core each), synthetic data; 1F1B, ZB-H1, ZB-H2 and the automatic
 schedule on AMPA's 2-stage cut, ZB-V and DualPipeV (ours and torch's) on
-AMPA's 4-stage cut. Runs are interleaved per repeat (the order reversed every
-other repeat); throughput is samples
+AMPA's 4-stage cut. AMPA balances the cut for 1F1B, so 1F1B and ZB-H1 also run
+at the 2-stage cut the simulator finds fastest for each from the same profile
+(``1f1b-best``, ``zbh1-best``: each schedule at its best). Runs are interleaved
+per repeat (the order reversed every other repeat); throughput is samples
 over the summed step times after ``WARMUP`` steps; ratios are taken within
 a repeat and their median is reported. From the runs' own events:
 
@@ -56,18 +58,44 @@ def model_fields(size: int, batch: int) -> dict:
             "training": {"global_batch": batch, "optimizer": {"name": "sgd", "lr": 0.01}}}
 
 
-def cuts(size: int, batch: int, m: int) -> dict[int, str]:
-    """AMPA's partitions into 2 and 4 stages, from a profile at the micro-batch size."""
+def cuts(size: int, batch: int, m: int) -> dict:
+    """AMPA's partitions into 2 and 4 stages, from a profile at the micro-batch size; and the 2-stage cut each of
+    1F1B and ZB-H1 runs fastest on by the simulator from the same profile (each schedule at its best)."""
     from workbench.models import build_model
 
     model = build_model("resnet18", image_size=size, num_classes=10)
     costs = profile(model, batch=batch // m, progress=False)
-    return {s: str(ampa(costs, s, num_microbatches=m, batch_size=batch).partition) for s in (2, 4)}
+    out: dict = {s: str(ampa(costs, s, num_microbatches=m, batch_size=batch).partition) for s in (2, 4)}
+    out.update({f"best-{kind}": best_cut(costs, kind, m, batch // m) for kind in ("1f1b", "zbh1")})
+    return out
 
 
-def cases(m: int, part: dict[int, str]) -> dict[str, str]:
+def best_cut(costs, kind: str, m: int, microbatch: int) -> str:
+    """The 2-stage cut whose simulated iteration of ``kind`` is the shortest (ties: the earlier cut)."""
+    from workbench.core.partition import Partition
+    from workbench.planning import load_cluster
+    from workbench.scheduling import generators
+    from workbench.scheduling.simulate import simulate
+    from workbench.scheduling.stagecosts import StageCosts
+    from workbench.scheduling.zero_bubble import zb_h1
+
+    build = {"1f1b": generators.one_f_one_b, "zbh1": zb_h1}[kind]
+    cluster, n = load_cluster("local-cpu"), costs.num_layers
+
+    def iteration_ms(cut: int) -> float:
+        part = Partition.parse(f"0-{cut - 1}|{cut}-{n - 1}")
+        stage_costs = StageCosts.from_model(costs, part, microbatch)
+        return simulate(build(STAGES, m), stage_costs, cluster).metrics["iteration_ms"]
+
+    best = min(range(1, n), key=iteration_ms)
+    return f"0-{best - 1}|{best}-{n - 1}"
+
+
+def cases(m: int, part: dict) -> dict[str, str]:
     two, four = part[2], part[4]
     return {"1f1b": f"pp{STAGES}-1f1b-m{m}@{two}", "zbh1": f"pp{STAGES}-zbh1-m{m}@{two}",
+            "1f1b-best": f"pp{STAGES}-1f1b-m{m}@{part['best-1f1b']}",
+            "zbh1-best": f"pp{STAGES}-zbh1-m{m}@{part['best-zbh1']}",
             "zbh2": f"pp{STAGES}-zbh2-m{m}@{two}", "zbauto": f"pp{STAGES}-zbauto-m{m}@{two}",
             "zbv": f"pp{STAGES}-zbv-m{m}@{four}", "torch-zbv": f"torchpp{STAGES}-zbv-m{m}@{four}",
             "dualpipev": f"pp{STAGES}-dualpipev-m{m}@{four}",
@@ -125,6 +153,7 @@ def summarise(rows: list[dict[str, dict]], m: int) -> dict:
         return {"median": statistics.median(values), "runs": values}
 
     out = {"zbh1_over_1f1b": ratio("zbh1", "1f1b"), "zbh2_over_zbh1": ratio("zbh2", "zbh1"),
+           "zbh1_over_1f1b_each_at_its_best_cut": ratio("zbh1-best", "1f1b-best"),
            "zbauto_over_zbh1": ratio("zbauto", "zbh1"), "zbv_ours_over_torch": ratio("zbv", "torch-zbv"),
            "dualpipev_ours_over_torch": ratio("dualpipev", "torch-dualpipev"),
            "ideal_zbh1_over_1f1b_free_split": statistics.median(ideal_zb_over_1f1b(r["zbh1"]["stage_ms"], None, m)
@@ -147,6 +176,7 @@ def summarise(rows: list[dict[str, dict]], m: int) -> dict:
 def partial_summary(rows: list[dict[str, dict]]) -> dict:
     """The ratios whose two cases ran (``--only``)."""
     pairs = {"zbh1_over_1f1b": ("zbh1", "1f1b"), "zbh2_over_zbh1": ("zbh2", "zbh1"),
+             "zbh1_over_1f1b_each_at_its_best_cut": ("zbh1-best", "1f1b-best"),
              "zbauto_over_zbh1": ("zbauto", "zbh1"), "zbv_ours_over_torch": ("zbv", "torch-zbv"),
              "dualpipev_ours_over_torch": ("dualpipev", "torch-dualpipev")}
     out = {}
@@ -172,7 +202,8 @@ def main() -> int:
     plans = cases(m, part)
     if args.only:
         plans = {k: v for k, v in plans.items() if k in args.only.split(",")}
-    print(f"resnet18 {args.size}x{args.size}, batch {args.batch}, m={m}; AMPA cuts {part}", flush=True)
+    print(f"resnet18 {args.size}x{args.size}, batch {args.batch}, m={m}; AMPA's cuts and each schedule's best "
+          f"simulated 2-stage cut: {part}", flush=True)
     fields = model_fields(args.size, args.batch)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-zb-") as root:
