@@ -46,6 +46,7 @@ from workbench.planning.partitioning.ampa import ampa
 from workbench.profiling import profile
 from workbench.runtime.events import load_measured_timeline, read_events
 from workbench.scheduling.from_config import predict_from_measured
+from workbench.scheduling.stagecosts import StageCosts
 
 RESULTS = Path(__file__).resolve().parent / "results" / "zero_bubble.json"
 WARMUP = 3
@@ -117,7 +118,10 @@ def run(root: str, fields: dict, case: str, plan: str, steps: int) -> dict:
     if not plan.startswith("torchpp"):
         timeline = load_measured_timeline(job.run_dir)
         out["stage_ms"] = stage_means(timeline)
-        predicted = predict_from_measured(RunConfig.from_json(job.run_dir / "config.json"), timeline)
+        start = next(e for e in read_events(job.run_dir, 0) if e["kind"] == "start")
+        used = StageCosts(**start["stage_costs"]) if start.get("stage_costs") else None  # zb-auto's own costs
+        predicted = predict_from_measured(RunConfig.from_json(job.run_dir / "config.json"), timeline,
+                                          schedule_costs=used)
         out["simulated_step_ms"] = predicted.metrics["iteration_ms"]
     return out
 

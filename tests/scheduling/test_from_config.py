@@ -76,3 +76,22 @@ def test_async_config_maps_to_one_stream_and_its_prediction_has_no_flush():
     assert predicted.metrics["iteration_ms"] == pytest.approx(truth.metrics["iteration_ms"])
     flushed = simulate(generators.one_f_one_b(2, 4), costs).metrics["iteration_ms"]
     assert predicted.metrics["iteration_ms"] < flushed  # the stream removes the per-iteration fill and drain
+
+
+def test_an_automatic_schedule_is_predicted_in_the_order_the_run_built_from_its_own_costs():
+    """zb-auto's order comes from the stage costs the run profiled at its start (recorded in its start event); the
+    prediction simulates that order with the measured times, not one built for unit costs."""
+    from workbench.scheduling.zero_bubble import zb_auto
+
+    # the first stage's input gradient is nothing, but the run records its (empty) pass
+    ran = StageCosts(forward_ms=(173.0, 56.0), backward_ms=(23.1, 135.0), send_bytes=(0, 0), param_bytes=(0, 0),
+                     grad_bytes=(0, 0), optimizer_bytes=(0, 0), activation_bytes=(10 ** 6, 10 ** 6),
+                     input_grad_ms=(0.1, 55.0), weight_grad_ms=(23.0, 80.0))
+    auto = config("pp2-zbauto-m4")
+    order = zb_auto(2, 4, ran)
+    assert schedule_for_config(auto) != order  # unit costs give another order
+    truth = simulate(order, ran)
+    measured = type(truth.timeline)(tuple(replace(e, source="measured") for e in truth.timeline), {})
+    predicted = predict_from_measured(auto, measured, schedule_costs=ran)
+    assert predicted.metrics["iteration_ms"] == pytest.approx(truth.metrics["iteration_ms"])
+    assert predict_from_measured(auto, measured).metrics["iteration_ms"] > 1.03 * truth.metrics["iteration_ms"]

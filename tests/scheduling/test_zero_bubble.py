@@ -111,6 +111,24 @@ def test_by_default_the_automatic_schedule_never_loses_to_zb_h1_even_where_later
         assert max(row["activations"] for row in auto.memory) <= max(h1_peak, one_f_one_b_peak)
 
 
+def test_the_automatic_schedule_places_the_last_stages_weight_gradients_where_zb_h1_defers_them():
+    """A forward-heavy first stage (a fixed front end: no input gradient, a small weight gradient) ahead of a last
+    stage whose W costs more than its I (bench/bench_zb_auto.py's profile, in round figures): the last stage idles
+    between micro-batches, so ZB-H1's one-micro-batch deferral of its W only leaves two W's for the drain and
+    runs behind 1F1B; the automatic schedule runs each W in the idle time and beats both."""
+    costs = StageCosts(forward_ms=(173.0, 56.0), backward_ms=(23.0, 135.0), send_bytes=(0, 0), param_bytes=(0, 0),
+                       grad_bytes=(0, 0), optimizer_bytes=(0, 0), activation_bytes=(10 ** 6, 10 ** 6),
+                       input_grad_ms=(0.0, 55.0), weight_grad_ms=(23.0, 80.0))
+    from workbench.scheduling import generators
+
+    ms = {name: simulate(schedule, costs).metrics["iteration_ms"]
+          for name, schedule in (("1f1b", generators.one_f_one_b(2, 4)), ("zbh1", zb_h1(2, 4)),
+                                 ("auto", zb_auto(2, 4, costs)))}
+    assert ms["zbh1"] > ms["1f1b"]
+    assert ms["auto"] < ms["1f1b"]
+    assert ms["zbh1"] / ms["auto"] > 1.05
+
+
 def test_a_memory_limit_no_schedule_meets_is_refused_naming_the_field():
     costs = StageCosts.uniform(2, activation_bytes=4 * 10 ** 6)
     with pytest.raises(ValueError, match="'pipeline.memory_limit_mb' = 1 is invalid: one micro-batch"):

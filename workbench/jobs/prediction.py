@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..core.rundir import CONFIG_FILE
+from ..core.rundir import CONFIG_FILE, events_path, parse_event_line
 from ..core.timeline import Timeline
 
 __all__ = ["Prediction", "predict_run"]
@@ -60,8 +60,26 @@ def predict_run(run_dir: str | Path, measured: Timeline | None = None, *,
         raise ValueError(f"cluster preset {cluster!r} has {spec.world_size} devices but the run uses "
                          f"{config.world_size}; pass a larger preset or cluster=None")
     try:
-        result = predict_from_measured(config, measured, cluster=spec, sharing=core_sharing(spec))
+        result = predict_from_measured(config, measured, cluster=spec, sharing=core_sharing(spec),
+                                       schedule_costs=_schedule_costs(run_dir))
     except ValueError as exc:
         return Prediction(None, f"the simulator cannot predict plan {config.plan.name!r} from the measured "
                                 f"iteration: {exc}")
     return Prediction(result.timeline)
+
+
+def _schedule_costs(run_dir: str | Path):
+    """The stage costs the run built its schedule from (``zb-auto``: rank 0 profiles them at the start and its
+    start event records them), or None."""
+    from ..scheduling.stagecosts import StageCosts
+
+    try:
+        with open(events_path(run_dir, 0)) as fh:
+            for line in fh:
+                event = parse_event_line(line)
+                if event.get("kind") == "start":
+                    costs = event.get("stage_costs")
+                    return StageCosts(**costs) if costs else None
+    except (OSError, ValueError, TypeError):
+        return None
+    return None

@@ -110,21 +110,26 @@ def stage_costs_from_timeline(timeline: Timeline, num_stages: int, sharing: Core
 
 
 def predict_from_measured(config: Any, measured: Timeline, *, cluster: ClusterSpec | None = None,
-                          iteration: int | None = None, sharing: CoreSharing | None = None) -> SimResult:
+                          iteration: int | None = None, sharing: CoreSharing | None = None,
+                          schedule_costs: StageCosts | None = None) -> SimResult:
     """Simulate the config's schedule with the stage times the run measured (see the module docstring).
 
     ``iteration`` (default: the one the measured events belong to) picks the
     GroPipe iteration to predict. With a delayed update its step applies the
     all-reduce the previous iteration started, so the iterations before it
     are simulated too and the result holds only ``iteration``'s events, from 0.
+    ``schedule_costs``: the stage costs the run built its schedule from, for
+    kinds built from them (``zb-auto``; the run's start event records them as
+    ``stage_costs``), so the order simulated is the order the run ran.
     """
     if iteration is None:
         iteration = max((e.iteration for e in measured), default=0)
     warm = min(iteration, 2) if config.plan.delayed_update else 0
     if warm:
-        schedule = schedule_for(config.plan, first_iteration=iteration - warm, num_iterations=warm + 1)
+        schedule = schedule_for(config.plan, first_iteration=iteration - warm, num_iterations=warm + 1,
+                                stage_costs=schedule_costs)
     else:
-        schedule = schedule_for_config(config, iteration)
+        schedule = schedule_for_config(config, iteration, schedule_costs)
     num_stages = max(a.stage for r in range(schedule.num_ranks) for a in schedule.actions(r)) + 1
     costs = stage_costs_from_timeline(measured, num_stages, sharing)
     result = simulate(schedule, costs, cluster, sharing=sharing)
