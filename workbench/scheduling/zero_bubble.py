@@ -253,9 +253,9 @@ def zb_auto(num_stages: int, num_microbatches: int, stage_costs: StageCosts | No
     The limit bounds each rank's saved activations (``memory_limit_mb``
     MB; 0: the most any rank keeps under 1F1B or ZB-H1, so the default
     schedule is never slower than ZB-H1). Candidates: the list
-    schedule with its default priority and with W first among ties, and
-    ZB-H1 and ZB-H2 when they fit; each is simulated with the stages' costs
-    and the shortest iteration is kept. Without costs every stage costs one
+    schedule (I before F before W among ties), and ZB-H1 and ZB-H2 when they
+    fit; each is simulated with the stages' costs and the shortest iteration
+    is kept. Without costs every stage costs one
     unit each of F, I and W.
     """
     check_int("num_stages", num_stages, 1)
