@@ -129,6 +129,30 @@ def test_the_automatic_schedule_places_the_last_stages_weight_gradients_where_zb
     assert ms["zbh1"] / ms["auto"] > 1.05
 
 
+def test_the_automatic_schedule_times_its_messages_on_the_cluster_it_runs_on():
+    """Slow links between the stages: on the cluster zb-auto is timed on, it is never slower than ZB-H1 there, and
+    the order it chooses can differ from the one for free messages."""
+    from workbench.core.costs import ClusterSpec, DeviceSpec, LinkSpec
+
+    rng = random.Random(5)
+    slow = ClusterSpec("slow-links", 1, 4, DeviceSpec("d", {"float32": 1.0}, 2 ** 34, 10.0),
+                       LinkSpec("slow", latency_us=0.0, bandwidth_gbs=0.001))  # 1 MB: 1,000 ms
+    for _ in range(8):
+        p = rng.randint(2, 4)
+        m = rng.randint(p, 2 * p)
+        f = tuple(rng.uniform(200, 2000) for _ in range(p))
+        i = tuple(rng.uniform(200, 2000) for _ in range(p))
+        w = tuple(rng.uniform(100, 2000) for _ in range(p))
+        costs = StageCosts(forward_ms=f, backward_ms=tuple(a + b for a, b in zip(i, w)), send_bytes=(10 ** 6,) * p,
+                           param_bytes=(0,) * p, grad_bytes=(0,) * p, optimizer_bytes=(0,) * p,
+                           activation_bytes=(10 ** 6,) * p, input_grad_ms=i, weight_grad_ms=w)
+        auto = zb_auto(p, m, costs, cluster=slow)
+        validate(lower(auto))
+        on_slow = simulate(auto, costs, slow).metrics["iteration_ms"]
+        assert on_slow <= simulate(zb_h1(p, m), costs, slow).metrics["iteration_ms"] + 1e-6
+        assert on_slow <= simulate(zb_auto(p, m, costs), costs, slow).metrics["iteration_ms"] + 1e-6
+
+
 def test_a_memory_limit_no_schedule_meets_is_refused_naming_the_field():
     costs = StageCosts.uniform(2, activation_bytes=4 * 10 ** 6)
     with pytest.raises(ValueError, match="'pipeline.memory_limit_mb' = 1 is invalid: one micro-batch"):

@@ -38,7 +38,8 @@ __all__ = ["ScheduleRequest", "GENERATORS", "register", "schedule_for", "stage_m
 class ScheduleRequest:
     """What a generator is asked for: ``stages`` x ``replicas`` ranks' lists over ``microbatches`` per iteration,
     iterations ``first_iteration .. first_iteration + num_iterations - 1``; ``stage_costs`` per virtual stage
-    for generators that use real times (others ignore it)."""
+    for generators that use real times, and the ``cluster`` whose links carry their messages (others ignore
+    both)."""
 
     stages: int
     microbatches: int
@@ -46,6 +47,7 @@ class ScheduleRequest:
     first_iteration: int = 0
     num_iterations: int = 1
     stage_costs: StageCosts | None = None
+    cluster: Any = None  # a ClusterSpec, or None: messages take no time
 
 
 Generator = Callable[[Any, ScheduleRequest], Schedule]
@@ -62,14 +64,16 @@ def register(spec_cls: type[PipelineSpec], generator: Generator) -> type[Pipelin
 
 
 def schedule_for(plan: Any, *, first_iteration: int = 0, num_iterations: int = 1, num_buckets: int = 1,
-                 num_layers: int | None = None, stage_costs: StageCosts | None = None) -> Schedule:
+                 num_layers: int | None = None, stage_costs: StageCosts | None = None,
+                 cluster: Any = None) -> Schedule:
     """The compute schedule (not lowered) ``plan`` runs.
 
     ``first_iteration`` / ``num_iterations`` number the iterations of kinds
     that number them (GroPipe's delayed step, the asynchronous pipeline's
     one stream). A plan without a pipeline gives the data-parallel step
     (``num_buckets`` gradient buckets) or, on a 2D mesh, the SUMMA step over
-    ``num_layers`` layers.
+    ``num_layers`` layers. ``stage_costs`` and ``cluster``: the times and
+    links of kinds built from them (``zb-auto``).
     """
     spec = plan.pipeline
     if isinstance(spec, NoPipeline):
@@ -82,7 +86,8 @@ def schedule_for(plan: Any, *, first_iteration: int = 0, num_iterations: int = 1
     if generator is None:
         raise ValueError(f"pipeline kind {spec.kind!r} has no registered generator; register it with "
                          f"workbench.scheduling.registry.register(spec_class, generator)")
-    request = ScheduleRequest(plan.pp, plan.microbatches, plan.dp, first_iteration, num_iterations, stage_costs)
+    request = ScheduleRequest(plan.pp, plan.microbatches, plan.dp, first_iteration, num_iterations, stage_costs,
+                              cluster)
     return generator(spec, request)
 
 
@@ -154,8 +159,8 @@ register(_kind("zbh1"), lambda spec, r: zero_bubble.zb_h1(r.stages, r.microbatch
 register(_kind("zbh2"), lambda spec, r: zero_bubble.zb_h2(r.stages, r.microbatches))
 register(_kind("zbv"), lambda spec, r: zero_bubble.zb_v(r.stages, r.microbatches))
 register(_kind("dualpipev"), lambda spec, r: zero_bubble.dualpipe_v(r.stages, r.microbatches))
-register(_kind("zb-auto"), lambda spec, r: zero_bubble.zb_auto(r.stages, r.microbatches, r.stage_costs,
-                                                                spec.memory_limit_mb))
+register(_kind("zb-auto"), lambda spec, r: zero_bubble.zb_auto(
+    r.stages, r.microbatches, r.stage_costs, spec.memory_limit_mb, cluster=r.cluster))
 register(_kind("gropipe"), lambda spec, r: generators.gropipe(
     r.replicas, r.stages, r.microbatches, inner=schedule_for_inner(spec.inner, r), delay=spec.delay,
     first_iteration=r.first_iteration, num_iterations=r.num_iterations))

@@ -29,7 +29,7 @@ one chunk's forward with the other chunk's full backward.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..core.fields import check_int
 from ..core.ir import Action, Op, Schedule, ScheduleMeta
@@ -247,8 +247,14 @@ def interleaved_zb(num_ranks: int, num_microbatches: int, chunks: int = 2) -> Sc
 
 
 def zb_auto(num_stages: int, num_microbatches: int, stage_costs: StageCosts | None,
-            memory_limit_mb: float = 0.0, *, message_ms: float = 0.0) -> Schedule:
+            memory_limit_mb: float = 0.0, *, message_ms: float | None = None, cluster: Any = None) -> Schedule:
     """The fastest split-backward schedule found for these stages' real times under ``memory_limit_mb``.
+
+    Messages: on ``cluster`` (a ClusterSpec) each stage's activations and
+    gradients take their link's time, the list schedule waits the longest
+    boundary's (``message_ms`` overrides it), the one for free messages is
+    kept beside it, and the candidates are timed on its links; without one
+    messages take ``message_ms`` (default 0).
 
     The limit bounds each rank's saved activations (``memory_limit_mb``
     MB; 0: the most any rank keeps under 1F1B or ZB-H1, so the default
@@ -275,14 +281,17 @@ def zb_auto(num_stages: int, num_microbatches: int, stage_costs: StageCosts | No
                          f"schedule fits; raise the limit (0 keeps 1F1B's memory)")
     times = {Op.FORWARD: costs.forward_ms, Op.BACKWARD_INPUT: costs.input_grad_ms,
              Op.BACKWARD_WEIGHT: costs.weight_grad_ms}
+    if message_ms is None:
+        message_ms = max((cluster.link(s, s + 1).transfer_ms(costs.send_bytes[s]) for s in range(num_stages - 1)),
+                         default=0.0) if cluster is not None else 0.0
     placement = tuple(range(num_stages))
-    candidates = [list_schedule(placement, num_microbatches, times, [limit] * num_stages, act,
-                                message_ms=message_ms, name="zb-auto")]
+    candidates = [list_schedule(placement, num_microbatches, times, [limit] * num_stages, act, message_ms=wait,
+                                name="zb-auto") for wait in sorted({message_ms, 0.0})]
     for units, build in ((num_stages, zb_h1), (2 * num_stages - 1, zb_h2)):
         schedule = build(num_stages, num_microbatches)
         if _peak_activation(schedule, act) <= limit + _EPS:
             candidates.append(schedule)
-    return min(candidates, key=lambda s: _iteration_ms(s, costs))
+    return min(candidates, key=lambda s: _iteration_ms(s, costs, cluster))
 
 
 def _peak_activation(schedule: Schedule, act: Sequence[float]) -> float:
@@ -295,12 +304,12 @@ def _peak_activation(schedule: Schedule, act: Sequence[float]) -> float:
     return peak
 
 
-def _iteration_ms(schedule: Schedule, costs: StageCosts) -> float:
+def _iteration_ms(schedule: Schedule, costs: StageCosts, cluster: Any = None) -> float:
     from .simulate import simulate
 
     renamed = Schedule(schedule.ranks, name="zb-auto", num_stages=schedule.num_stages,
                        num_microbatches=schedule.num_microbatches, meta=schedule.meta)
-    return simulate(renamed, costs).metrics["iteration_ms"]
+    return simulate(renamed, costs, cluster).metrics["iteration_ms"]
 
 
 def dualpipe_v(num_ranks: int, num_microbatches: int) -> Schedule:

@@ -249,14 +249,17 @@ def _gradient_passes(ctx: CostContext, strategy: ParallelPlan, sc: StageCosts) -
     return sc
 
 
-def _schedule(plan: ParallelPlan, num_buckets: int = 1, stage_costs: StageCosts | None = None):
-    """The runtime's schedule for ``plan`` and the iterations it is simulated over: three for a delayed
+def _schedule(plan: ParallelPlan, num_buckets: int = 1, stage_costs: StageCosts | None = None,
+              cluster: ClusterSpec | None = None):
+    """The runtime's schedule for ``plan`` (``zb-auto`` built from ``stage_costs`` and the ``cluster``'s links)
+    and the iterations it is simulated over: three for a delayed
     all-reduce; for the asynchronous pipeline four, or as many as its fill and drain take and two more
     (a pipeline of S stages with m micro-batches a step fills over ceil(S / m) steps), so the steady state
     lies between optimizer steps."""
     fill = -(-plan.pp * plan.chunks // plan.microbatches)
     iterations = 3 if plan.delayed_update else (max(4, 2 * fill + 2) if plan.iterates_across_steps else 1)
-    return schedule_for(plan, num_iterations=iterations, num_buckets=num_buckets, stage_costs=stage_costs), iterations
+    return schedule_for(plan, num_iterations=iterations, num_buckets=num_buckets, stage_costs=stage_costs,
+                        cluster=cluster), iterations
 
 
 def _steady_iteration_ms(sim: SimResult, iterations: int) -> float:
@@ -415,14 +418,15 @@ def simulate_strategy(ctx: CostContext, strategy: ParallelPlan, partition: Parti
     block = replica_block(ctx.cluster, strategy) if placement is None and ctx.sharing() is None else None
     if block is not None:
         schedule, iterations = _schedule(strategy.replace(mesh=Topology({**dict(strategy.mesh.axes), "dp": block})), num_buckets,
-                                         stage_costs=sc if uses_costs else None)
+                                         stage_costs=sc if uses_costs else None, cluster=ctx.cluster)
         groups = _whole_groups(schedule, strategy)
         if groups is not None:
             sim = run(schedule, groups)
             detail = {**detail, "simulated_replicas": block}
             return _simulated(ctx, strategy, partition, sim, _steady_iteration_ms(sim, iterations), iterations,
                               detail)
-    schedule, iterations = _schedule(strategy, num_buckets, stage_costs=sc if uses_costs else None)
+    schedule, iterations = _schedule(strategy, num_buckets, stage_costs=sc if uses_costs else None,
+                                     cluster=ctx.cluster)
     sim = run(schedule)
     iteration = _steady_iteration_ms(sim, iterations)
     if placement is not None:  # the links' cost model prefers another placement: keep it if the simulator agrees
