@@ -9,9 +9,9 @@ input-gradient pass and the weight pass against one fused backward.
 Approach. ResNet-18 at 96x96, global batch 64, 4 micro-batches, two ranks
 (one core each), synthetic data; 1F1B, ZB-H1, ZB-H2 and the automatic
 schedule on AMPA's 2-stage cut, ZB-V and DualPipeV (ours and torch's) on
-AMPA's 4-stage cut. AMPA balances the cut for 1F1B, so 1F1B and ZB-H1 also run
+AMPA's 4-stage cut. AMPA balances the cut for 1F1B, so 1F1B, ZB-H1 and ZB-H2 also run
 at the 2-stage cut the simulator finds fastest for each from the same profile
-(``1f1b-best``, ``zbh1-best``: each schedule at its best). Runs are interleaved
+(``1f1b-best``, ``zbh1-best``, ``zbh2-best``: each schedule at its best). Runs are interleaved
 per repeat (the order reversed every other repeat); throughput is samples
 over the summed step times after ``WARMUP`` steps; ratios are taken within
 a repeat and their median is reported. From the runs' own events:
@@ -67,7 +67,7 @@ def cuts(size: int, batch: int, m: int) -> dict:
     model = build_model("resnet18", image_size=size, num_classes=10)
     costs = profile(model, batch=batch // m, progress=False)
     out: dict = {s: str(ampa(costs, s, num_microbatches=m, batch_size=batch).partition) for s in (2, 4)}
-    out.update({f"best-{kind}": best_cut(costs, kind, m, batch // m) for kind in ("1f1b", "zbh1")})
+    out.update({f"best-{kind}": best_cut(costs, kind, m, batch // m) for kind in ("1f1b", "zbh1", "zbh2")})
     return out
 
 
@@ -78,9 +78,9 @@ def best_cut(costs, kind: str, m: int, microbatch: int) -> str:
     from workbench.scheduling import generators
     from workbench.scheduling.simulate import simulate
     from workbench.scheduling.stagecosts import StageCosts
-    from workbench.scheduling.zero_bubble import zb_h1
+    from workbench.scheduling.zero_bubble import zb_h1, zb_h2
 
-    build = {"1f1b": generators.one_f_one_b, "zbh1": zb_h1}[kind]
+    build = {"1f1b": generators.one_f_one_b, "zbh1": zb_h1, "zbh2": zb_h2}[kind]
     cluster, n = load_cluster("local-cpu"), costs.num_layers
 
     def iteration_ms(cut: int) -> float:
@@ -97,6 +97,7 @@ def cases(m: int, part: dict) -> dict[str, str]:
     return {"1f1b": f"pp{STAGES}-1f1b-m{m}@{two}", "zbh1": f"pp{STAGES}-zbh1-m{m}@{two}",
             "1f1b-best": f"pp{STAGES}-1f1b-m{m}@{part['best-1f1b']}",
             "zbh1-best": f"pp{STAGES}-zbh1-m{m}@{part['best-zbh1']}",
+            "zbh2-best": f"pp{STAGES}-zbh2-m{m}@{part['best-zbh2']}",
             "zbh2": f"pp{STAGES}-zbh2-m{m}@{two}", "zbauto": f"pp{STAGES}-zbauto-m{m}@{two}",
             "zbv": f"pp{STAGES}-zbv-m{m}@{four}", "torch-zbv": f"torchpp{STAGES}-zbv-m{m}@{four}",
             "dualpipev": f"pp{STAGES}-dualpipev-m{m}@{four}",
@@ -158,6 +159,7 @@ def summarise(rows: list[dict[str, dict]], m: int) -> dict:
 
     out = {"zbh1_over_1f1b": ratio("zbh1", "1f1b"), "zbh2_over_zbh1": ratio("zbh2", "zbh1"),
            "zbh1_over_1f1b_each_at_its_best_cut": ratio("zbh1-best", "1f1b-best"),
+           "zbh2_over_zbh1_each_at_its_best_cut": ratio("zbh2-best", "zbh1-best"),
            "zbauto_over_zbh1": ratio("zbauto", "zbh1"), "zbv_ours_over_torch": ratio("zbv", "torch-zbv"),
            "dualpipev_ours_over_torch": ratio("dualpipev", "torch-dualpipev"),
            "ideal_zbh1_over_1f1b_free_split": statistics.median(ideal_zb_over_1f1b(r["zbh1"]["stage_ms"], None, m)
@@ -181,6 +183,7 @@ def partial_summary(rows: list[dict[str, dict]]) -> dict:
     """The ratios whose two cases ran (``--only``)."""
     pairs = {"zbh1_over_1f1b": ("zbh1", "1f1b"), "zbh2_over_zbh1": ("zbh2", "zbh1"),
              "zbh1_over_1f1b_each_at_its_best_cut": ("zbh1-best", "1f1b-best"),
+             "zbh2_over_zbh1_each_at_its_best_cut": ("zbh2-best", "zbh1-best"),
              "zbauto_over_zbh1": ("zbauto", "zbh1"), "zbv_ours_over_torch": ("zbv", "torch-zbv"),
              "dualpipev_ours_over_torch": ("dualpipev", "torch-dualpipev")}
     out = {}
