@@ -129,6 +129,16 @@ def _weight(op: str) -> float:
     return 1.0 if op in CPU_COMM_OPS else 0.0
 
 
+def _steps(deltas: dict[float, float]) -> tuple[list[float], list[float]]:
+    """A step function from its jumps: the times it changes at and its value from each on (0 before the first)."""
+    times = sorted(deltas)
+    values, running = [], 0.0
+    for t in times:
+        running += deltas[t]
+        values.append(running)
+    return times, values
+
+
 def _counts(events: Iterable[Event], sharing: CoreSharing) -> dict[int, tuple[list[float], list[float]]]:
     """Per node: the times where the (weighted) number of runnable threads changes, and the count from each on."""
     deltas: dict[int, dict[float, float]] = defaultdict(lambda: defaultdict(float))
@@ -138,15 +148,7 @@ def _counts(events: Iterable[Event], sharing: CoreSharing) -> dict[int, tuple[li
             d = deltas[sharing.node(e.rank)]
             d[e.start] += w
             d[e.end] -= w
-    out = {}
-    for node, d in deltas.items():
-        times = sorted(d)
-        running, counts = 0.0, []
-        for t in times:
-            running += d[t]
-            counts.append(running)
-        out[node] = (times, counts)
-    return out
+    return {node: _steps(d) for node, d in deltas.items()}
 
 
 def _mean_count(times: list[float], counts: list[float], start: float, end: float) -> float:
@@ -196,16 +198,6 @@ def solo_durations(events: Iterable[Event], sharing: CoreSharing) -> dict[int, f
     return out
 
 
-def _steps(deltas: dict[float, float]) -> tuple[list[float], list[float]]:
-    """A step function from its jumps: the times it changes at and its value from each on (0 before the first)."""
-    times = sorted(deltas)
-    values, running = [], 0.0
-    for t in times:
-        running += deltas[t]
-        values.append(running)
-    return times, values
-
-
 def _advance(steps: tuple[list[float], list[float]], start: float, work: float,
              rate: "Callable[[float], float]") -> float:
     """When ``work`` started at ``start`` ends, progressing at ``rate(value)`` while the step function has that
@@ -249,9 +241,10 @@ class Pace:
                 w = _weight(e.op) * share
                 if not w or e.end <= e.start:
                     continue
-                for table in (node[sharing.node(e.rank)],) + (
-                        (own[("c", e.rank)],) if e.op in COMPUTE_OPS else
-                        (own[("a", e.rank)],) if e.op == "AR" else ()):
+                tables = [node[sharing.node(e.rank)]]
+                if e.op in COMPUTE_OPS or e.op == "AR":  # the rank's own thread, left out beside itself
+                    tables.append(own[("c" if e.op in COMPUTE_OPS else "a", e.rank)])
+                for table in tables:
                     table[e.start] += w
                     table[e.end] -= w
         self._node, self._own = node, own
