@@ -224,6 +224,14 @@ class ParallelPlan:
         return self.pipeline.runtime in ("pipeline", "grouped", "async")
 
     @property
+    def gradient_buffer(self) -> str:
+        """Where the runtime gathers a step's weight gradients over its micro-batches: ``"flat"`` (GroPipe: every
+        micro-batch adds into a zeroed flat buffer, which the step divides by the groups and zeroes), ``"grads"``
+        (the pipelines: the first micro-batch's gradients are kept, later ones added to them), ``""`` (neither:
+        no pipeline, or the asynchronous pipeline's stashed versions)."""
+        return {"grouped": "flat", "pipeline": "grads"}.get(self.pipeline.runtime, "")
+
+    @property
     def iterates_across_steps(self) -> bool:
         """Whether one schedule spans every iteration (no flush between steps: the asynchronous pipeline)."""
         return self.pipeline.streams_iterations

@@ -234,16 +234,16 @@ def _gradient_passes(ctx: CostContext, strategy: ParallelPlan, sc: StageCosts) -
       the next iteration (a write), passes the optimizer's own traffic does not hold.
     """
     bandwidth = ctx.cluster.device.memory_bandwidth_gbs
-    runtime = strategy.pipeline.runtime
-    if not bandwidth or runtime not in ("pipeline", "grouped"):
+    buffer = strategy.gradient_buffer
+    if not bandwidth or not buffer:
         return sc
     pass_ms = [g / (bandwidth * 1e9) * 1e3 for g in sc.grad_bytes]
     m = strategy.microbatches
-    accumulating = 1.0 if runtime == "grouped" else (m - 1) / m  # of the micro-batches, on average
+    accumulating = 1.0 if buffer == "flat" else (m - 1) / m  # of the micro-batches, on average
     add = [3 * accumulating * t for t in pass_ms]
     sc = replace(sc, backward_ms=tuple(b + a for b, a in zip(sc.backward_ms, add)),
                  weight_grad_ms=tuple(w + a for w, a in zip(sc.weight_grad_ms, add)))
-    if runtime == "grouped":
+    if buffer == "flat":
         passes = 3 if strategy.dp > 1 else 1
         sc = replace(sc, step_ms=tuple(s + passes * t for s, t in zip(sc.step_ms, pass_ms)))
     return sc
