@@ -30,7 +30,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -38,7 +37,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_zero_bubble import run  # noqa: E402  (this folder's benchmark: launch, wait, read the events)
+from bench_zero_bubble import interleaved, ratio  # noqa: E402  (this folder's benchmark: its runs and ratios)
 from zb_front_end import front_end_net  # noqa: E402
 
 RESULTS = HERE / "results" / "zb_auto.json"
@@ -96,22 +95,9 @@ def main() -> int:
     print(f"best cut per schedule: {best}", flush=True)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
     plans = {kind: f"pp{STAGES}-{kind}-m{m}@{best[kind]}" for kind in KINDS}
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="bench-zbauto-") as root:
-        for rep in range(args.repeats):
-            row = {}
-            for kind, plan in (list(plans.items()) if rep % 2 == 0 else list(plans.items())[::-1]):
-                row[kind] = run(root, fields(args.batch), kind, plan, args.steps)
-                print(f"  repeat {rep} {kind:<8} {row[kind]['samples_per_s']:7.1f} samples/s  step "
-                      f"{row[kind]['step_ms']:8.1f} ms  simulated {row[kind]['simulated_step_ms']:8.1f} ms", flush=True)
-            rows.append(row)
-
-    def ratio(a: str, b: str) -> dict:
-        values = [r[a]["samples_per_s"] / r[b]["samples_per_s"] for r in rows]
-        return {"median": statistics.median(values), "runs": values}
-
-    summary = {"zbauto_over_zbh1": ratio("zbauto", "zbh1"), "zbauto_over_1f1b": ratio("zbauto", "1f1b"),
-               "zbh1_over_1f1b": ratio("zbh1", "1f1b"),
+    rows = interleaved(plans, fields(args.batch), args.steps, args.repeats, "bench-zbauto-")
+    summary = {"zbauto_over_zbh1": ratio(rows, "zbauto", "zbh1"), "zbauto_over_1f1b": ratio(rows, "zbauto", "1f1b"),
+               "zbh1_over_1f1b": ratio(rows, "zbh1", "1f1b"),
                "simulated_over_measured": {k: statistics.median(r[k]["simulated_step_ms"] / r[k]["step_ms"]
                                                                  for r in rows) for k in KINDS}}
     for key, value in summary.items():

@@ -152,16 +152,32 @@ def ideal_zb_over_1f1b(zb_ms: dict[str, dict[str, float]], whole_ms: dict[str, d
     return one_f_one_b / (m * (f + i + w) + (STAGES - 1) * (f + i - w))
 
 
-def summarise(rows: list[dict[str, dict]], m: int) -> dict:
-    def ratio(a: str, b: str) -> dict:
-        values = [r[a]["samples_per_s"] / r[b]["samples_per_s"] for r in rows]
-        return {"median": statistics.median(values), "runs": values}
+def interleaved(plans: dict[str, str], fields: dict, steps: int, repeats: int, prefix: str) -> list[dict[str, dict]]:
+    """Every case of ``plans`` (name -> plan) run once per repeat, the order reversed every other repeat; per
+    repeat, each case's :func:`run` record."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix=prefix) as root:
+        for rep in range(repeats):
+            row = {}
+            for case, plan in (list(plans.items()) if rep % 2 == 0 else list(plans.items())[::-1]):
+                row[case] = run(root, fields, case, plan, steps)
+                sim = row[case].get("simulated_step_ms")
+                print(f"  repeat {rep} {case:<16} {row[case]['samples_per_s']:8.1f} samples/s  step "
+                      f"{row[case]['step_ms']:8.1f} ms" + (f"  simulated {sim:8.1f} ms" if sim else ""), flush=True)
+            rows.append(row)
+    return rows
 
-    out = {"zbh1_over_1f1b": ratio("zbh1", "1f1b"), "zbh2_over_zbh1": ratio("zbh2", "zbh1"),
-           "zbh1_over_1f1b_each_at_its_best_cut": ratio("zbh1-best", "1f1b-best"),
-           "zbh2_over_zbh1_each_at_its_best_cut": ratio("zbh2-best", "zbh1-best"),
-           "zbauto_over_zbh1": ratio("zbauto", "zbh1"), "zbv_ours_over_torch": ratio("zbv", "torch-zbv"),
-           "dualpipev_ours_over_torch": ratio("dualpipev", "torch-dualpipev"),
+
+def ratio(rows: list[dict[str, dict]], a: str, b: str) -> dict:
+    """Case ``a``'s samples/s over case ``b``'s within each repeat: the median and every repeat's."""
+    values = [r[a]["samples_per_s"] / r[b]["samples_per_s"] for r in rows]
+    return {"median": statistics.median(values), "runs": values}
+
+
+def summarise(rows: list[dict[str, dict]], m: int) -> dict:
+    """Every ratio (all cases ran), the ideal ZB-H1 / 1F1B from the stage passes, the split backward's cost and
+    the simulator's step over the measured one."""
+    out = {**partial_summary(rows),
            "ideal_zbh1_over_1f1b_free_split": statistics.median(ideal_zb_over_1f1b(r["zbh1"]["stage_ms"], None, m)
                                                                  for r in rows),
            "ideal_zbh1_over_1f1b": statistics.median(ideal_zb_over_1f1b(r["zbh1"]["stage_ms"], r["1f1b"]["stage_ms"], m)
@@ -186,12 +202,7 @@ def partial_summary(rows: list[dict[str, dict]]) -> dict:
              "zbh2_over_zbh1_each_at_its_best_cut": ("zbh2-best", "zbh1-best"),
              "zbauto_over_zbh1": ("zbauto", "zbh1"), "zbv_ours_over_torch": ("zbv", "torch-zbv"),
              "dualpipev_ours_over_torch": ("dualpipev", "torch-dualpipev")}
-    out = {}
-    for key, (a, b) in pairs.items():
-        if a in rows[0] and b in rows[0]:
-            values = [r[a]["samples_per_s"] / r[b]["samples_per_s"] for r in rows]
-            out[key] = {"median": statistics.median(values), "runs": values}
-    return out
+    return {key: ratio(rows, a, b) for key, (a, b) in pairs.items() if a in rows[0] and b in rows[0]}
 
 
 def main() -> int:
@@ -211,17 +222,7 @@ def main() -> int:
         plans = {k: v for k, v in plans.items() if k in args.only.split(",")}
     print(f"resnet18 {args.size}x{args.size}, batch {args.batch}, m={m}; AMPA's cuts and each schedule's best "
           f"simulated 2-stage cut: {part}", flush=True)
-    fields = model_fields(args.size, args.batch)
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="bench-zb-") as root:
-        for rep in range(args.repeats):
-            row = {}
-            for case, plan in (list(plans.items()) if rep % 2 == 0 else list(plans.items())[::-1]):
-                row[case] = run(root, fields, case, plan, args.steps)
-                sim = row[case].get("simulated_step_ms")
-                print(f"  repeat {rep} {case:<16} {row[case]['samples_per_s']:8.1f} samples/s  step "
-                      f"{row[case]['step_ms']:8.1f} ms" + (f"  simulated {sim:8.1f} ms" if sim else ""), flush=True)
-            rows.append(row)
+    rows = interleaved(plans, model_fields(args.size, args.batch), args.steps, args.repeats, "bench-zb-")
     summary = summarise(rows, m) if len(plans) == len(cases(m, part)) else partial_summary(rows)
     for key, value in summary.items():
         print(f"{key}: {json.dumps(value)}")
