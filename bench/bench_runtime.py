@@ -12,8 +12,10 @@ a shared machine hits both sides, median over ``--reps`` pairs:
    layers (communication-heavy) and on ResNet-18 (32x32 inputs),
    and GroPipe delay 1 vs delay 0 (what hiding the all-reduce buys).
 
-Every side runs at its own best setting for the same global batch: DDP
-without gradient accumulation (one micro-batch: the whole replica batch
+Every side runs at its own best setting for the same global batch: our
+pipelines and GroPipe with fused weight-gradient accumulation
+(``training.fused_weight_grads``; one more comparison measures what it
+brings against autograd's accumulation), DDP without gradient accumulation (one micro-batch: the whole replica batch
 fits in memory here), and each pipeline (ours, torch's, GroPipe) at the
 micro-batch count among ``--microbatches`` that gave it the most samples/s
 in a sweep of single launches before the paired ones (the sweep is printed
@@ -51,6 +53,30 @@ VGG = {"model": "vgg-tiny", "training": {"global_batch": 64}, "data": {"kind": "
 VGG_WIDE = {**VGG, "model": {"name": "vgg-tiny", "overrides": {"fc_width": 4096}}}
 RESNET = {"model": {"name": "resnet18", "overrides": {"image_size": 32, "num_classes": 10}},
           "training": {"global_batch": 32}, "data": {"kind": "synthetic"}}
+
+
+def fused(fields: dict) -> dict:
+    """Our pipelines at their best: linear layers accumulate weight gradients inside their products."""
+    return merge_changes(fields, {"training": {"fused_weight_grads": True}})
+
+
+def partition_for(fields: dict, stages: int, how: str) -> str:
+    """The cut both sides of a pipeline comparison run at, as a plan's partition text: AMPA's on a one-thread
+    profile of the model at the micro-batch size of two micro-batches (printed), or the uniform cut."""
+    if how == "uniform":
+        return "uniform"
+    import torch
+
+    from workbench.runtime.batches import global_batches, run_model, split_rounds
+    from workbench.runtime.entry import resolve_partition
+
+    torch.set_num_threads(1)
+    config = RunConfig.from_dict({**fields, "plan": f"pp{stages}-1f1b-m2@ampa"})
+    model = run_model(config)
+    example = split_rounds(next(global_batches(config, model, 0)), config, 0)[0].inputs[0]
+    cut = str(resolve_partition(config, model, example, "cpu"))
+    print(f"  AMPA's {stages}-stage cut of {config.model.name}: {cut}", flush=True)
+    return cut
 
 
 def throughput(fields: dict, steps: int, warmup: int) -> float:
@@ -160,18 +186,26 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="only the 2-rank pipeline and VGG comparisons")
     parser.add_argument("--only", default="", help="run only the comparisons whose name contains this text")
     parser.add_argument("--microbatches", default="2,4,8", help="micro-batch counts each pipeline is swept over")
+    parser.add_argument("--partition", default="ampa", choices=("ampa", "uniform"),
+                        help="the cut both pipelines of a 1F1B comparison run at: AMPA's on a profile taken here "
+                             "(faster for both), or the plan's default uniform cut")
     args = parser.parse_args()
     counts = [int(m) for m in args.microbatches.split(",")]
     sweeps: dict[str, dict[int, float]] = {}
     comparisons = []  # (name, A's label, A's fields, A's plans, B's label, B's fields, B's plans)
     for ranks in (2, 4) if not args.quick else (2,):
+        cut = partition_for(VGG, ranks, args.partition)
         comparisons.append((f"1f1b ours vs torch Schedule1F1B, {ranks} ranks",
-                            f"ours pp{ranks}", VGG, {m: f"pp{ranks}-1f1b-m{m}" for m in counts},
-                            f"torch pp{ranks}", VGG, {m: f"torchpp{ranks}-1f1b-m{m}" for m in counts}))
+                            f"ours pp{ranks}", fused(VGG), {m: f"pp{ranks}-1f1b-m{m}@{cut}" for m in counts},
+                            f"torch pp{ranks}", VGG, {m: f"torchpp{ranks}-1f1b-m{m}@{cut}" for m in counts}))
+    cut = partition_for(VGG, 2, args.partition)
+    comparisons.append(("1f1b ours, fused vs autograd weight gradients, 2 ranks",
+                        "ours pp2", fused(VGG), {m: f"pp2-1f1b-m{m}@{cut}" for m in counts},
+                        "ours pp2 autograd", VGG, {m: f"pp2-1f1b-m{m}@{cut}" for m in counts}))
     models = [("vgg-tiny", VGG)] + ([] if args.quick else [("vgg-fc4096", VGG_WIDE), ("resnet18", RESNET)])
     for model_name, model in models:
         ddp = (f"ddp x4 {model_name}", model, {1: "dp4"})  # no accumulation: the replica batch fits
-        gro = {d: (f"gropipe d{d} {model_name}", model, {m: f"gropipe-2x2-1f1b-m{m}-d{d}" for m in counts})
+        gro = {d: (f"gropipe d{d} {model_name}", fused(model), {m: f"gropipe-2x2-1f1b-m{m}-d{d}" for m in counts})
                for d in (0, 1)}
         for delay in (0, 1):
             comparisons.append((f"gropipe 2x2 delay {delay} vs ddp x4, {model_name}", *gro[delay], *ddp))

@@ -63,6 +63,19 @@ RUNS = {plan: (ParallelPlan.parse(plan).pp, {"plan": plan, **extra}) for plan, e
 RUNS["gropipe-2x2-gpipe-m4-d0"] = (4, {"plan": "gropipe-2x2-gpipe-m4-d0",
                                        "training": {"optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9}}})
 RUNS["dp2-m2"] = (2, {"plan": "dp2-m2", "training": {"grad_accum": 2}})
+# fused weight-gradient accumulation: accumulation rounds, recomputation, GroPipe's flat buffers, GPT-2's Conv1D
+FUSED = {
+    "pp2-1f1b-m4-fused": (2, {"plan": "pp2-1f1b-m4", "training": {"grad_accum": 2, "fused_weight_grads": True}}),
+    "pp2-gpipe-m2-rc-fused": (2, {"plan": "pp2-gpipe-m2-rc", "training": {"fused_weight_grads": True}}),
+    "gropipe-2x2-1f1b-m2-d0-fused": (4, {"plan": "gropipe-2x2-1f1b-m2-d0", "training": {
+        "fused_weight_grads": True, "optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9}}}),
+    "pp2-1f1b-m2-gpt2-fused": (2, {"plan": "pp2-1f1b-m2", "training": {"global_batch": 8, "fused_weight_grads": True},
+                                   "model": {"name": "gpt2-tiny", "overrides": {
+                                       "n_layer": 2, "seq_len": 16, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+                                       "attn_pdrop": 0.0}},
+                                   "data": {"kind": "bytes-lm", "seq_len": 16}}),
+}
+RUNS.update(FUSED)
 RUNS["dp2-m2-rc"] = (2, {"plan": "dp2-m2-rc", "training": {"grad_accum": 2}})
 
 
@@ -98,3 +111,14 @@ def test_ddp_equals_reference(sweep, recompute):
     params = dumped_params(run_dir, [0])
     for name, value in reference.params.items():
         torch.testing.assert_close(params[name], value, rtol=0, atol=1e-5, msg=f"parameter {name}")
+
+
+@pytest.mark.parametrize("key", list(FUSED))
+def test_fused_weight_grads_equal_reference(sweep, key):
+    """Weight gradients accumulated inside the linear layers' products train the reference's parameters."""
+    config, run_dir = sweep.run(key), sweep.dir(key)
+    assert config.training.fused_weight_grads
+    start = next(e for e in read_events(run_dir, 0) if e["kind"] == "start")
+    assert start["fused_layers"] >= 1
+    assert_matches_reference(run_dir, config, list(range(config.plan.pp)))
+    assert_events_follow_schedule(run_dir, config)

@@ -179,7 +179,9 @@ class OptimizerConfig:
 class TrainingConfig:
     """``[training]``: ``steps`` optimizer steps of ``global_batch`` samples each, split into ``grad_accum``
     rounds (each over the plan's replicas and micro-batches); the ``seed`` every rank builds the model and data
-    with; ``precision``; per-rank checkpoints every ``checkpoint_every`` steps, and ``resume`` from the newest."""
+    with; ``precision``; per-rank checkpoints every ``checkpoint_every`` steps, and ``resume`` from the newest;
+    ``fused_weight_grads``: the pipelines' linear layers accumulate their weight gradients inside the product
+    (:mod:`workbench.runtime.fused_grads`)."""
 
     global_batch: int = spec(32, integer(1))
     steps: int = spec(10, integer(1))
@@ -189,6 +191,7 @@ class TrainingConfig:
     precision: str = spec("auto", choice(PRECISIONS))
     checkpoint_every: int = spec(0, integer(0))
     resume: bool = spec(False, boolean())
+    fused_weight_grads: bool = spec(False, boolean())
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "optimizer", _build(OptimizerConfig, "training.optimizer", self.optimizer))

@@ -229,7 +229,8 @@ def _build(config: RunConfig, run_dir: Path, writer: EventWriter, cores: list[in
                  process=int(os.environ.get(PROCESS_RANK_ENV, rank)), cores=cores,
                  **device_share(device, config.run.device),
                  **({"stage_costs": asdict(stage_costs)} if stage_costs is not None else {}),
-                 **({"layers": strategy.layers_report()} if hasattr(strategy, "layers_report") else {}))
+                 **({"layers": strategy.layers_report()} if hasattr(strategy, "layers_report") else {}),
+                 **({"fused_layers": strategy.fused_layers} if getattr(strategy, "fused_layers", 0) else {}))
     return strategy, model, device, start_step, resumed_from
 
 

@@ -5,8 +5,10 @@ value the simulator times) and is lowered to per-rank action lists with
 explicit sends and receives. This rank holds the stages its list mentions
 (one, or several virtual stages for interleaved), each cut from the
 unmodified model by the partition, and the interpreter executes the list
-once per accumulation round. Gradients accumulate over micro-batches; the
-``STEP`` action applies the optimizer (after the schedule when it has none).
+once per accumulation round. Gradients accumulate over micro-batches (with
+``training.fused_weight_grads``, inside the linear layers' own products:
+:mod:`~workbench.runtime.fused_grads`); the ``STEP`` action applies the
+optimizer (after the schedule when it has none).
 
 :class:`ScheduledPipeline` is also the base of GroPipe, which only adds the
 data-parallel axis and its ``AR``/``STEP`` handlers.
@@ -20,6 +22,7 @@ from torch import nn
 from ...core.ir import Op, Schedule
 from ...core.timeline import Event
 from ..batches import split_rounds
+from ..fused_grads import WeightGradBuffers, fuse_weight_grads
 from ..groups import ParallelGroups, build_groups
 from ..interpreter import Interpreter
 from ..stage import Stage, output_shapes
@@ -69,6 +72,10 @@ class ScheduledPipeline(Strategy):
                 index=v, module=blocks[v].to(ctx.device), device=ctx.device, is_first=v == 0,
                 is_last=v == num_virtual - 1, loss_fn=ctx.model.loss_fn, loss_scale=loss_scale,
                 autocast_dtype=ctx.autocast_dtype, recompute=config.plan.recompute)
+        self.fused_layers = 0
+        if config.training.fused_weight_grads:  # the config allows it only where every backward is whole
+            self.weight_grads = WeightGradBuffers()
+            self.fused_layers = sum(fuse_weight_grads(s.module, self.weight_grads) for s in self.stages.values())
         self._optimizer = make_optimizer([p for s in self.stages.values() for p in s.parameters()], config)
         # schedules without STEP actions step once the action list is done
         self.step_after_schedule = not any(a.op is Op.STEP for a in self.actions)
