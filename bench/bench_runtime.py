@@ -5,8 +5,9 @@ the same session, in interleaved launches (A, B, A, B, ...) so the drift of
 a shared machine hits both sides, median over ``--reps`` pairs:
 
 1. our interpreter running 1F1B vs ``torch.distributed.pipelining``'s
-   ``Schedule1F1B`` on the same model and partition, on 2 and 4 CPU ranks
-   (ratio >= 1.0 means ours is at least as fast);
+   ``Schedule1F1B`` on the same model and partition (AMPA's cut, found
+   here on a profile; ``--partition uniform`` for the plan's default), on
+   2 and 4 CPU ranks (ratio >= 1.0 means ours is at least as fast);
 2. GroPipe (2 groups x 2 stages, delay 0 and 1) vs torch DDP on 4 ranks,
    on the small VGG with big FC layers, on the same VGG with 4096-wide FC
    layers (communication-heavy) and on ResNet-18 (32x32 inputs),
@@ -27,7 +28,7 @@ throughput is the median over the steps after ``--warmup`` of the
 off on both sides. Prints a table and merges its rows (by comparison name)
 into ``bench/results/runtime.json``.
 
-    .venv/bin/python bench/bench_runtime.py [--reps 3] [--steps 8] [--quick] [--only TEXT]
+    .venv/bin/python bench/bench_runtime.py [--reps 3] [--steps 8] [--quick] [--only TEXT] [--partition ampa]
 """
 
 from __future__ import annotations
@@ -210,6 +211,9 @@ def main() -> None:
         for delay in (0, 1):
             comparisons.append((f"gropipe 2x2 delay {delay} vs ddp x4, {model_name}", *gro[delay], *ddp))
         comparisons.append((f"gropipe 2x2 delay 1 vs delay 0, {model_name}", *gro[1], *gro[0]))
+        comparisons.append((f"gropipe 2x2 delay 1, fused vs autograd weight gradients, {model_name}", *gro[1],
+                            f"gropipe d1 {model_name} autograd", model,
+                            {m: f"gropipe-2x2-1f1b-m{m}-d1" for m in counts}))
     rows = compare_at_best(comparisons, args, sweeps)
     previous = json.loads(RESULTS.read_text())["rows"] if RESULTS.is_file() else []
     ran = {row["comparison"] for row in rows}
