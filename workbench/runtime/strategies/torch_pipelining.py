@@ -9,9 +9,12 @@ put the stages where the workbench's kinds of the same name put them (a V:
 stages ``r`` and ``2p - 1 - r`` on rank ``r``; looped: ``r`` and ``r + p``). Two documented traps are avoided on purpose: every rank
 gets ``loss_fn`` (without it earlier stages silently skip backward), and
 the example input for shape inference is a real tensor with grad enabled.
-torch scales the gradients by 1 / micro-batches itself (``scale_grads``),
-which matches our loss scaling, so gradient accumulation over several
-rounds is refused rather than scaled twice.
+The baseline runs at its best setting: torch's default divides every
+gradient by the micro-batch count after the schedule (``scale_grads``), a
+pass over all of them; here its ``loss_fn`` scales each micro-batch's loss
+by 1 / micro-batches instead (``scale_grads=False``), as our stages do, so
+the gradients are the same without that pass. Gradient accumulation over
+several rounds is refused (the schedule steps once per batch).
 
 torch's schedule does not expose per-action timings, so this strategy
 records no stage events.
@@ -55,10 +58,15 @@ class TorchPipelining(Strategy):
         self.is_first, self.is_last = 0 in self.indices, stages - 1 in self.indices
         pipeline_stages = [PipelineStage(self.modules_by_stage[v], v, stages, ctx.device) for v in self.indices]
         name = plan.pipeline.schedule
-        if name in _SINGLE:
-            self.schedule = _SINGLE[name](pipeline_stages[0], plan.microbatches, loss_fn=ctx.model.loss_fn)
-        else:
-            self.schedule = _MULTI[name](pipeline_stages, plan.microbatches, loss_fn=ctx.model.loss_fn)
+        scale = 1.0 / plan.microbatches
+        loss_fn = ctx.model.loss_fn
+
+        def scaled_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            return loss_fn(output, target) * scale
+
+        stages_arg = pipeline_stages[0] if name in _SINGLE else pipeline_stages
+        self.schedule = {**_SINGLE, **_MULTI}[name](stages_arg, plan.microbatches, loss_fn=scaled_loss,
+                                                    scale_grads=False)
         self._optimizer = make_optimizer([p for m in self.modules_by_stage.values() for p in m.parameters()
                                           if p.requires_grad], config)
 
@@ -71,7 +79,7 @@ class TorchPipelining(Strategy):
         self.schedule.step(*args, **kwargs)
         self._optimizer.step()
         self._optimizer.zero_grad(set_to_none=True)
-        local = sum(float(loss.detach()) for loss in losses)
+        local = sum(float(loss.detach()) for loss in losses) * self.config.plan.microbatches  # unscaled
         return global_mean_loss(local, self.config.plan.microbatches, device)
 
     def modules(self) -> dict[str, nn.Module]:
