@@ -23,7 +23,8 @@ a repeat and their median is reported. From the runs' own events:
 * the split backward's cost: I + W of the ZB-H1 run against B of the 1F1B
   run, per stage;
 * the simulator's step from the run's measured stage times, against the
-  measured step (``scheduling.from_config.predict_from_measured``).
+  measured step (``scheduling.from_config.predict_from_measured``); both
+  from the steps after the warm-up.
 
     .venv/bin/python bench/bench_zero_bubble.py [--repeats 3] [--size 96] [--microbatches 4] [--steps 10]
 
@@ -41,6 +42,7 @@ import tempfile
 from pathlib import Path
 
 from workbench.core.config import RunConfig, merge_changes
+from workbench.core.timeline import Timeline
 from workbench.jobs import LaunchSpec, launch
 from workbench.planning.partitioning.ampa import ampa
 from workbench.profiling import profile
@@ -117,7 +119,8 @@ def run(root: str, fields: dict, case: str, plan: str, steps: int) -> dict:
     out = {"plan": plan, "samples_per_s": len(steps_) * batch / (sum(e["step_ms"] for e in steps_) / 1e3),
            "step_ms": step_ms, "load_avg_1m": os.getloadavg()[0]}
     if not plan.startswith("torchpp"):
-        timeline = load_measured_timeline(job.run_dir)
+        measured = load_measured_timeline(job.run_dir)  # the steps the throughput counts: after the warm-up
+        timeline = Timeline(tuple(e for e in measured if (e.iteration or 0) >= WARMUP), measured.meta)
         out["stage_ms"] = stage_means(timeline)
         start = next(e for e in read_events(job.run_dir, 0) if e["kind"] == "start")
         used = StageCosts(**start["stage_costs"]) if start.get("stage_costs") else None  # zb-auto's own costs
