@@ -114,8 +114,9 @@ def _fused_forward(module: nn.Module, buffers: WeightGradBuffers, transposed: bo
     return _FusedLinear.apply(x, module.weight, module.bias, buffers, transposed)
 
 
-def _kind(module: nn.Module) -> bool | None:
-    """False for ``nn.Linear``, True for a ``Conv1D`` (weight stored transposed), None for anything else."""
+def _transposed(module: nn.Module) -> bool | None:
+    """Whether a fusable layer stores its weight transposed: False for ``nn.Linear``, True for a ``Conv1D``;
+    None for a layer that is not fusable."""
     if type(module) is nn.Linear:
         return False
     if type(module).__name__ == "Conv1D" and getattr(module, "weight", None) is not None \
@@ -127,12 +128,12 @@ def _kind(module: nn.Module) -> bool | None:
 def fusable(module: nn.Module) -> list[nn.Module]:
     """The layers of ``module`` whose weight gradients :func:`fuse_weight_grads` would fuse."""
     return [m for m in module.modules()
-            if _kind(m) is not None and type(m.weight) is nn.Parameter and m.weight.requires_grad]
+            if _transposed(m) is not None and type(m.weight) is nn.Parameter and m.weight.requires_grad]
 
 
 def fuse_weight_grads(module: nn.Module, buffers: WeightGradBuffers) -> int:
     """Run ``module``'s linear layers through the fused product (module docstring); how many were changed."""
     layers = fusable(module)
     for layer in layers:
-        layer.forward = functools.partial(_fused_forward, layer, buffers, _kind(layer))
+        layer.forward = functools.partial(_fused_forward, layer, buffers, _transposed(layer))
     return len(layers)
