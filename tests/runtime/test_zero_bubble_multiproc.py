@@ -37,12 +37,24 @@ RUNS = [
     ("gropipe-1x2-zbh1-m4-d1", SGD),
     ("gropipe-2x2-zbh2-m4-d0", SGD),
 ]
+# fused weight-gradient accumulation: I queues the linear layers' products, W runs them (MLP; GPT-2's Conv1D)
+FUSED = {
+    "pp2-zbv-m4-fused": (2, {"plan": "pp2-zbv-m4", "training": {**SGD["training"], "fused_weight_grads": True}}),
+    "gropipe-2x2-zbh2-m4-d0-fused": (4, {"plan": "gropipe-2x2-zbh2-m4-d0", "training": {
+        **SGD["training"], "fused_weight_grads": True}}),
+    "pp2-zbh1-m2-gpt2-fused": (2, {"plan": "pp2-zbh1-m2", "training": {"global_batch": 8, "fused_weight_grads": True},
+                                   "model": {"name": "gpt2-tiny", "overrides": {
+                                       "n_layer": 2, "seq_len": 16, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+                                       "attn_pdrop": 0.0}},
+                                   "data": {"kind": "bytes-lm", "seq_len": 16}}),
+}
 # torch's own zero-bubble schedules, the baselines, at the same partition and micro-batches
 TORCH_RUNS = ["torchpp2-zbv-m4", "torchpp2-dualpipev-m4", "torchpp2-interleaved-zb-m4"]
 
 
 LAUNCHES = {plan: (ParallelPlan.parse(plan).world_size, {"plan": plan, **extra}) for plan, extra in RUNS}
 LAUNCHES.update({plan: (2, {"plan": plan, **SGD}) for plan in TORCH_RUNS})
+LAUNCHES.update(FUSED)
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +86,14 @@ def test_torch_zero_bubble_baseline_equals_the_reference(sweep, plan):
     config, run_dir = sweep.run(plan), sweep.dir(plan)
     assert config.plan.num_virtual_stages == 4  # two stages per rank, as the workbench's kind of that name
     assert_matches_reference(run_dir, config, [0, 1])
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("key", list(FUSED))
+def test_fused_zero_bubble_run_equals_the_reference(sweep, key):
+    """Split backwards whose weight products of the linear layers wait in a queue for W train the reference."""
+    config, run_dir = sweep.run(key), sweep.dir(key)
+    assert config.plan.split_backward and config.training.fused_weight_grads
+    assert next(e for e in read_events(run_dir, 0) if e["kind"] == "start")["fused_layers"] >= 1
+    assert_matches_reference(run_dir, config, list(range(config.plan.pp)))
+    assert_events_follow_schedule(run_dir, config)

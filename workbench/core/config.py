@@ -177,12 +177,10 @@ class RunConfig:
                                f"back into the dense model; set evaluation.every = 0" + (
                                ", or give the layers per-layer options ([[plan.layers]]): the layer-by-layer runtime "
                                "gathers dense parameters" if plan.tp_kind == "1d" else ""))
-        if self.training.fused_weight_grads and (runs_layer_by_layer(plan) or not plan.gradient_buffer
-                                                 or plan.split_backward):
+        if self.training.fused_weight_grads and (runs_layer_by_layer(plan) or not plan.gradient_buffer):
             raise config_error("training.fused_weight_grads", True, f"plan {plan.name!r} does not run on the "
-                               "scheduled pipelines or GroPipe with whole backwards, whose stages alone fuse the "
-                               "weight-gradient accumulation (a zero-bubble kind computes weight gradients in "
-                               "passes of their own); set fused_weight_grads = false")
+                               "scheduled pipelines or GroPipe, whose stages alone fuse the weight-gradient "
+                               "accumulation; set fused_weight_grads = false")
         if runs_layer_by_layer(plan):
             self._check_layerwise()
             return

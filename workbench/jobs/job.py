@@ -225,6 +225,7 @@ class Job:
         while True:
             status = self.status()
             if status.finished:
+                self._join_watcher()
                 return status
             if deadline is not None and time.monotonic() >= deadline:
                 return status
@@ -246,6 +247,12 @@ class Job:
             except subprocess.TimeoutExpired:
                 continue
         return self.status()
+
+    def _join_watcher(self, timeout_s: float = 10.0) -> None:
+        """Let the watcher end its last status write (a caller may remove the run directory once the job ends)."""
+        watcher = self._watcher
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join(timeout_s)
 
     def _start_watcher(self) -> None:
         def watch(job: Job, processes: list[Any]) -> None:

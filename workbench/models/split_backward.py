@@ -101,6 +101,7 @@ class SplitBackward:
         self.grad_output: torch.Tensor | None = None
         self._joins: list[tuple[Node, list[torch.nn.Parameter]]] = []
         self._recorded: dict[Node, tuple] = {}
+        self.nodes: list[Node] = []  # the graph's nodes, as I walked them (empty when I ran nothing)
 
     def backward_input(self, grad_output: torch.Tensor | None) -> torch.Tensor | None:
         """I: the gradient of the stage input (None when it needs none); the weight branches are left for W."""
@@ -109,6 +110,7 @@ class SplitBackward:
             return None
         root = _node(self.output)
         users = _users(root)
+        self.nodes = [root, *users]
         closure, _ = _upward([self.input_node], users, set())
         hooks = []
         for join, params in self._join_points(users, closure):
@@ -117,7 +119,7 @@ class SplitBackward:
         try:
             grad_input, *vectors = torch.autograd.grad(
                 self.output, [self.input_edge, *(_param_edge(p) for p in self.eager)],
-                grad_outputs=self._grad(), retain_graph=True, allow_unused=True)
+                grad_outputs=self.output_grad(), retain_graph=True, allow_unused=True)
             self._accumulate(self.eager, vectors)
             return grad_input
         finally:
@@ -127,7 +129,7 @@ class SplitBackward:
     def backward_weight(self) -> None:
         """W: every parameter's gradient, added to ``.grad``, from what I recorded (or from the output)."""
         if self.input_node is None:  # nothing ran in I: W is the whole backward, accumulated as autograd does
-            self.output.backward(self._grad())
+            self.output.backward(self.output_grad())
             self.output = None
             return
         done: set[int] = set()
@@ -142,14 +144,16 @@ class SplitBackward:
             done.update(id(p) for p in params)
         rest = [p for p in self.params if id(p) not in done]
         if rest:
-            self._accumulate(rest, torch.autograd.grad(self.output, rest, grad_outputs=self._grad(),
+            self._accumulate(rest, torch.autograd.grad(self.output, rest, grad_outputs=self.output_grad(),
                                                        allow_unused=True))
         self._joins.clear()
         self._recorded.clear()
+        self.nodes = []
         self.output = None
 
     # -- helpers ----------------------------------------------------------------------------------------------------
-    def _grad(self) -> Any:
+    def output_grad(self) -> Any:
+        """The gradient W starts from at the output (None for a scalar loss)."""
         return None if self.grad_output is None else self.grad_output.to(self.output.dtype)
 
     def _join_points(self, users: dict[Node, list[Node]], closure: set[Node]) -> list[tuple[Node, list]]:

@@ -23,6 +23,14 @@ Where ``.grad`` is already a view of a flat buffer (GroPipe), the product
 accumulates straight into that view. Under autocast the product runs in the
 autocast dtype and is added to the full-precision ``.grad``.
 
+Split backward (zero-bubble kinds). While a stage runs a micro-batch's
+input gradient (I) inside :meth:`WeightGradBuffers.deferring`, each fused
+layer's backward computes its input gradient and queues its weight product
+instead of running it; :meth:`WeightGradBuffers.flush` runs the queue in
+the micro-batch's W. So W is those products alone, with no second walk of
+the graph for them (:mod:`~workbench.models.split_backward` keeps the
+other parameters' W).
+
 The gradients are the same sums in another order of additions (within
 float rounding of autograd's). What the backward returns for the weight is
 nothing: hooks registered on a fused weight's gradient do not fire, which
@@ -31,23 +39,72 @@ is why only the pipeline runtimes, which register none, use it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from typing import TYPE_CHECKING, Hashable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["WeightGradBuffers", "fuse_weight_grads", "fusable"]
+if TYPE_CHECKING:
+    from ..models.split_backward import SplitBackward
+
+__all__ = ["WeightGradBuffers", "fuse_weight_grads", "fusable", "split_weight_pass"]
 
 
 class WeightGradBuffers:
-    """Per weight, the tensor its ``.grad`` is written into at a step's first micro-batch, kept across steps."""
+    """Per weight, the tensor its ``.grad`` is written into at a step's first micro-batch, kept across steps;
+    and the weight products a split backward's I left for its W, per micro-batch key."""
 
     def __init__(self) -> None:
         self._buffers: dict[int, torch.Tensor] = {}
+        self._fused: set[int] = set()  # ids of the weights whose layers fuse
+        self._pending: dict[Hashable, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+        self._queue: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
 
-    def accumulate(self, weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-        """``weight.grad += a @ b`` in place; where ``weight.grad`` is None, the product becomes it (in the buffer)."""
+    def fuses(self, weight: torch.Tensor) -> bool:
+        """Whether ``weight``'s layer runs through the fused product (autograd then gives it no gradient)."""
+        return id(weight) in self._fused
+
+    @contextlib.contextmanager
+    def deferring(self, key: Hashable) -> Iterator[None]:
+        """Inside: the fused layers' weight products are queued under ``key`` for :meth:`flush`, not run."""
+        if key in self._pending or self._queue is not None:
+            raise RuntimeError(f"weight products of {key!r} are already deferred" if key in self._pending
+                               else "deferring weight products inside another deferral")
+        self._queue = self._pending[key] = []
+        try:
+            yield
+        finally:
+            self._queue = None
+
+    def flush(self, key: Hashable, nodes: set[int] | None = None) -> None:
+        """Run the weight products queued under ``key``, in the order they were queued; ``nodes``: only those
+        of the graph nodes with these ids, the others dropped."""
+        with torch.no_grad():  # outside a backward (GroPipe's .grad views were made without grad)
+            for node, weight, a, b in self._pending.pop(key, ()):
+                if nodes is None or id(node) in nodes:
+                    self._accumulate(weight, a, b)
+
+    def queued_nodes(self, key: Hashable) -> set[int]:
+        """Ids of the graph nodes whose products are queued under ``key``."""
+        return {id(node) for node, _, _, _ in self._pending.get(key, ())}
+
+    @property
+    def pending(self) -> int:
+        """Keys (micro-batches) whose weight products wait for their W."""
+        return len(self._pending)
+
+    def accumulate(self, weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, node: object = None) -> None:
+        """``weight.grad += a @ b`` in place; where ``weight.grad`` is None, the product becomes it (in the buffer).
+        Inside :meth:`deferring`, queued instead, with the graph ``node`` whose backward computed it."""
+        if self._queue is not None:
+            self._queue.append((node, weight, a, b))
+            return
+        self._accumulate(weight, a, b)
+
+    def _accumulate(self, weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         grad = weight.grad
         if grad is None:
             grad = self._buffers.get(id(weight))
@@ -95,11 +152,39 @@ class _FusedLinear(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             with torch.no_grad():
                 if ctx.transposed:  # W: (in, out), dW = x^T g
-                    ctx.buffers.accumulate(ctx.weight, flat.t(), go)
+                    ctx.buffers.accumulate(ctx.weight, flat.t(), go, ctx)
                 else:  # W: (out, in), dW = g^T x
-                    ctx.buffers.accumulate(ctx.weight, go.t(), flat)
+                    ctx.buffers.accumulate(ctx.weight, go.t(), flat, ctx)
         grad_b = go.sum(0).to(ctx.bias_dtype) if ctx.bias_dtype is not None and ctx.needs_input_grad[2] else None
         return grad_x, None, grad_b, None, None
+
+
+def split_weight_pass(buffers: WeightGradBuffers, key: Hashable, split: "SplitBackward") -> None:
+    """W of a split backward whose I ran under ``buffers.deferring(key)``: every fused layer's product once.
+
+    The products I queued run. A fused layer that I did not pass through
+    (off the input's path) gets its product from a pass from the output to
+    its weight, which may also run layers I already covered: only the
+    uncovered nodes' products are kept. ``split``'s own W then runs for the
+    other parameters; any fused product its passes make is a repeat and is
+    dropped. On a first stage I ran nothing and W is one whole backward, in
+    which the fused layers accumulate directly.
+    """
+    if split.input_node is None:
+        buffers.flush(key)  # nothing queued
+        split.backward_weight()
+        return
+    covered = buffers.queued_nodes(key)
+    missed = [n for n in split.nodes if getattr(n, "_forward_cls", None) is _FusedLinear and id(n) not in covered]
+    if missed:
+        with buffers.deferring(("missed", key)):
+            torch.autograd.grad(split.output, [n.weight for n in missed], grad_outputs=split.output_grad(),
+                                retain_graph=True, allow_unused=True)
+        buffers.flush(("missed", key), nodes={id(n) for n in missed})
+    buffers.flush(key)
+    with buffers.deferring(("repeat", key)):
+        split.backward_weight()
+    buffers.flush(("repeat", key), nodes=set())
 
 
 def _product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, transposed: bool) -> torch.Tensor:
@@ -135,5 +220,6 @@ def fuse_weight_grads(module: nn.Module, buffers: WeightGradBuffers) -> int:
     """Run ``module``'s linear layers through the fused product (module docstring); how many were changed."""
     layers = fusable(module)
     for layer in layers:
+        buffers._fused.add(id(layer.weight))
         layer.forward = functools.partial(_fused_forward, layer, buffers, _transposed(layer))
     return len(layers)

@@ -19,7 +19,10 @@ the forward with the same RNG state, then back-propagates.
 Split backward (zero-bubble schedules): :meth:`Stage.backward_input` (I)
 returns the input gradient and keeps the graph, :meth:`Stage.backward_weight`
 (W) adds the weight gradients later and frees it
-(:mod:`~workbench.models.split_backward`).
+(:mod:`~workbench.models.split_backward`). With fused weight-gradient
+accumulation (``weight_grads``), I queues the fused layers' weight products
+and W runs them (:mod:`~workbench.runtime.fused_grads`); the split graph
+walk then serves only the other parameters.
 
 Stage inputs: a received activation enters the block through
 :func:`workbench.models.boundary.stage_input`, a zero-copy non-leaf alias
@@ -44,6 +47,7 @@ from torch.autograd.graph import get_gradient_edge
 
 from ..models.boundary import InputGrad, stage_input
 from ..models.split_backward import SplitBackward
+from .fused_grads import WeightGradBuffers, split_weight_pass
 
 __all__ = ["Stage", "autocast_context", "output_shapes"]
 
@@ -80,6 +84,7 @@ class Stage:
     loss_scale: float = 1.0
     autocast_dtype: torch.dtype | None = None
     recompute: bool = False
+    weight_grads: WeightGradBuffers | None = None  # where the block's fused linear layers accumulate, if they do
     _saved: dict[int, _Saved] = field(default_factory=dict, repr=False)
     losses: list[torch.Tensor] = field(default_factory=list, repr=False)
     # Recompute only: does the block modify its input in place? None until the first micro-batch shows it.
@@ -153,9 +158,16 @@ class Stage:
         if not self.is_last and grad_output is None:
             raise RuntimeError(f"stage {self.index}: backward of micro-batch {microbatch} needs an output gradient")
         scaled = output * self.loss_scale if self.is_last else output
-        saved.split = SplitBackward(scaled, saved.input_node, self.parameters() if params is None else params)
+        params = self.parameters() if params is None else params
+        buffers = self.weight_grads
+        if buffers is None:
+            saved.split = SplitBackward(scaled, saved.input_node, params)
+            saved.output = None
+            return saved.split.backward_input(None if self.is_last else grad_output)
+        saved.split = SplitBackward(scaled, saved.input_node, [p for p in params if not buffers.fuses(p)])
         saved.output = None
-        return saved.split.backward_input(None if self.is_last else grad_output)
+        with buffers.deferring((self.index, microbatch)):
+            return saved.split.backward_input(None if self.is_last else grad_output)
 
     def backward_weight(self, microbatch: int) -> None:
         """W of a split backward: add the weight gradients of micro-batch ``microbatch``, then free what it kept."""
@@ -163,7 +175,10 @@ class Stage:
         if saved is None or saved.split is None:
             raise RuntimeError(f"stage {self.index}: weight gradient of micro-batch {microbatch} before its input "
                                f"gradient")
-        saved.split.backward_weight()
+        if self.weight_grads is None:
+            saved.split.backward_weight()
+        else:
+            split_weight_pass(self.weight_grads, (self.index, microbatch), saved.split)
         del self._saved[microbatch]
 
     def _replay(self, saved: _Saved) -> torch.Tensor:

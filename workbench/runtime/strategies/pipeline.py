@@ -73,9 +73,11 @@ class ScheduledPipeline(Strategy):
                 is_last=v == num_virtual - 1, loss_fn=ctx.model.loss_fn, loss_scale=loss_scale,
                 autocast_dtype=ctx.autocast_dtype, recompute=config.plan.recompute)
         self.fused_layers = 0
-        if config.training.fused_weight_grads:  # the config allows it only where every backward is whole
+        if config.training.fused_weight_grads:
             self.weight_grads = WeightGradBuffers()
             self.fused_layers = sum(fuse_weight_grads(s.module, self.weight_grads) for s in self.stages.values())
+            for stage in self.stages.values():  # a split backward's I queues the fused products for its W
+                stage.weight_grads = self.weight_grads
         self._optimizer = make_optimizer([p for s in self.stages.values() for p in s.parameters()], config)
         # schedules without STEP actions step once the action list is done
         self.step_after_schedule = not any(a.op is Op.STEP for a in self.actions)

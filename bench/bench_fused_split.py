@@ -1,0 +1,131 @@
+"""The split backward with fused weight-gradient accumulation: what it costs, and ZB-H1 against 1F1B with it.
+
+Problem. A zero-bubble schedule splits each backward into the input
+gradient (I) and the weight gradients (W). Autograd's split walks the graph
+and starts W from gradients recorded in I (``models/split_backward.py``);
+on a CPU, I + W has cost more than one whole backward, which eats the
+bubble ZB-H1 removes. With ``training.fused_weight_grads`` a linear layer's
+I queues its weight product and W is that product alone, accumulated into
+``.grad`` in place (``runtime/fused_grads.py``).
+
+Approach. Two ranks (one core each), a model whose second stage is all
+linear layers (vgg-tiny: ``fc1``-``fc3`` at AMPA's 2-stage cut; and its
+4096-wide variant), global batch 64 in 4 micro-batches. 1F1B and ZB-H1,
+each with autograd's accumulation and fused, run interleaved per repeat
+(order reversed every other repeat) at the same cut. From the runs:
+
+* samples/s over the steps after the warm-up, and the ratios within each
+  repeat (medians reported): ZB-H1 / 1F1B fused and autograd, and each
+  schedule fused / autograd;
+* per stage that has an input gradient, ZB-H1's I + W over 1F1B's B (the
+  split backward's cost), fused and autograd;
+* the ideal ZB-H1 / 1F1B from those stage times (``bench_zero_bubble``'s
+  formula).
+
+    .venv/bin/python bench/bench_fused_split.py [--repeats 3] [--steps 12] [--models vgg-tiny,vgg-fc4096]
+
+Writes ``bench/results/fused_split.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from bench_zero_bubble import STAGES, ideal_zb_over_1f1b, interleaved, ratio  # noqa: E402  (this folder's)
+
+from workbench.core.config import RunConfig, merge_changes  # noqa: E402
+
+RESULTS = HERE / "results" / "fused_split.json"
+VGG = {"model": {"name": "vgg-tiny"}, "data": {"kind": "digits"},
+       "training": {"global_batch": 64, "optimizer": {"name": "sgd", "lr": 0.01}}}
+MODELS = {"vgg-tiny": VGG,
+          "vgg-fc4096": merge_changes(VGG, {"model": {"overrides": {"fc_width": 4096}}})}
+
+
+def ampa_cut(fields: dict, m: int) -> str:
+    """AMPA's 2-stage cut for 1F1B at ``m`` micro-batches, from a one-thread profile at the micro-batch size."""
+    import torch
+
+    from workbench.runtime.batches import global_batches, run_model, split_rounds
+    from workbench.runtime.entry import resolve_partition
+
+    torch.set_num_threads(1)
+    config = RunConfig.from_dict({**fields, "plan": f"pp{STAGES}-1f1b-m{m}@ampa"})
+    model = run_model(config)
+    example = split_rounds(next(global_batches(config, model, 0)), config, 0)[0].inputs[0]
+    return str(resolve_partition(config, model, example, "cpu"))
+
+
+def split_cost(rows: list[dict], zb: str, whole: str) -> dict:
+    """Per repeat and stage with an input gradient (not the first), ZB-H1's I + W over 1F1B's B."""
+    values = []
+    for row in rows:
+        for stage, times in row[zb]["stage_ms"].items():
+            b = row[whole]["stage_ms"].get(stage, {}).get("B")
+            if stage != "0" and b:
+                values.append((times["I"] + times["W"]) / b)
+    return {"median": statistics.median(values), "runs": values}
+
+
+def stage_times(rows: list[dict], case: str) -> dict:
+    """Per stage and op, the median over repeats of the mean pass times (ms)."""
+    stages = rows[0][case]["stage_ms"]
+    return {s: {op: statistics.median(r[case]["stage_ms"][s][op] for r in rows) for op in ops}
+            for s, ops in stages.items()}
+
+
+def bench_model(name: str, fields: dict, m: int, steps: int, repeats: int) -> dict:
+    cut = ampa_cut(fields, m)
+    print(f"{name}: global batch {fields['training']['global_batch']}, m={m}, AMPA's cut {cut}", flush=True)
+    fused = merge_changes(fields, {"training": {"fused_weight_grads": True}})
+    plans = {f"{kind}{suffix}": f"pp{STAGES}-{kind}-m{m}@{cut}" for kind in ("1f1b", "zbh1")
+             for suffix in ("", "-fused")}
+    rows = []
+    for rep in range(repeats):  # one repeat at a time so fused and autograd runs alternate too
+        row: dict = {}
+        for case in (list(plans) if rep % 2 == 0 else list(plans)[::-1]):
+            row.update(interleaved({case: plans[case]}, fused if case.endswith("-fused") else fields, steps, 1,
+                                   f"bench-fused-split-{case}-")[0])
+        rows.append(row)
+    summary = {
+        "zbh1_over_1f1b_fused": ratio(rows, "zbh1-fused", "1f1b-fused"),
+        "zbh1_over_1f1b_autograd": ratio(rows, "zbh1", "1f1b"),
+        "zbh1_fused_over_autograd": ratio(rows, "zbh1-fused", "zbh1"),
+        "1f1b_fused_over_autograd": ratio(rows, "1f1b-fused", "1f1b"),
+        "split_over_whole_fused": split_cost(rows, "zbh1-fused", "1f1b-fused"),
+        "split_over_whole_autograd": split_cost(rows, "zbh1", "1f1b"),
+        "ideal_zbh1_over_1f1b_fused": statistics.median(
+            ideal_zb_over_1f1b(r["zbh1-fused"]["stage_ms"], r["1f1b-fused"]["stage_ms"], m) for r in rows),
+        "ideal_zbh1_over_1f1b_autograd": statistics.median(
+            ideal_zb_over_1f1b(r["zbh1"]["stage_ms"], r["1f1b"]["stage_ms"], m) for r in rows),
+        "stage_ms": {case: stage_times(rows, case) for case in plans},
+    }
+    return {"partition": cut, "repeats": rows, "summary": summary}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--microbatches", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--models", default=",".join(MODELS))
+    args = parser.parse_args()
+    out = {}
+    for name in args.models.split(","):
+        out[name] = bench_model(name, MODELS[name], args.microbatches, args.steps, args.repeats)
+        for key, value in out[name]["summary"].items():
+            print(f"  {key}: {json.dumps(value)}", flush=True)
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps({"microbatches": args.microbatches, "steps": args.steps, "models": out}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
