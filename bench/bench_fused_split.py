@@ -8,7 +8,10 @@ bubble ZB-H1 removes. With ``training.fused_weight_grads`` a linear layer's
 I queues its weight product and W is that product alone, accumulated into
 ``.grad`` in place (``runtime/fused_grads.py``).
 
-Approach. Two ranks (one core each), a model whose second stage is all
+Approach. First, in one process on one thread, the last stage of the cut
+alone: per micro-batch, one whole backward (B) against I then W, with
+autograd's accumulation and fused, alternating (``stage_passes``; GPT-2's
+``Conv1D`` projections too). Then two ranks (one core each), a model whose second stage is all
 linear layers (vgg-tiny: ``fc1``-``fc3`` at AMPA's 2-stage cut; and its
 4096-wide variant), global batch 64 in 4 micro-batches. 1F1B and ZB-H1,
 each with autograd's accumulation and fused, run interleaved per repeat
@@ -22,7 +25,7 @@ each with autograd's accumulation and fused, run interleaved per repeat
 * the ideal ZB-H1 / 1F1B from those stage times (``bench_zero_bubble``'s
   formula).
 
-    .venv/bin/python bench/bench_fused_split.py [--repeats 3] [--steps 12] [--models vgg-tiny,vgg-fc4096]
+    .venv/bin/python bench/bench_fused_split.py [--repeats 3] [--steps 12] [--models vgg-tiny,vgg-fc4096] [--passes-only]
 
 Writes ``bench/results/fused_split.json``.
 """
@@ -63,6 +66,66 @@ def ampa_cut(fields: dict, m: int) -> str:
     return str(resolve_partition(config, model, example, "cpu"))
 
 
+GPT2 = {"model": {"name": "gpt2-tiny", "overrides": {"n_layer": 4, "n_embd": 256, "n_head": 4, "seq_len": 64}}}
+
+
+def stage_passes(fields: dict, cut: str, microbatch: int, iters: int = 40) -> dict:
+    """The last stage of ``cut`` in one process (one thread): median ms per micro-batch of B, and of I and W,
+    autograd's and fused; each a step of two micro-batches (gradients released after it, as the optimizer
+    does), the four variants in alternating order."""
+    import copy
+    import time
+
+    import torch
+
+    from workbench.core.partition import Partition
+    from workbench.models import build_model, sample_batch
+    from workbench.runtime.fused_grads import WeightGradBuffers, fuse_weight_grads
+    from workbench.runtime.stage import Stage
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = build_model(fields["model"]["name"], **fields["model"].get("overrides", {}))
+    (a0, b0), (a1, b1) = Partition.parse(cut).bounds
+    x, y = sample_batch(model, microbatch)
+    with torch.no_grad():
+        h = model.stage(a0, b0)(x)
+    stages = {}
+    for fused in (False, True):
+        module = copy.deepcopy(model.stage(a1, b1))
+        buffers = WeightGradBuffers() if fused else None
+        if fused:
+            fuse_weight_grads(module, buffers)
+        stages[fused] = Stage(index=1, module=module, device=torch.device("cpu"), is_first=False, is_last=True,
+                              loss_fn=model.loss_fn, loss_scale=0.5, weight_grads=buffers)
+    times: dict[str, list[float]] = {k: [] for k in ("B", "I", "W", "B-fused", "I-fused", "W-fused")}
+    variants = [(fused, split) for fused in (False, True) for split in (False, True)]
+    for it in range(iters):
+        for fused, split in (variants if it % 2 == 0 else variants[::-1]):  # a step of 2 micro-batches each
+            stage, tag = stages[fused], "-fused" if fused else ""
+            for mb in range(2):
+                stage.forward(mb, h.clone(), y)
+            spent = {"B": 0.0, "I": 0.0, "W": 0.0}
+            for mb in range(2):
+                t0 = time.perf_counter()
+                if split:
+                    stage.backward_input(mb)
+                    t1 = time.perf_counter()
+                    stage.backward_weight(mb)
+                    spent["I"] += t1 - t0
+                    spent["W"] += time.perf_counter() - t1
+                else:
+                    stage.backward(mb)
+                    spent["B"] += time.perf_counter() - t0
+            for key in (("I", "W") if split else ("B",)):
+                times[key + tag].append(spent[key] / 2 * 1e3)  # per micro-batch
+            stage.module.zero_grad(set_to_none=True)
+    ms = {k: statistics.median(v[iters // 4:]) for k, v in times.items()}
+    return {**ms, "split_over_whole": (ms["I"] + ms["W"]) / ms["B"],
+            "split_over_whole_fused": (ms["I-fused"] + ms["W-fused"]) / ms["B-fused"],
+            "w_autograd_over_fused": ms["W"] / ms["W-fused"]}
+
+
 def split_cost(rows: list[dict], zb: str, whole: str) -> dict:
     """Per repeat and stage with an input gradient (not the first), ZB-H1's I + W over 1F1B's B."""
     values = []
@@ -81,9 +144,13 @@ def stage_times(rows: list[dict], case: str) -> dict:
             for s, ops in stages.items()}
 
 
-def bench_model(name: str, fields: dict, m: int, steps: int, repeats: int) -> dict:
+def bench_model(name: str, fields: dict, m: int, steps: int, repeats: int, passes_only: bool) -> dict:
     cut = ampa_cut(fields, m)
     print(f"{name}: global batch {fields['training']['global_batch']}, m={m}, AMPA's cut {cut}", flush=True)
+    passes = stage_passes(fields, cut, fields["training"]["global_batch"] // m)
+    print("  last stage in one process: " + json.dumps({k: round(v, 3) for k, v in passes.items()}), flush=True)
+    if passes_only:
+        return {"partition": cut, "stage_passes": passes}
     fused = merge_changes(fields, {"training": {"fused_weight_grads": True}})
     plans = {f"{kind}{suffix}": f"pp{STAGES}-{kind}-m{m}@{cut}" for kind in ("1f1b", "zbh1")
              for suffix in ("", "-fused")}
@@ -107,7 +174,7 @@ def bench_model(name: str, fields: dict, m: int, steps: int, repeats: int) -> di
             ideal_zb_over_1f1b(r["zbh1"]["stage_ms"], r["1f1b"]["stage_ms"], m) for r in rows),
         "stage_ms": {case: stage_times(rows, case) for case in plans},
     }
-    return {"partition": cut, "repeats": rows, "summary": summary}
+    return {"partition": cut, "stage_passes": passes, "repeats": rows, "summary": summary}
 
 
 def main() -> int:
@@ -116,12 +183,17 @@ def main() -> int:
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--passes-only", action="store_true", help="only the one-process stage passes")
     args = parser.parse_args()
     out = {}
     for name in args.models.split(","):
-        out[name] = bench_model(name, MODELS[name], args.microbatches, args.steps, args.repeats)
-        for key, value in out[name]["summary"].items():
+        out[name] = bench_model(name, MODELS[name], args.microbatches, args.steps, args.repeats, args.passes_only)
+        for key, value in out[name].get("summary", {}).items():
             print(f"  {key}: {json.dumps(value)}", flush=True)
+    gpt2_cut = "0-2|3-5"  # embeddings and 2 blocks | 2 blocks and the head (micro-batches of 8 sequences)
+    out["gpt2-4x256"] = {"partition": gpt2_cut, "stage_passes": stage_passes(GPT2, gpt2_cut, 8)}
+    print("gpt2-4x256 last stage in one process: " + json.dumps(
+        {k: round(v, 3) for k, v in out["gpt2-4x256"]["stage_passes"].items()}), flush=True)
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps({"microbatches": args.microbatches, "steps": args.steps, "models": out}, indent=1))
     return 0
