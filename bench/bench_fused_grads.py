@@ -3,7 +3,7 @@
 For each layer shape, a step of ``--microbatches`` micro-batches (``--samples`` each): forward, backward,
 then the optimizer's ``zero_grad(set_to_none=True)``, as a pipeline stage runs them. Timed per step,
 median of ``--steps`` after a warm-up, with autograd's accumulation (a new weight gradient per micro-batch
-added to ``.grad``; ``.grad`` allocated anew each step) and fused (``workbench.runtime.fused_grads``: the
+added to ``.grad``; ``.grad`` allocated anew each step) and fused (``workbench.models.fused_grads``: the
 product accumulates into ``.grad``, kept across steps), interleaved in rounds so that drift hits both.
 Reports the ratio autograd / fused (above 1: fused is faster) and the minor page faults per step.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from workbench.runtime.fused_grads import WeightGradBuffers, fuse_weight_grads
+from workbench.models.fused_grads import WeightGradBuffers, fuse_weight_grads
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fused_grads.json"
 # (inputs, outputs): vgg-tiny's fc1 and fc2, vgg-fc4096's fc2, GPT-2 small's MLP projection

@@ -6,7 +6,7 @@ and starts W from gradients recorded in I (``models/split_backward.py``);
 on a CPU, I + W has cost more than one whole backward, which eats the
 bubble ZB-H1 removes. With ``training.fused_weight_grads`` a linear layer's
 I queues its weight product and W is that product alone, accumulated into
-``.grad`` in place (``runtime/fused_grads.py``).
+``.grad`` in place (``models/fused_grads.py``).
 
 Approach. First, in one process on one thread, the last stage of the cut
 alone: per micro-batch, one whole backward (B) against I then W, with
@@ -80,7 +80,7 @@ def stage_passes(fields: dict, cut: str, microbatch: int, iters: int = 40) -> di
 
     from workbench.core.partition import Partition
     from workbench.models import build_model, sample_batch
-    from workbench.runtime.fused_grads import WeightGradBuffers, fuse_weight_grads
+    from workbench.models.fused_grads import WeightGradBuffers, fuse_weight_grads
     from workbench.runtime.stage import Stage
 
     torch.set_num_threads(1)

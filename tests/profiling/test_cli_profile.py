@@ -100,3 +100,11 @@ def test_profile_says_which_layers_share_a_timing_and_every_layer_times_them_all
     assert main(args + ["--every-layer", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["meta"]["identical_layers"] == [] and data["meta"]["share_identical"] is False
+
+
+def test_profile_times_the_linear_layers_fused_when_asked(capsys):
+    assert main(["profile", "mlp", "--batch", "4", "--repeats", "1", "--fused-weight-grads"]) == 0
+    assert "linear layers timed fused" in capsys.readouterr().out
+    assert main(["profile", "mlp", "--batch", "4", "--repeats", "1", "--fused-weight-grads", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["meta"]["fused_weight_grads"] is True and data["meta"]["cache"] == "hit"

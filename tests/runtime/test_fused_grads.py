@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from workbench.runtime.fused_grads import WeightGradBuffers, fusable, fuse_weight_grads
+from workbench.models.fused_grads import WeightGradBuffers, fusable, fuse_weight_grads
 
 
 def _block(bias: bool = True) -> nn.Module:

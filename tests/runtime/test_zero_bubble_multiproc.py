@@ -42,6 +42,9 @@ FUSED = {
     "pp2-zbv-m4-fused": (2, {"plan": "pp2-zbv-m4", "training": {**SGD["training"], "fused_weight_grads": True}}),
     "gropipe-2x2-zbh2-m4-d0-fused": (4, {"plan": "gropipe-2x2-zbh2-m4-d0", "training": {
         **SGD["training"], "fused_weight_grads": True}}),
+    "gropipe-1x2-zbh1-m4-d1-fused": (2, {"plan": "gropipe-1x2-zbh1-m4-d1", "training": {
+        **SGD["training"], "fused_weight_grads": True}}),
+    "pp2-zbauto-m4-fused": (2, {"plan": "pp2-zbauto-m4", "training": {"fused_weight_grads": True}}),  # fused profile
     "pp2-zbh1-m2-gpt2-fused": (2, {"plan": "pp2-zbh1-m2", "training": {"global_batch": 8, "fused_weight_grads": True},
                                    "model": {"name": "gpt2-tiny", "overrides": {
                                        "n_layer": 2, "seq_len": 16, "resid_pdrop": 0.0, "embd_pdrop": 0.0,

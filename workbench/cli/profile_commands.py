@@ -80,10 +80,13 @@ def _profile(args: argparse.Namespace) -> Result:
         model = build_model(model, **parse_model_args(args.model_arg))
     costs = profile(model, args.batch, device=args.device, warmup=args.warmup, repeats=args.repeats,
                     cache=not args.no_cache, progress=not args.json, optimizer=args.optimizer,
-                    microbatch_passes=args.microbatch_passes, share_identical=not args.every_layer)
+                    microbatch_passes=args.microbatch_passes, share_identical=not args.every_layer,
+                    fused_weight_grads=args.fused_weight_grads)
     if args.project:
         costs = project(costs, args.project, dtype=args.dtype)
     text = _costs_table(costs) + _shared_lines(costs)
+    if costs.meta.get("fused_weight_grads"):
+        text += "\nlinear layers timed fused: weight gradients accumulated inside their products (I queues, W runs)"
     factors = costs.meta.get("microbatch_factors")
     if factors:
         text += "\nmicro-batch passes against the profile's share: " + "; ".join(
@@ -144,6 +147,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    help="(CPU) also time the batch in micro-batches of 1, 2, 4, ... samples, with the cache hot, "
                         "flushed, and with bound weight copies (meta.microbatch_factors), which the planner "
                         "models the runtime's compute from")
+    p.add_argument("--fused-weight-grads", action="store_true",
+                   help="time the linear layers as stages with training.fused_weight_grads run them: weight "
+                        "gradients accumulated inside their products (I queues them, W runs them)")
     p.add_argument("--project", default=None, help="project the profile onto a device: V100, A100, H100, local-cpu")
     p.add_argument("--dtype", default="float32", help="dtype for --project (float32, bfloat16, float16, ...)")
     p.add_argument("--out", default=None, help="write the ModelCosts JSON here")

@@ -181,7 +181,7 @@ class TrainingConfig:
     rounds (each over the plan's replicas and micro-batches); the ``seed`` every rank builds the model and data
     with; ``precision``; per-rank checkpoints every ``checkpoint_every`` steps, and ``resume`` from the newest;
     ``fused_weight_grads``: the pipelines' linear layers accumulate their weight gradients inside the product
-    (:mod:`workbench.runtime.fused_grads`)."""
+    (:mod:`workbench.models.fused_grads`)."""
 
     global_batch: int = spec(32, integer(1))
     steps: int = spec(10, integer(1))

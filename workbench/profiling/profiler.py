@@ -4,9 +4,8 @@ A pipeline planner needs, per layer, what a stage holding it will spend.
 Each layer is therefore measured the way a stage runs it: its input arrives
 detached and enters through the stage's boundary
 (:func:`workbench.models.boundary.stage_input`, which in-place first ops may
-modify), it runs
-forward, and backward starts from an incoming output gradient (the last
-layer from the loss). Per layer and repeat, forward and backward are timed
+modify), it runs forward, and backward starts from an incoming output
+gradient (the last layer from the loss). Per layer and repeat, forward and backward are timed
 separately: on a CPU by ``time.perf_counter`` around each, on a GPU by CUDA
 events recorded on the stream before the forward, between forward and
 backward and after the backward (``meta["timer"]``: ``perf-counter`` or
@@ -14,8 +13,7 @@ backward and after the backward (``meta["timer"]``: ``perf-counter`` or
 after ``warmup`` runs are kept, and every sample in ``meta["samples_ms"]``.
 Each run is followed by one of the backward split in two, as zero-bubble
 schedules run it: the input gradient (I) and the weight gradient (W) timed
-apart on the same clock, from one forward
-(:mod:`workbench.profiling.split_backward`), kept as
+apart on the same clock, from one forward (:mod:`~.split_backward`), kept as
 ``input_grad_ms``/``weight_grad_ms`` beside the fused ``backward_ms``.
 Interleaving the two kinds of run lets drift hit both alike.
 
@@ -80,7 +78,7 @@ from .cache import CACHE_FORMAT, load as load_cached, store as store_cached
 from .flops import flop_counter
 from .identical import TimingGroups, layer_signature
 from .microbatch import microbatch_factors
-from .split_backward import SPLIT_FIELDS, time_split_run
+from .split_backward import SPLIT_FIELDS, fused_copy, time_split_run
 
 __all__ = ["profile", "count_flops", "resolve_device", "as_sequence", "measure_step_ms", "OPTIMIZER_STATES"]
 
@@ -168,8 +166,8 @@ class _LayerRunner:
     layers that do not are never copied.
     """
 
-    def __init__(self, seq: LayerSequence, index: int, x: torch.Tensor, targets: torch.Tensor) -> None:
-        self.seq, self.index, self.targets = seq, index, targets
+    def __init__(self, seq: LayerSequence, index: int, x: torch.Tensor, targets: torch.Tensor, buffers=None) -> None:
+        self.seq, self.index, self.targets, self.buffers = seq, index, targets, buffers  # buffers: fused layers
         self.layer = seq[index]
         self.is_last = index == len(seq) - 1
         self.source = x.detach()
@@ -254,7 +252,7 @@ def _time_layer(runner: _LayerRunner, device: torch.device, warmup: int, repeats
         runner.backward(out)
         end = clock.mark()
         del out
-        split = time_split_run(runner, clock)
+        split = time_split_run(runner, clock, runner.buffers)
         if run >= warmup:
             times["forward_ms"].append(clock.ms(start, middle))
             times["backward_ms"].append(clock.ms(middle, end))
@@ -345,7 +343,7 @@ def _counted_key(runner: _LayerRunner, counts: dict[str, Any]) -> tuple:
 
 def _measure(seq: LayerSequence, inputs: torch.Tensor, targets: torch.Tensor, device: torch.device,
              warmup: int, repeats: int, optimizer: str, progress: bool,
-             share_identical: bool = True) -> tuple[list[LayerCost], dict[str, Any]]:
+             share_identical: bool = True, buffers: Any = None) -> tuple[list[LayerCost], dict[str, Any]]:
     from tqdm.auto import tqdm
 
     fields, backward_flops, winograd_flops = [], [], []
@@ -357,7 +355,7 @@ def _measure(seq: LayerSequence, inputs: torch.Tensor, targets: torch.Tensor, de
     try:
         for index, name in enumerate(seq.layer_names):
             bar.set_postfix_str(name)
-            runner = _LayerRunner(seq, index, x, targets)
+            runner = _LayerRunner(seq, index, x, targets, buffers)
             signature = layer_signature(runner.layer, x, needs_grad=runner.needs_grad, is_last=runner.is_last)
             # timed, then counted, unless an identical layer's timing is taken: then counted (or its counts taken
             # from the layers before it, see _known_counts), and timed only if the counts set it apart
@@ -401,7 +399,7 @@ def _check_settings(warmup: Any, repeats: Any, optimizer: Any) -> None:
 def profile(model_or_sequence: LayerSequence | nn.Module | str, batch: Any = None, device: str = "auto",
             warmup: int = 1, repeats: int = 3, cache: bool = True, progress: bool = True, *,
             optimizer: str = "adam", cache_dir: str | None = None, microbatch_passes: bool = False,
-            share_identical: bool = True) -> ModelCosts:
+            share_identical: bool = True, fused_weight_grads: bool = False) -> ModelCosts:
     """Measure every layer of a model; returns :class:`~workbench.core.costs.ModelCosts`.
 
     ``batch``: None (8 synthetic samples), a batch size (synthetic) or an
@@ -411,9 +409,12 @@ def profile(model_or_sequence: LayerSequence | nn.Module | str, batch: Any = Non
     CPU only; see the module docstring). ``share_identical``: layers that are
     the same computation on the same input shapes share one timing
     (:mod:`workbench.profiling.identical`; ``meta["identical_layers"]`` lists
-    them); False times every layer.
+    them); False times every layer. ``fused_weight_grads``: time a copy of the model whose linear layers
+    accumulate their weight gradients inside their products, as a pipeline stage with
+    ``training.fused_weight_grads`` runs them (the caller's model stays as it was).
     """
-    for name, value in (("microbatch_passes", microbatch_passes), ("share_identical", share_identical)):
+    for name, value in (("microbatch_passes", microbatch_passes), ("share_identical", share_identical),
+                        ("fused_weight_grads", fused_weight_grads)):
         if not isinstance(value, bool):
             raise ValueError(f"{name} must be true or false, got {value!r}")
     _check_settings(warmup, repeats, optimizer)
@@ -426,8 +427,8 @@ def profile(model_or_sequence: LayerSequence | nn.Module | str, batch: Any = Non
            "dtype": str(dtype).replace("torch.", ""), "device": _device_key(target_device), "warmup": warmup,
            "repeats": repeats, "optimizer": optimizer, "share_identical": share_identical, "torch": torch.__version__,
            "format": CACHE_FORMAT}
-    if microbatch_passes:
-        key["microbatch_passes"] = True
+    key.update({name: True for name, on in (("microbatch_passes", microbatch_passes),
+                                            ("fused_weight_grads", fused_weight_grads)) if on})
     if target_device.type == "cuda":
         key["timer"] = _timer_name(target_device)  # how a GPU profile was timed is part of its identity
     if cache:
@@ -436,12 +437,13 @@ def profile(model_or_sequence: LayerSequence | nn.Module | str, batch: Any = Non
             return replace(cached, meta={"timer": "perf-counter", **cached.meta, "cache": "hit"})
         if reason != "miss":
             warnings.warn(f"profile cache: {reason}; measuring again", stacklevel=2)
+    seq, buffers = fused_copy(seq) if fused_weight_grads else (seq, None)
     seq.to(target_device).train()
     inputs, targets = inputs.to(target_device), targets.to(target_device)
     started = time.perf_counter()
     with torch.random.fork_rng(devices=[]):  # dropout in the measured passes leaves the caller's CPU RNG as it was
         layers, measured = _measure(seq, inputs, targets, target_device, warmup, repeats, optimizer, progress,
-                                    share_identical)
+                                    share_identical, buffers)
         if microbatch_passes and target_device.type == "cpu":
             measured["microbatch_factors"] = microbatch_factors(seq, inputs, targets, layers, repeats)
     meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "warmup": warmup, "repeats": repeats,
@@ -450,7 +452,8 @@ def profile(model_or_sequence: LayerSequence | nn.Module | str, batch: Any = Non
             "timer": _timer_name(target_device),
             "peak_bytes_method": "cuda-allocator" if target_device.type == "cuda" else "live-bytes-estimate",
             "flop_convention": "2 FLOPs per multiply-add (torch FlopCounterMode)",
-            "profile_wall_s": round(time.perf_counter() - started, 3), "cache": "miss"}
+            "profile_wall_s": round(time.perf_counter() - started, 3), "cache": "miss",
+            **({"fused_weight_grads": True} if fused_weight_grads else {})}
     costs = ModelCosts(model=seq.model_name, batch_size=int(inputs.shape[0]), device=_device_label(target_device),
                        layers=tuple(layers), dtype=key["dtype"], input_bytes=_nbytes(inputs), meta=meta)
     if cache:

@@ -21,6 +21,11 @@ input gradient, with the gradients of the layer's vectors, which the same
 nodes compute) and W (the matrices' gradients, from where their branches
 join the activation path).
 
+With fused weight-gradient accumulation (``profile(...,
+fused_weight_grads=True)``), the layer's linear layers run through
+:mod:`~workbench.models.fused_grads`: I queues their weight products and W
+runs them, as such a stage does.
+
 Zero cases, not timed: the first layer has I = 0 (its input is data, with no
 gradient to compute); a layer without trainable parameters has W = 0; a
 layer whose output needs no gradient has neither.
@@ -28,16 +33,26 @@ layer whose output needs no gradient has neither.
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Protocol
 
 import torch
 from torch.autograd.graph import get_gradient_edge
 
+from ..models.fused_grads import WeightGradBuffers, fuse_weight_grads, split_weight_pass
 from ..models.split_backward import SplitBackward
 
-__all__ = ["time_split_run", "SPLIT_FIELDS"]
+__all__ = ["time_split_run", "SPLIT_FIELDS", "fused_copy"]
 
 SPLIT_FIELDS = ("input_grad_ms", "weight_grad_ms")
+
+
+def fused_copy(module: torch.nn.Module) -> tuple[torch.nn.Module, WeightGradBuffers]:
+    """A copy of ``module`` whose linear layers accumulate their weight gradients inside their products."""
+    module = copy.deepcopy(module)
+    buffers = WeightGradBuffers()
+    fuse_weight_grads(module, buffers)
+    return module, buffers
 
 
 class _Runner(Protocol):  # what profiler._LayerRunner offers
@@ -56,8 +71,10 @@ class _Clock(Protocol):  # what profiler.DeviceClock offers
     def ms(self, start: Any, end: Any) -> float: ...
 
 
-def time_split_run(runner: _Runner, clock: _Clock) -> tuple[float, float]:
-    """One run of the split backward: ``(I ms, W ms)``; forward and setup are not timed (module docstring)."""
+def time_split_run(runner: _Runner, clock: _Clock, buffers: WeightGradBuffers | None = None) -> tuple[float, float]:
+    """One run of the split backward: ``(I ms, W ms)``; forward and setup are not timed (module docstring).
+    ``buffers``: the layer's linear layers are fused into them, and I queues their products for W, as a
+    stage with ``training.fused_weight_grads`` runs them."""
     runner.prepare()
     edge = get_gradient_edge(runner.x) if runner.needs_grad else None
     out = runner.forward()
@@ -65,12 +82,18 @@ def time_split_run(runner: _Runner, clock: _Clock) -> tuple[float, float]:
         return 0.0, 0.0
     grad = runner.output_grad(out)
     params = [p for p in runner.layer.parameters() if p.requires_grad]
-    split = SplitBackward(out, edge, params)
+    split = SplitBackward(out, edge, params if buffers is None else [p for p in params if not buffers.fuses(p)])
     clock.sync()
     start = clock.mark()
-    split.backward_input(grad)
-    middle = clock.mark()
-    split.backward_weight()
+    if buffers is None:
+        split.backward_input(grad)
+        middle = clock.mark()
+        split.backward_weight()
+    else:
+        with buffers.deferring("profile"):
+            split.backward_input(grad)
+        middle = clock.mark()
+        split_weight_pass(buffers, "profile", split)
     end = clock.mark()
     for p in params:  # the timing runs leave no gradients behind
         p.grad = None

@@ -118,19 +118,20 @@ def ampa_partition(config: RunConfig, model, example_input: torch.Tensor, device
     from ..scheduling.registry import stage_memory
 
     microbatch = example_input.shape[0]
-    costs = _profile_copy(model, example_input, device)
+    costs = _profile_copy(config, model, example_input, device)
     plan = config.plan
     result = ampa(costs, plan.num_virtual_stages, num_microbatches=plan.microbatches, schedule=stage_memory(plan),
                   batch_size=microbatch * plan.microbatches, optimizer=config.training.optimizer.name)
     return result.partition
 
 
-def _profile_copy(model, example_input: torch.Tensor, device: str | None):
-    """A profile of a copy of the model at the example's micro-batch size, on ``device`` (default the example's)."""
+def _profile_copy(config: RunConfig, model, example_input: torch.Tensor, device: str | None):
+    """A profile of a copy of the model at the example's micro-batch size, on ``device`` (default the example's);
+    with ``training.fused_weight_grads``, of the linear layers fused as the stages run them."""
     from ..profiling import profile
 
     return profile(copy.deepcopy(model), example_input.shape[0], device=device or str(example_input.device),
-                   progress=False)
+                   progress=False, fused_weight_grads=config.training.fused_weight_grads)
 
 
 def _shared_partition(config: RunConfig, model, example_input: torch.Tensor, device: str) -> Partition:
@@ -147,7 +148,7 @@ def measured_stage_costs(config: RunConfig, model, example_input: torch.Tensor, 
     from ..scheduling.stagecosts import StageCosts
 
     microbatch = example_input.shape[0]
-    costs = _profile_copy(model, example_input, device)
+    costs = _profile_copy(config, model, example_input, device)
     return StageCosts.from_model(costs, partition, microbatch, optimizer=_optimizer_kind(config))
 
 

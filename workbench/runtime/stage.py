@@ -21,7 +21,7 @@ returns the input gradient and keeps the graph, :meth:`Stage.backward_weight`
 (W) adds the weight gradients later and frees it
 (:mod:`~workbench.models.split_backward`). With fused weight-gradient
 accumulation (``weight_grads``), I queues the fused layers' weight products
-and W runs them (:mod:`~workbench.runtime.fused_grads`); the split graph
+and W runs them (:mod:`~workbench.models.fused_grads`); the split graph
 walk then serves only the other parameters.
 
 Stage inputs: a received activation enters the block through
@@ -47,7 +47,7 @@ from torch.autograd.graph import get_gradient_edge
 
 from ..models.boundary import InputGrad, stage_input
 from ..models.split_backward import SplitBackward
-from .fused_grads import WeightGradBuffers, split_weight_pass
+from ..models.fused_grads import WeightGradBuffers, split_weight_pass
 
 __all__ = ["Stage", "autocast_context", "output_shapes"]
 

@@ -7,7 +7,7 @@ explicit sends and receives. This rank holds the stages its list mentions
 unmodified model by the partition, and the interpreter executes the list
 once per accumulation round. Gradients accumulate over micro-batches (with
 ``training.fused_weight_grads``, inside the linear layers' own products:
-:mod:`~workbench.runtime.fused_grads`); the ``STEP`` action applies the
+:mod:`~workbench.models.fused_grads`); the ``STEP`` action applies the
 optimizer (after the schedule when it has none).
 
 :class:`ScheduledPipeline` is also the base of GroPipe, which only adds the
@@ -22,7 +22,7 @@ from torch import nn
 from ...core.ir import Op, Schedule
 from ...core.timeline import Event
 from ..batches import split_rounds
-from ..fused_grads import WeightGradBuffers, fuse_weight_grads
+from ...models.fused_grads import WeightGradBuffers, fuse_weight_grads
 from ..groups import ParallelGroups, build_groups
 from ..interpreter import Interpreter
 from ..stage import Stage, output_shapes

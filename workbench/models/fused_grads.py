@@ -13,7 +13,7 @@ Approach (the gradient-accumulation fusion of large-model trainers). The
 stage's ``nn.Linear`` layers (and Hugging Face's ``Conv1D``, GPT-2's
 projection) run through an autograd function whose backward writes the
 weight gradient itself, with the product's own accumulate: ``grad += g^T x``
-is one ``addmm_`` into ``.grad``. The first micro-batch of a step, finding no
+is one in-place ``addmm`` into ``.grad``. The first micro-batch of a step, finding no
 ``.grad``, writes into a buffer this module keeps for the weight across
 steps (pages already resident) and makes it the ``.grad``. So no micro-batch
 allocates a weight gradient and none makes an extra pass over it. Biases and
@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 
 if TYPE_CHECKING:
-    from ..models.split_backward import SplitBackward
+    from .split_backward import SplitBackward
 
 __all__ = ["WeightGradBuffers", "fuse_weight_grads", "fusable", "split_weight_pass"]
 
@@ -113,7 +113,7 @@ class WeightGradBuffers:
             grad.zero_()  # then accumulate: as fast as an overwriting product here, and one code path
             weight.grad = grad
         if a.dtype == grad.dtype:
-            grad.addmm_(a, b)
+            torch.addmm(grad, a, b, out=grad)  # in place; as an addmm, which FLOP counters see
         else:  # autocast: the product in its dtype, added at full precision
             grad.add_(torch.mm(a, b))
 
