@@ -166,13 +166,9 @@ def _interleaved_split(stages, batches):
 @pytest.mark.parametrize(("name", "overrides"), SPLIT_CASES, ids=[c[0] for c in SPLIT_CASES])
 def test_fused_split_backward_equals_autograds_split(name, overrides, recompute):
     """Fused stages' I and W give the input and weight gradients of the plain split backward."""
-    from workbench.models import build_model, sample_batch
+    from test_split_backward import three_stages
 
-    model = build_model(name, **overrides)
-    n = len(model)
-    bounds = [(0, n // 3 - 1), (n // 3, 2 * n // 3 - 1), (2 * n // 3, n - 1)]
-    x, y = sample_batch(model, 8)
-    batches = [(x[i:i + 4], y[i:i + 4]) for i in (0, 4)]
+    model, bounds, batches = three_stages(name, overrides)
     results = []
     for fused in (False, True):
         stages, buffers = _split_stages(model, bounds, recompute, fused)

@@ -57,14 +57,19 @@ def _run(stages, batches, split):
         {f"{s.index}.{n}": p.grad for s in stages for n, p in s.module.named_parameters()}
 
 
-@pytest.mark.parametrize("recompute", [False, True], ids=["saved", "recomputed"])
-@pytest.mark.parametrize(("name", "overrides"), CASES, ids=[c[0] for c in CASES])
-def test_split_backward_equals_the_whole_backward(name, overrides, recompute):
+def three_stages(name: str, overrides: dict):
+    """A zoo model, its cut into three stages (bounds) and two micro-batches of 4 samples."""
     model = build_model(name, **overrides)
     n = len(model)
     bounds = [(0, n // 3 - 1), (n // 3, 2 * n // 3 - 1), (2 * n // 3, n - 1)]
     x, y = sample_batch(model, 8)
-    batches = [(x[i:i + 4], y[i:i + 4]) for i in (0, 4)]
+    return model, bounds, [(x[i:i + 4], y[i:i + 4]) for i in (0, 4)]
+
+
+@pytest.mark.parametrize("recompute", [False, True], ids=["saved", "recomputed"])
+@pytest.mark.parametrize(("name", "overrides"), CASES, ids=[c[0] for c in CASES])
+def test_split_backward_equals_the_whole_backward(name, overrides, recompute):
+    model, bounds, batches = three_stages(name, overrides)
     torch.manual_seed(5)
     whole_inputs, whole = _run(_stages(model, bounds, recompute), batches, split=False)
     torch.manual_seed(5)
