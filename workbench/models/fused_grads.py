@@ -60,8 +60,9 @@ class WeightGradBuffers:
     def __init__(self) -> None:
         self._buffers: dict[int, torch.Tensor] = {}
         self._fused: set[int] = set()  # ids of the weights whose layers fuse
-        self._pending: dict[Hashable, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
-        self._queue: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+        # per key, (graph node, weight, a, b) of each queued product weight.grad += a @ b; the open queue
+        self._pending: dict[Hashable, list[tuple[object, torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+        self._queue: list[tuple[object, torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
 
     def fuses(self, weight: torch.Tensor) -> bool:
         """Whether ``weight``'s layer runs through the fused product (autograd then gives it no gradient)."""
