@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import TYPE_CHECKING, Hashable, Iterator
+from typing import TYPE_CHECKING, Hashable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -50,7 +50,7 @@ from torch import nn
 if TYPE_CHECKING:
     from .split_backward import SplitBackward
 
-__all__ = ["WeightGradBuffers", "fuse_weight_grads", "fusable", "split_weight_pass"]
+__all__ = ["WeightGradBuffers", "fuse_weight_grads", "fusable", "unfused", "split_input_pass", "split_weight_pass"]
 
 
 class WeightGradBuffers:
@@ -160,8 +160,24 @@ class _FusedLinear(torch.autograd.Function):
         return grad_x, None, grad_b, None, None
 
 
-def split_weight_pass(buffers: WeightGradBuffers, key: Hashable, split: "SplitBackward") -> None:
-    """W of a split backward whose I ran under ``buffers.deferring(key)``: every fused layer's product once.
+def unfused(buffers: WeightGradBuffers | None, params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """The parameters a split backward's graph walk differentiates: every one, or (``buffers``) all but the
+    fused weights, whose products :func:`split_input_pass` queues."""
+    return list(params) if buffers is None else [p for p in params if not buffers.fuses(p)]
+
+
+def split_input_pass(buffers: WeightGradBuffers | None, key: Hashable, split: "SplitBackward",
+                     grad_output: torch.Tensor | None) -> torch.Tensor | None:
+    """I of a split backward made over :func:`unfused` parameters; with ``buffers``, the fused layers' weight
+    products queued under ``key`` for :func:`split_weight_pass`."""
+    if buffers is None:
+        return split.backward_input(grad_output)
+    with buffers.deferring(key):
+        return split.backward_input(grad_output)
+
+
+def split_weight_pass(buffers: WeightGradBuffers | None, key: Hashable, split: "SplitBackward") -> None:
+    """W of a split backward whose I ran through :func:`split_input_pass`: every fused layer's product once.
 
     The products I queued run. A fused layer that I did not pass through
     (off the input's path) gets its product from a pass from the output to
@@ -169,8 +185,11 @@ def split_weight_pass(buffers: WeightGradBuffers, key: Hashable, split: "SplitBa
     uncovered nodes' products are kept. ``split``'s own W then runs for the
     other parameters; any fused product its passes make is a repeat and is
     dropped. On a first stage I ran nothing and W is one whole backward, in
-    which the fused layers accumulate directly.
+    which the fused layers accumulate directly. Without ``buffers``, ``split``'s own W.
     """
+    if buffers is None:
+        split.backward_weight()
+        return
     if split.input_node is None:
         buffers.flush(key)  # nothing queued
         split.backward_weight()

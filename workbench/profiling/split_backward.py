@@ -39,7 +39,7 @@ from typing import Any, Protocol
 import torch
 from torch.autograd.graph import get_gradient_edge
 
-from ..models.fused_grads import WeightGradBuffers, fuse_weight_grads, split_weight_pass
+from ..models.fused_grads import WeightGradBuffers, fuse_weight_grads, split_input_pass, split_weight_pass, unfused
 from ..models.split_backward import SplitBackward
 
 __all__ = ["time_split_run", "SPLIT_FIELDS", "fused_copy"]
@@ -82,18 +82,12 @@ def time_split_run(runner: _Runner, clock: _Clock, buffers: WeightGradBuffers | 
         return 0.0, 0.0
     grad = runner.output_grad(out)
     params = [p for p in runner.layer.parameters() if p.requires_grad]
-    split = SplitBackward(out, edge, params if buffers is None else [p for p in params if not buffers.fuses(p)])
+    split = SplitBackward(out, edge, unfused(buffers, params))
     clock.sync()
     start = clock.mark()
-    if buffers is None:
-        split.backward_input(grad)
-        middle = clock.mark()
-        split.backward_weight()
-    else:
-        with buffers.deferring("profile"):
-            split.backward_input(grad)
-        middle = clock.mark()
-        split_weight_pass(buffers, "profile", split)
+    split_input_pass(buffers, "profile", split, grad)
+    middle = clock.mark()
+    split_weight_pass(buffers, "profile", split)
     end = clock.mark()
     for p in params:  # the timing runs leave no gradients behind
         p.grad = None

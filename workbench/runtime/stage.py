@@ -46,8 +46,8 @@ from torch import nn
 from torch.autograd.graph import get_gradient_edge
 
 from ..models.boundary import InputGrad, stage_input
+from ..models.fused_grads import WeightGradBuffers, split_input_pass, split_weight_pass, unfused
 from ..models.split_backward import SplitBackward
-from ..models.fused_grads import WeightGradBuffers, split_weight_pass
 
 __all__ = ["Stage", "autocast_context", "output_shapes"]
 
@@ -158,16 +158,11 @@ class Stage:
         if not self.is_last and grad_output is None:
             raise RuntimeError(f"stage {self.index}: backward of micro-batch {microbatch} needs an output gradient")
         scaled = output * self.loss_scale if self.is_last else output
-        params = self.parameters() if params is None else params
-        buffers = self.weight_grads
-        if buffers is None:
-            saved.split = SplitBackward(scaled, saved.input_node, params)
-            saved.output = None
-            return saved.split.backward_input(None if self.is_last else grad_output)
-        saved.split = SplitBackward(scaled, saved.input_node, [p for p in params if not buffers.fuses(p)])
+        saved.split = SplitBackward(scaled, saved.input_node,
+                                    unfused(self.weight_grads, self.parameters() if params is None else params))
         saved.output = None
-        with buffers.deferring((self.index, microbatch)):
-            return saved.split.backward_input(None if self.is_last else grad_output)
+        return split_input_pass(self.weight_grads, (self.index, microbatch), saved.split,
+                                None if self.is_last else grad_output)
 
     def backward_weight(self, microbatch: int) -> None:
         """W of a split backward: add the weight gradients of micro-batch ``microbatch``, then free what it kept."""
@@ -175,10 +170,7 @@ class Stage:
         if saved is None or saved.split is None:
             raise RuntimeError(f"stage {self.index}: weight gradient of micro-batch {microbatch} before its input "
                                f"gradient")
-        if self.weight_grads is None:
-            saved.split.backward_weight()
-        else:
-            split_weight_pass(self.weight_grads, (self.index, microbatch), saved.split)
+        split_weight_pass(self.weight_grads, (self.index, microbatch), saved.split)
         del self._saved[microbatch]
 
     def _replay(self, saved: _Saved) -> torch.Tensor:
